@@ -1,0 +1,141 @@
+"""Which rows exist and what a need may start from — all in RAM, 5 bytes per row.
+
+Per row: ``episode_step`` (int32, position in its episode) and ``flags`` (uint8, see
+``storage.layout.FLAG_*``). Per lane: ``count`` (rows visible to this process, = next step
+id) and ``valid_from`` (oldest intact step). The step id of a row is derived, not stored:
+it is the newest step ``< count`` that maps to the row's slot.
+
+Samplers ask :meth:`RowIndex.valid` whether a batch of candidate rows can serve a need
+(frame-stack history, n-step horizon) and reject the rest. Listeners (priority samplers)
+hear about rows that appear and rows that are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..storage.layout import FLAG_FIRST, FLAG_LAST
+
+Listener = Callable[[str, np.ndarray], None]  # ("added" | "dropped", global rows)
+
+
+class RowIndex:
+    """Per-row episode bookkeeping for ``lanes`` rings of ``lane_capacity`` rows."""
+
+    def __init__(self, lanes: int, lane_capacity: int) -> None:
+        self.lanes = lanes
+        self.lane_capacity = lane_capacity
+        self.capacity = lanes * lane_capacity
+        self.episode_step = np.zeros(self.capacity, np.int32)
+        self.flags = np.zeros(self.capacity, np.uint8)
+        self.count = np.zeros(lanes, np.int64)
+        self.valid_from = np.zeros(lanes, np.int64)
+        self.last_lane = 0  # lane that received rows most recently (CER)
+        self._listeners: list[Listener] = []
+
+    @property
+    def nbytes(self) -> int:
+        """RAM held by the per-row arrays (bytes)."""
+        return self.episode_step.nbytes + self.flags.nbytes
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _emit(self, kind: str, rows: np.ndarray) -> None:
+        if len(rows):
+            for fn in list(self._listeners):
+                fn(kind, rows)
+
+    # -- updates (from the writer or a refresh) --------------------------------------------
+    def lane_rows(self, lane: int, steps: np.ndarray) -> np.ndarray:
+        """Global rows of lane ``lane`` at ``steps``."""
+        return lane * self.lane_capacity + np.asarray(steps, np.int64) % self.lane_capacity
+
+    def set_valid_from(self, lane: int, valid_from: int) -> None:
+        old = int(self.valid_from[lane])
+        if valid_from > old:
+            start = max(old, int(self.count[lane]) - self.lane_capacity)
+            self.valid_from[lane] = valid_from
+            stop = min(valid_from, int(self.count[lane]))
+            if stop > start:
+                self._emit("dropped", self.lane_rows(lane, np.arange(start, stop)))
+
+    def put(self, lane: int, first_step: int, episode_step: np.ndarray,
+            flags: np.ndarray) -> None:
+        """Rows ``first_step ..`` of ``lane`` became visible with this metadata."""
+        m = len(flags)
+        if m == 0:
+            return
+        steps = np.arange(first_step, first_step + m)
+        rows = self.lane_rows(lane, steps)
+        self.episode_step[rows] = episode_step
+        self.flags[rows] = flags
+        self.count[lane] = max(int(self.count[lane]), first_step + m)
+        self.last_lane = lane
+        self._emit("added", rows[(flags & FLAG_LAST) == 0])
+
+    # -- queries ---------------------------------------------------------------------------
+    def steps(self, rows: np.ndarray) -> np.ndarray:
+        """Step id of each row (``-1`` where the slot was never written)."""
+        rows = np.asarray(rows, np.int64)
+        lane, slot = np.divmod(rows, self.lane_capacity)
+        c = self.count[lane]
+        s = c - 1 - ((c - 1 - slot) % self.lane_capacity)
+        return np.where(c > slot, s, -1)
+
+    def lower_bound(self, guard: int = 0) -> np.ndarray:
+        """Per lane, the oldest step a sampled row may touch (``guard`` rows kept clear)."""
+        return np.maximum(self.valid_from, self.count - self.lane_capacity + guard)
+
+    def present(self, guard: int = 0) -> np.ndarray:
+        """Rows per lane that are intact and outside the guard band."""
+        return np.maximum(self.count - self.lower_bound(guard), 0)
+
+    def valid(self, rows: np.ndarray, history: int = 0, horizon: int = 1,
+              guard: int = 0) -> np.ndarray:
+        """Which rows can start a transition with ``history`` past frames and ``horizon``.
+
+        A row is valid when it is not a final row, the ``history`` rows before it (capped
+        at its episode start) and the rows up to ``horizon`` steps ahead (capped at its
+        episode's final row) are intact, in its lane and episode, and outside the guard.
+        """
+        rows = np.asarray(rows, np.int64)
+        lane = rows // self.lane_capacity
+        steps = self.steps(rows)
+        lo = self.lower_bound(guard)[lane]
+        pos = self.episode_step[rows]
+        back = np.minimum(pos, history)
+        ok = (steps >= 0) & (steps - back >= lo) & ((self.flags[rows] & FLAG_LAST) == 0)
+        ok &= self.horizon(rows, horizon)[1] > 0
+        return ok
+
+    def horizon(self, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Look ``n`` steps ahead: ``(ends, m)`` with ``m`` steps (1..n) available.
+
+        ``m`` stops early at the episode's final row; ``m == 0`` where row ``+1`` is
+        missing or the episode was interrupted (a first row before any final row).
+        ``ends`` is the global row ``m`` steps ahead.
+        """
+        rows = np.asarray(rows, np.int64)
+        lane = rows // self.lane_capacity
+        steps = self.steps(rows)
+        count = self.count[lane]
+        m = np.zeros(len(rows), np.int64)
+        done = steps < 0
+        for j in range(1, n + 1):
+            s = steps + j
+            exists = s < count
+            f = self.flags[self.lane_rows(0, np.where(exists, s, 0)) + lane * self.lane_capacity]
+            bad = ~done & (~exists | ((f & FLAG_FIRST) != 0))
+            m[bad] = 0
+            good = ~done & ~bad
+            m[good] = j
+            done |= bad | (good & ((f & FLAG_LAST) != 0))
+        ends = lane * self.lane_capacity + (steps + m) % self.lane_capacity
+        return ends, m

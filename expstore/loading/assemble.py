@@ -1,0 +1,122 @@
+"""Execute a :class:`~expstore.sampling.plan.ReadPlan` against storage: rows -> a batch.
+
+Runs wherever the data is read (a DataLoader worker, or the main process). Every row is
+read with the lane step the plan expects; a sample any of whose rows was overwritten
+meanwhile is dropped and replaced by a spare sample of the plan (or, when spares run
+out, by a copy of a delivered sample) and counted in ``stale``. Nothing stale is returned.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import ExpstoreError
+from ..sampling.plan import ReadPlan
+from ..storage.layout import Layout
+
+
+class RowSource(Protocol):
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
+             out: np.ndarray) -> np.ndarray: ...
+
+
+class StaleBatchError(ExpstoreError):
+    """Every sample of a batch was overwritten before it could be read."""
+
+
+def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
+                 steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Read each distinct (row, step) once; return values and ok, both aligned to ``rows``."""
+    f = layout.fields[name]
+    flat_r, flat_s = rows.ravel(), steps.ravel()
+    key = np.stack([flat_r, flat_s], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    buf = np.empty((len(uniq), *f.shape), f.dtype)
+    good = source.read(name, uniq[:, 0], uniq[:, 1], buf)
+    return buf[inv].reshape(*rows.shape, *f.shape), good[inv].reshape(rows.shape)
+
+
+def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
+    """Batch dict of numpy arrays for ``plan`` and the number of stale samples replaced."""
+    spec = layout.spec
+    n_all = len(plan.rows)
+    ok = np.ones(n_all, bool)
+    out: dict[str, np.ndarray] = {}
+    K = plan.history + 1
+    for name in spec.obs_names:
+        f = spec.fields[name]
+        k = f.stack or 1
+        cols = slice(K - k, K)
+        rows = np.concatenate([plan.obs_rows[:, cols], plan.next_rows[:, cols]], axis=1)
+        steps = np.concatenate([plan.obs_steps[:, cols], plan.next_steps[:, cols]], axis=1)
+        vals, good = _read_unique(source, layout, name, rows, steps)
+        ok &= good.all(axis=1)
+        if f.padding == "zero" and f.stack:
+            pad = np.concatenate([plan.obs_pad[:, cols], plan.next_pad[:, cols]], axis=1)
+            vals[pad] = 0
+        obs, nxt = vals[:, :k], vals[:, k:]
+        if not f.stack:
+            obs, nxt = obs[:, 0], nxt[:, 0]
+        suffix = name[3:]
+        out["obs" + suffix] = obs
+        out["next_obs" + suffix] = nxt
+    anchors = plan.rows
+    for name in spec.fields:
+        if name in spec.obs_names or name in ("reward", "terminated", "truncated"):
+            continue
+        vals, good = _read_unique(source, layout, name, anchors, plan.steps)
+        ok &= good
+        out[name] = vals
+    _rewards(plan, layout, source, out, ok)
+    return _finish(plan, out, ok)
+
+
+def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
+             ok: np.ndarray) -> None:
+    """Reward (n-step discounted sum) and done flags of the last step in the horizon."""
+    L = layout.lane_capacity
+    n = plan.n_step
+    j = np.arange(n, dtype=np.int64)
+    lane, slot = np.divmod(plan.rows, L)
+    rows = lane[:, None] * L + (slot[:, None] + j[None, :]) % L
+    steps = plan.steps[:, None] + j[None, :]
+    mask = j[None, :] < plan.horizon[:, None]
+    rows = np.where(mask, rows, plan.rows[:, None])
+    steps = np.where(mask, steps, plan.steps[:, None])
+    r, good = _read_unique(source, layout, "reward", rows, steps)
+    ok &= good.all(axis=1)
+    last = np.maximum(plan.horizon - 1, 0)
+    take = np.arange(len(plan.rows))
+    for name in ("terminated", "truncated"):
+        v, g = _read_unique(source, layout, name, rows[take, last], steps[take, last])
+        ok &= g
+        out[name] = v
+    if n == 1:
+        out["reward"] = r[:, 0]
+        return
+    disc = plan.gamma ** j.astype(np.float64)
+    out["reward"] = (r.astype(np.float64) * disc * mask).sum(axis=1).astype(r.dtype)
+    out["horizon"] = plan.horizon.astype(np.int64)
+    out["discount"] = np.where(out["terminated"], 0.0,
+                               plan.gamma ** plan.horizon.astype(np.float64)).astype(np.float32)
+
+
+def _finish(plan: ReadPlan, out: dict, ok: np.ndarray) -> tuple[dict, int]:
+    B = plan.batch_size
+    good = np.flatnonzero(ok)
+    stale = int((~ok[:B]).sum())
+    if len(good) == 0:
+        raise StaleBatchError("every sampled row was overwritten before it was read; "
+                              "increase the sampler's guard band")
+    chosen = good[:B]
+    if len(chosen) < B:  # spares ran out: repeat delivered samples
+        chosen = np.resize(chosen, B)
+    sel = chosen if stale or plan.spare else slice(None)
+    batch = {k: v[sel] for k, v in out.items()}
+    batch["index"] = plan.rows[sel]
+    batch["step_id"] = plan.steps[sel]
+    batch["weight"] = plan.weight[sel]
+    return batch, stale

@@ -1,0 +1,157 @@
+"""How a store maps onto zarr v3 arrays: one array per field, rows along axis 0.
+
+Rows ``[lane * lane_capacity, (lane + 1) * lane_capacity)`` belong to one lane; lane
+capacity is a multiple of ``shard_rows``, so no shard object is shared by two lanes.
+Three metadata arrays (``_step_id``, ``_episode_step``, ``_flags``) sit beside the fields.
+The spec, capacity, lanes and format version are the group's ``expstore`` attribute.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError, StoreCorruptError
+from ..spec import Field, Spec
+from .backend import Backend
+from .shard import make_codec, zarr_codec
+
+FORMAT_VERSION = 1
+
+FLAG_FIRST = np.uint8(1)  # first row of an episode
+FLAG_LAST = np.uint8(2)  # final row: holds the final observation, no action
+FLAG_TERMINATED = np.uint8(4)  # this row's transition ended the episode (no bootstrap)
+FLAG_TRUNCATED = np.uint8(8)  # this row's transition was cut off (bootstrap)
+
+META_FIELDS: dict[str, Field] = {
+    "_step_id": Field((), np.int64, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
+    "_episode_step": Field((), np.int32, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
+    "_flags": Field((), np.uint8, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Geometry of a store: capacity (rows), lanes, rows per shard, and the spec."""
+
+    spec: Spec
+    capacity: int
+    lanes: int = 1
+    shard_rows: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.lanes < 1:
+            raise SpecError(f"lanes: expected >= 1, got {self.lanes}")
+        if self.shard_rows < 1:
+            raise SpecError(f"shard_rows: expected >= 1, got {self.shard_rows}")
+        if self.capacity < self.lanes * self.shard_rows * 2 or self.capacity % (
+            self.lanes * self.shard_rows
+        ):
+            raise SpecError(
+                f"capacity: expected a multiple of lanes*shard_rows = "
+                f"{self.lanes * self.shard_rows} holding >= 2 shards per lane, got "
+                f"{self.capacity} (use expstore.round_capacity or a smaller shard_rows)"
+            )
+        for name in self.fields:
+            cr = self.chunk_rows(name)
+            if self.shard_rows % cr:
+                raise SpecError(f"{name}.chunk_rows: {cr} must divide shard_rows "
+                                f"{self.shard_rows}")
+
+    @property
+    def lane_capacity(self) -> int:
+        """Rows per lane ring."""
+        return self.capacity // self.lanes
+
+    @property
+    def shards_per_lane(self) -> int:
+        return self.lane_capacity // self.shard_rows
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """User fields and metadata arrays, all stored alike."""
+        return {**self.spec.fields, **META_FIELDS}
+
+    def chunk_rows(self, name: str) -> int:
+        f = self.fields[name]
+        if f.chunk_rows:
+            return int(f.chunk_rows)
+        return 1 if f.is_image else self.shard_rows
+
+    def chunks_per_shard(self, name: str) -> int:
+        return self.shard_rows // self.chunk_rows(name)
+
+    def shard_key(self, name: str, shard: int) -> str:
+        """zarr v3 default chunk key of shard ``shard`` of array ``name``."""
+        return f"{name}/c/{shard}" + "/0" * len(self.fields[name].shape)
+
+    def codec(self, name: str) -> Any:
+        f = self.fields[name]
+        return make_codec(f.resolved_codec(), f.dtype.itemsize)
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "capacity": self.capacity,
+            "lanes": self.lanes,
+            "shard_rows": self.shard_rows,
+            "spec": self.spec.to_json(),
+        }
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any], where: str) -> Layout:
+        version = attrs.get("format_version")
+        if version is None or version > FORMAT_VERSION:
+            raise StoreCorruptError(f"{where}: store format version {version!r} is not one "
+                                    f"this expstore reads (<= {FORMAT_VERSION})")
+        return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
+                   int(attrs["shard_rows"]))
+
+
+def round_capacity(capacity: int, lanes: int = 1, shard_rows: int = 1024) -> int:
+    """Smallest valid capacity >= ``capacity`` for these lanes and shard size (rows)."""
+    unit = lanes * shard_rows
+    return max(2 * unit, -(-capacity // unit) * unit)
+
+
+def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | None,
+                   overwrite: bool) -> None:
+    """Create the zarr group and arrays (metadata only; expstore writes the shards)."""
+    import zarr
+
+    kwargs = {"storage_options": storage_options} if storage_options and "://" in url else {}
+    group = zarr.open_group(url, mode="w" if overwrite else "w-", zarr_format=3, **kwargs)
+    for name, f in layout.fields.items():
+        codec = zarr_codec(f.resolved_codec(), f.dtype.itemsize)
+        fill = -1 if name == "_step_id" else (False if f.dtype == np.bool_ else 0)
+        group.create_array(
+            name,
+            shape=(layout.capacity, *f.shape),
+            dtype=f.dtype,
+            chunks=(layout.chunk_rows(name), *f.shape),
+            shards={"shape": (layout.shard_rows, *f.shape), "index_location": "start"},
+            compressors=codec if codec is not None else None,
+            fill_value=fill,
+            dimension_names=["row", *(f"{name}_{i}" for i in range(len(f.shape)))],
+        )
+    # Written last: a store without this attribute is not an expstore store.
+    group.attrs["expstore"] = layout.to_attrs()
+
+
+def read_layout(backend: Backend) -> Layout:
+    """Layout from the group's ``zarr.json``; clear errors when it is not an expstore store."""
+    raw = backend.get("zarr.json")
+    where = f"{backend.url}/zarr.json"
+    if raw is None:
+        raise FileNotFoundError(f"{where}: no zarr group here (not an expstore store)")
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:
+        raise StoreCorruptError(f"{where}: not valid JSON ({e})") from e
+    attrs = meta.get("attributes", {}).get("expstore")
+    if attrs is None:
+        raise StoreCorruptError(f"{where}: zarr group without expstore attributes")
+    return Layout.from_attrs(attrs, where)

@@ -1,0 +1,134 @@
+"""Zarr v3 sharding-codec shards, assembled and parsed by hand (DESIGN.md §3).
+
+Layout of one shard object (``index_location="start"``)::
+
+    [ index: n_chunks x (offset u64, nbytes u64) | crc32c u32 ]  [ header 32 B ]  [ chunks ]
+
+The index is exactly what the zarr v3 sharding spec asks for, so plain ``zarr`` reads every
+shard. The header sits in bytes no index entry points at (zarr never reads it): it records
+``first_step`` (the lane step of the shard's row 0 in this lap) and ``n_rows`` written, so a
+reader can prove that the version it holds contains the step it was asked for.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numcodecs
+import numpy as np
+
+MAGIC = b"EXPS"
+HEADER = struct.Struct("<4sHHqi12x")  # magic, version, reserved, first_step, n_rows
+HEADER_SIZE = HEADER.size  # 32 bytes
+FORMAT_VERSION = 1
+EMPTY = np.uint64(2**64 - 1)
+
+numcodecs.blosc.use_threads = False  # one frame per call: blosc's own threads only cost
+
+
+def index_size(n_chunks: int) -> int:
+    """Bytes of the shard index (16 B per inner chunk + 4 B crc32c)."""
+    return 16 * n_chunks + 4
+
+
+def make_codec(cfg: dict[str, Any], itemsize: int) -> numcodecs.abc.Codec:
+    """numcodecs codec for a field's codec dict (``blosc``, ``zstd``, ``none``)."""
+    name = cfg.get("name", "blosc")
+    if name == "blosc":
+        return numcodecs.Blosc(
+            cname=cfg.get("cname", "lz4"),
+            clevel=int(cfg.get("clevel", 5)),
+            shuffle=numcodecs.Blosc.NOSHUFFLE if itemsize == 1 else numcodecs.Blosc.SHUFFLE,
+            blocksize=0,
+        )
+    if name == "zstd":
+        return numcodecs.Zstd(level=int(cfg.get("level", 1)))
+    if name == "none":
+        return _Raw()
+    raise ValueError(f"codec.name: expected 'blosc', 'zstd' or 'none', got {name!r}")
+
+
+class _Raw(numcodecs.abc.Codec):
+    codec_id = "raw"
+
+    def encode(self, buf: Any) -> bytes:
+        return bytes(memoryview(np.ascontiguousarray(buf)).cast("B"))
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        if out is not None:
+            np.frombuffer(out, np.uint8)[:] = np.frombuffer(buf, np.uint8)
+            return out
+        return buf
+
+
+def zarr_codec(cfg: dict[str, Any], itemsize: int) -> Any:
+    """The matching ``zarr.codecs`` object, used only to write array metadata."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    name = cfg.get("name", "blosc")
+    if name == "blosc":
+        return BloscCodec(
+            cname=cfg.get("cname", "lz4"),
+            clevel=int(cfg.get("clevel", 5)),
+            shuffle="noshuffle" if itemsize == 1 else "shuffle",
+            typesize=itemsize,
+            blocksize=0,
+        )
+    if name == "zstd":
+        return ZstdCodec(level=int(cfg.get("level", 1)))
+    return None
+
+
+@dataclass
+class ShardHead:
+    """Parsed header + index of one shard version."""
+
+    first_step: int
+    n_rows: int
+    offsets: np.ndarray  # (n_chunks,) uint64, EMPTY where absent
+    nbytes: np.ndarray  # (n_chunks,) uint64
+
+    def holds(self, slot_in_shard: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Which requested rows (shard-local slot, lane step) this version contains."""
+        return (steps == self.first_step + slot_in_shard) & (slot_in_shard < self.n_rows)
+
+
+def assemble(chunks: list[bytes | None], first_step: int, n_rows: int) -> bytes:
+    """Shard bytes from encoded inner chunks (``None`` = not written)."""
+    n = len(chunks)
+    index = np.full((n, 2), EMPTY, dtype="<u8")
+    offset = index_size(n) + HEADER_SIZE
+    for i, c in enumerate(chunks):
+        if c is not None:
+            index[i] = (offset, len(c))
+            offset += len(c)
+    ib = index.tobytes()
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, first_step, n_rows)
+    parts = [ib, struct.pack("<I", crc32c.crc32c(ib)), head]
+    parts += [c for c in chunks if c is not None]
+    return b"".join(parts)
+
+
+def parse_head(buf: bytes, n_chunks: int, where: str) -> ShardHead:
+    """Parse the first ``index_size(n_chunks) + HEADER_SIZE`` bytes of a shard."""
+    from ..errors import StoreCorruptError
+
+    isz = index_size(n_chunks)
+    if len(buf) < isz + HEADER_SIZE:
+        raise StoreCorruptError(f"{where}: shard truncated ({len(buf)} bytes, need "
+                                f"{isz + HEADER_SIZE} for its index)")
+    ib = bytes(buf[: isz - 4])
+    (crc,) = struct.unpack("<I", buf[isz - 4 : isz])
+    if crc32c.crc32c(ib) != crc:
+        raise StoreCorruptError(f"{where}: shard index fails its crc32c check")
+    magic, version, _, first_step, n_rows = HEADER.unpack(buf[isz : isz + HEADER_SIZE])
+    if magic != MAGIC:
+        raise StoreCorruptError(f"{where}: not an expstore shard (bad header magic)")
+    if version > FORMAT_VERSION:
+        raise StoreCorruptError(f"{where}: shard format version {version} is newer than "
+                                f"this expstore supports ({FORMAT_VERSION})")
+    index = np.frombuffer(ib, dtype="<u8").reshape(n_chunks, 2)
+    return ShardHead(int(first_step), int(n_rows), index[:, 0].copy(), index[:, 1].copy())
