@@ -14,6 +14,7 @@ from .errors import (
     StoreLockedError,
     ValidationError,
 )
+from .loading.loader import LoaderStats, StoreLoader, make_loader
 from .sampling import NotEnoughData, Sampler, UniformSampler
 from .spec import Field, Spec
 from .storage.layout import round_capacity
@@ -23,6 +24,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ExpstoreError",
+    "LoaderStats",
+    "StoreLoader",
+    "make_loader",
     "Field",
     "NotEnoughData",
     "ReadOnlyError",

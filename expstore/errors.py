@@ -21,5 +21,9 @@ class StoreLockedError(ExpstoreError):
     """Another live writer holds the lane's lease."""
 
 
+class StorageError(ExpstoreError, OSError):
+    """Storage kept failing (after retries) or refused a request; names the object and why."""
+
+
 class ReadOnlyError(ExpstoreError):
     """A write on a store opened with ``mode="r"``."""

@@ -24,7 +24,8 @@ def fields_from_space(
             out[str(k)] = _leaf(sub, frame_stack, padding, box_bounds)
         return out
     if name == "Tuple":
-        return {str(i): _leaf(sub, frame_stack, padding, box_bounds) for i, sub in enumerate(space.spaces)}
+        return {str(i): _leaf(sub, frame_stack, padding, box_bounds)
+                for i, sub in enumerate(space.spaces)}
     return {"": _leaf(space, frame_stack, padding, box_bounds)}
 
 

@@ -9,7 +9,7 @@ see rows once flushed and call :meth:`Store.refresh`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,7 @@ class Store:
         self._reader: ShardReader | None = None
         self._reader_pid = -1
         self._sampler = None
+        self._flush_hooks: list[Callable[[], None]] = []
         if lane is not None and not 0 <= lane < layout.lanes:
             raise ValueError(f"lane: expected 0..{layout.lanes - 1}, got {lane}")
         self.write_lanes = ([] if mode == "r" else
@@ -319,12 +320,25 @@ class Store:
         w.episodes += n_final
         self._episode_step[lane] = 0 if flags[-1] & FLAG_LAST else int(ep[-1]) + 1
         self.index.set_valid_from(lane, w.valid_from)
-        self.index.put(lane, start, rows["_episode_step"], flags)
+        self.index.put(lane, start, rows["_episode_step"], flags, committed=False)
+        self.index.committed[lane] = w.committed.count
 
     def flush(self) -> None:
-        """Commit every staged row of the lanes this store writes (data, then state)."""
-        for w in self.writers.values():
+        """Commit every staged row of the lanes this store writes (data, then state),
+        then run the flush hooks (samplers persisting their priorities)."""
+        for lane, w in self.writers.items():
             w.flush()
+            self.index.committed[lane] = w.committed.count
+        for fn in list(self._flush_hooks):
+            fn()
+
+    def add_flush_hook(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` at the end of every :meth:`flush` (and so on :meth:`close`)."""
+        self._flush_hooks.append(fn)
+
+    def remove_flush_hook(self, fn: Callable[[], None]) -> None:
+        if fn in self._flush_hooks:
+            self._flush_hooks.remove(fn)
 
     def close(self) -> None:
         """Flush (when writable) and release file handles."""

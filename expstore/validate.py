@@ -10,7 +10,8 @@ from .errors import ValidationError
 from .spec import Field
 
 
-def coerce(name: str, field: Field, value: Any, lead: tuple[int, ...], nonfinite: bool) -> np.ndarray:
+def coerce(name: str, field: Field, value: Any, lead: tuple[int, ...],
+           nonfinite: bool) -> np.ndarray:
     """Return ``value`` as an array of shape ``lead + stored_shape`` and the field's dtype.
 
     ``lead`` is the leading batch shape (``()`` for one step, ``(T,)`` or ``(num_envs,)``).
@@ -62,7 +63,8 @@ def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
 
 
 def _check_bounds(name: str, field: Field, arr: np.ndarray) -> None:
-    for bound, op, word in ((field.low, np.less, "below low"), (field.high, np.greater, "above high")):
+    checks = ((field.low, np.less, "below low"), (field.high, np.greater, "above high"))
+    for bound, op, word in checks:
         if bound is None:
             continue
         bad = op(arr, bound)

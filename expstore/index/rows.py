@@ -31,6 +31,7 @@ class RowIndex:
         self.episode_step = np.zeros(self.capacity, np.int32)
         self.flags = np.zeros(self.capacity, np.uint8)
         self.count = np.zeros(lanes, np.int64)
+        self.committed = np.zeros(lanes, np.int64)  # rows on storage (<= count)
         self.valid_from = np.zeros(lanes, np.int64)
         self.last_lane = 0  # lane that received rows most recently (CER)
         self._listeners: list[Listener] = []
@@ -67,8 +68,11 @@ class RowIndex:
                 self._emit("dropped", self.lane_rows(lane, np.arange(start, stop)))
 
     def put(self, lane: int, first_step: int, episode_step: np.ndarray,
-            flags: np.ndarray) -> None:
-        """Rows ``first_step ..`` of ``lane`` became visible with this metadata."""
+            flags: np.ndarray, committed: bool = True) -> None:
+        """Rows ``first_step ..`` of ``lane`` became visible with this metadata.
+
+        ``committed=False``: the rows are staged in this process only (not on storage yet).
+        """
         m = len(flags)
         if m == 0:
             return
@@ -77,6 +81,8 @@ class RowIndex:
         self.episode_step[rows] = episode_step
         self.flags[rows] = flags
         self.count[lane] = max(int(self.count[lane]), first_step + m)
+        if committed:
+            self.committed[lane] = self.count[lane]
         self.last_lane = lane
         self._emit("added", rows[(flags & FLAG_LAST) == 0])
 
@@ -93,12 +99,16 @@ class RowIndex:
         """Per lane, the oldest step a sampled row may touch (``guard`` rows kept clear)."""
         return np.maximum(self.valid_from, self.count - self.lane_capacity + guard)
 
-    def present(self, guard: int = 0) -> np.ndarray:
+    def upper_bound(self, committed_only: bool = False) -> np.ndarray:
+        """Per lane, one past the newest readable step (storage only, or incl. staged)."""
+        return self.committed if committed_only else self.count
+
+    def present(self, guard: int = 0, committed_only: bool = False) -> np.ndarray:
         """Rows per lane that are intact and outside the guard band."""
-        return np.maximum(self.count - self.lower_bound(guard), 0)
+        return np.maximum(self.upper_bound(committed_only) - self.lower_bound(guard), 0)
 
     def valid(self, rows: np.ndarray, history: int = 0, horizon: int = 1,
-              guard: int = 0) -> np.ndarray:
+              guard: int = 0, committed_only: bool = False) -> np.ndarray:
         """Which rows can start a transition with ``history`` past frames and ``horizon``.
 
         A row is valid when it is not a final row, the ``history`` rows before it (capped
@@ -112,20 +122,22 @@ class RowIndex:
         pos = self.episode_step[rows]
         back = np.minimum(pos, history)
         ok = (steps >= 0) & (steps - back >= lo) & ((self.flags[rows] & FLAG_LAST) == 0)
-        ok &= self.horizon(rows, horizon)[1] > 0
+        ok &= self.horizon(rows, horizon, committed_only)[1] > 0
         return ok
 
-    def horizon(self, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def horizon(self, rows: np.ndarray, n: int,
+                committed_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Look ``n`` steps ahead: ``(ends, m)`` with ``m`` steps (1..n) available.
 
         ``m`` stops early at the episode's final row; ``m == 0`` where row ``+1`` is
         missing or the episode was interrupted (a first row before any final row).
-        ``ends`` is the global row ``m`` steps ahead.
+        ``ends`` is the global row ``m`` steps ahead. ``committed_only`` looks only at rows
+        on storage (what another process can read).
         """
         rows = np.asarray(rows, np.int64)
         lane = rows // self.lane_capacity
         steps = self.steps(rows)
-        count = self.count[lane]
+        count = self.upper_bound(committed_only)[lane]
         m = np.zeros(len(rows), np.int64)
         done = steps < 0
         for j in range(1, n + 1):

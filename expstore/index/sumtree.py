@@ -49,6 +49,10 @@ class PriorityTree:
         # level 0 = parents of the leaves, level -1 = the top level (<= TOP nodes)
         self._sums = [np.zeros(s, dtype=np.float64) for s in sizes]
         self._mins = [np.full(s, np.inf, dtype=np.float32) for s in sizes]
+        # (nodes/8, 8) views: row p holds the 8 children of node p of the level above
+        self._sums2d = [a.reshape(-1, _B) for a in self._sums[:-1]]
+        self._mins2d = [a.reshape(-1, _B) for a in self._mins[:-1]]
+        self._leaves2d = self._leaves.reshape(-1, _B)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -67,7 +71,7 @@ class PriorityTree:
     @property
     def total(self) -> float:
         """Sum of all leaf priorities (float64)."""
-        return float(np.cumsum(self._sums[-1])[-1])
+        return float(np.add.accumulate(self._sums[-1])[-1])  # same order as sampling
 
     @property
     def min(self) -> float:
@@ -82,22 +86,30 @@ class PriorityTree:
                 return np.zeros(0, dtype=np.int64)
             raise ValueError(f"index must be an integer array, got dtype {idx.dtype}")
         idx = idx.astype(np.int64, copy=False).ravel()
-        if idx.size and (idx.min() < 0 or idx.max() >= self._capacity):
-            bad = idx[(idx < 0) | (idx >= self._capacity)][0]
-            raise ValueError(f"index {bad} out of range [0, {self._capacity})")
+        if idx.size and (np.minimum.reduce(idx) < 0 or np.maximum.reduce(idx) >= self._capacity):
+            self._raise_index(idx)
         return idx
 
+    def _raise_index(self, idx: np.ndarray) -> None:
+        bad = idx[(idx < 0) | (idx >= self._capacity)][0]
+        raise ValueError(f"index {bad} out of range [0, {self._capacity})")
+
     @staticmethod
-    def _check_priority(priority: np.ndarray) -> None:
-        if priority.size and not (priority.min() >= 0.0 and priority.max() <= _F32_MAX):
-            bad = priority[~((priority >= 0.0) & (priority <= _F32_MAX))][0]
+    def _check_priority(pri: np.ndarray) -> None:
+        if pri.size and not (np.minimum.reduce(pri) >= 0 and np.maximum.reduce(pri) <= _F32_MAX):
+            bad = pri[~((pri >= 0) & (pri <= _F32_MAX))][0]
             raise ValueError(f"priority must be finite, >= 0 and fit float32, got {bad}")
 
     # ------------------------------------------------------------------ updates
     def update(self, index: np.ndarray, priority: np.ndarray | float) -> None:
         """Set ``priority[i]`` at leaf ``index[i]``; for duplicate indices the last one wins."""
-        idx = self._check_index(index)
-        pri = np.asarray(priority, dtype=np.float64)
+        idx = np.asarray(index)
+        if idx.dtype.kind not in "iu":
+            idx = self._check_index(idx)  # raises unless empty
+        idx = idx.astype(np.int64, copy=False).ravel()
+        pri = np.asarray(priority)
+        if pri.dtype.kind != "f":
+            pri = pri.astype(np.float64)
         if pri.ndim == 0:
             pri = np.broadcast_to(pri, idx.shape)
         else:
@@ -107,16 +119,17 @@ class PriorityTree:
         self._check_priority(pri)
         if idx.size == 0:
             return
-        if idx.size > 1:
-            # a stable sort keeps the original order within equal keys: keep the last of a run
-            order = np.argsort(idx, kind="stable")
-            idx = idx[order]
-            keep = np.empty(idx.size, dtype=bool)
-            keep[-1] = True
-            np.not_equal(idx[1:], idx[:-1], out=keep[:-1])
-            idx = idx[keep]
-            pri = pri[order[keep]]
-        self._leaves[idx] = pri
+        # sort (stable: equal keys keep their order) for the range check, duplicate
+        # detection and a cache-friendly propagation order
+        order = np.argsort(idx, kind="stable")
+        idx = idx.take(order)
+        if idx[0] < 0 or idx[-1] >= self._capacity:
+            self._raise_index(idx)
+        dup = idx[1:] == idx[:-1]
+        if dup.any():  # keep the last occurrence of each run of equal indices
+            keep = np.append(~dup, True)
+            idx, order = idx[keep], order[keep]
+        self._leaves[idx] = pri.take(order)
         self._propagate(idx)
 
     def clear(self, index: np.ndarray) -> None:
@@ -125,18 +138,18 @@ class PriorityTree:
 
     def _propagate(self, node: np.ndarray) -> None:
         """Recompute all ancestors of the (sorted, unique) leaves ``node``, level by level."""
-        for lvl in range(len(self._sums)):
+        for lvl, (sums, mins) in enumerate(zip(self._sums, self._mins)):
             node = node >> 3
             if lvl == 0:
-                rows = self._leaves.reshape(-1, _B).take(node, axis=0)
+                rows = self._leaves2d.take(node, axis=0)
                 s = rows.astype(np.float64) @ _ONES
-                rows_t = rows.T.copy()
+                rows_t = rows.T.copy()  # (8, k): reductions over axis 0 vectorize well
                 rows_t[rows_t == 0] = np.inf
             else:
-                s = self._sums[lvl - 1].reshape(-1, _B).take(node, axis=0) @ _ONES
-                rows_t = self._mins[lvl - 1].reshape(-1, _B).take(node, axis=0).T.copy()
-            self._sums[lvl][node] = s
-            self._mins[lvl][node] = rows_t.min(axis=0)
+                s = self._sums2d[lvl - 1].take(node, axis=0) @ _ONES
+                rows_t = self._mins2d[lvl - 1].take(node, axis=0).T.copy()
+            sums[node] = s
+            mins[node] = np.minimum.reduce(rows_t, axis=0)
 
     # ------------------------------------------------------------------ queries
     def get(self, index: np.ndarray) -> np.ndarray:
@@ -163,18 +176,22 @@ class PriorityTree:
         return self._search(rng.random(batch_size), batch_size)
 
     def _search(self, v: np.ndarray, strata: int | None) -> np.ndarray:
-        top = np.zeros(self._sums[-1].size + 1)
-        np.cumsum(self._sums[-1], out=top[1:])
+        top = np.empty(self._sums[-1].size + 1)
+        top[0] = 0.0
+        np.add.accumulate(self._sums[-1], out=top[1:])
         total = top[-1]
         if not total > 0.0:
             raise ValueError("cannot search an empty tree (total priority is 0)")
-        if strata is not None:  # v holds uniforms in [0, 1): map to segment i of strata
+        if strata is None:
+            np.clip(v, 0.0, total, out=v)  # NaN was rejected by the caller
+        else:  # v holds uniforms in [0, 1): map draw i into segment i of ``strata``
             v += np.arange(strata)
             v *= total / strata
-        np.clip(v, 0.0, total, out=v)
+            np.minimum(v, total, out=v)
         node = self._descend(v.copy(), top, fast=True)
-        bad = self._leaves.take(node) == 0
-        if bad.any():  # matmul prefix sums were not monotone: redo exactly (sequential cumsum)
+        if not self._leaves.take(node).all():
+            # only if matmul prefix sums were not monotone: redo those exactly
+            bad = self._leaves.take(node) == 0
             node[bad] = self._descend(v[bad], top, fast=False)
         return node
 
@@ -183,27 +200,30 @@ class PriorityTree:
 
         With monotone prefix sums, ``j = #(prefix <= v) < 8`` implies child ``j`` has nonzero
         mass; ``j == 8`` (v reached the block total by rounding) is clamped to the last
-        nonzero child, which exists because the current node's sum is > 0.
+        nonzero child, which exists because the current node's sum is > 0. ``fast`` uses a
+        BLAS matmul for the prefix sums, otherwise a sequential (monotone) ``cumsum``.
         """
         node = np.searchsorted(top[1:], v, side="right")
-        over = node == top.size - 1
-        if over.any():
-            node[over] = np.flatnonzero(self._sums[-1])[-1]
+        if np.maximum.reduce(node) == top.size - 1:
+            node[node == top.size - 1] = np.flatnonzero(self._sums[-1])[-1]
         v -= top.take(node)
         k = v.size
         rowbase = np.arange(0, k * (_B + 1), _B + 1)
         vcol = v[:, None]
         for lvl in range(len(self._sums) - 1, -1, -1):
-            child = self._sums[lvl - 1] if lvl else self._leaves
-            rows = child.reshape(-1, _B).take(node, axis=0).astype(np.float64, copy=False)
+            if lvl:
+                rows = self._sums2d[lvl - 1].take(node, axis=0)
+            else:
+                rows = self._leaves2d.take(node, axis=0).astype(np.float64)
             if fast:
                 cs = rows @ _U9
             else:
                 cs = np.zeros((k, _B + 1))
                 np.cumsum(rows, axis=1, out=cs[:, 1:])
-            j = np.bitwise_count((cs[:, 1:] <= vcol).view(np.uint64)).ravel()  # uint8
-            over = j == _B
-            if over.any():
+            # 8 bools of a row viewed as one uint64: popcount = number of prefixes <= v
+            j = np.bitwise_count((cs[:, 1:] <= vcol).view(np.uint64)).ravel()
+            if np.maximum.reduce(j) == _B:
+                over = j == _B
                 j[over] = (_B - 1) - np.argmax(rows[over][:, ::-1] > 0, axis=1)
             v -= cs.take(rowbase + j)
             node <<= 3

@@ -40,7 +40,20 @@ def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
 
 
 def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
-    """Batch dict of numpy arrays for ``plan`` and the number of stale samples replaced."""
+    """Batch dict of numpy arrays for ``plan`` and the number of stale samples replaced.
+
+    Plans of other shapes (sequences, hindsight relabeling) carry their own ``assemble``
+    method, which is called instead.
+    """
+    own = getattr(plan, "assemble", None)
+    if own is not None:
+        return own(layout, source)
+    return _finish(plan, *read_columns(plan, layout, source))
+
+
+def read_columns(plan: ReadPlan, layout: Layout,
+                 source: RowSource) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every column of every sample of ``plan`` (spares included) and which are intact."""
     spec = layout.spec
     n_all = len(plan.rows)
     ok = np.ones(n_all, bool)
@@ -71,7 +84,7 @@ def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, i
         ok &= good
         out[name] = vals
     _rewards(plan, layout, source, out, ok)
-    return _finish(plan, out, ok)
+    return out, ok
 
 
 def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,

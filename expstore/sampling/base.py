@@ -48,6 +48,8 @@ class Sampler:
         self.batch_size = batch_size
         self.num_batches = num_batches
         self.spare = 0
+        #: sample only rows on storage (set by make_loader: workers cannot see staged rows)
+        self.committed_only = False
 
     @property
     def index(self):
@@ -64,7 +66,8 @@ class Sampler:
 
     # -- shared ----------------------------------------------------------------------------
     def valid(self, rows: np.ndarray) -> np.ndarray:
-        return self.index.valid(rows, self.history, self.n_step, self.guard)
+        return self.index.valid(rows, self.history, self.n_step, self.guard,
+                                self.committed_only)
 
     def maybe_refresh(self) -> None:
         if self.refresh_every is not None and \
@@ -106,7 +109,7 @@ class Sampler:
         """The newest row that can start a transition in the most recently written lane."""
         idx = self.index
         lane = idx.last_lane
-        count = int(idx.count[lane])
+        count = int(idx.upper_bound(self.committed_only)[lane])
         for back in range(1, self.n_step + 3):
             step = count - back
             if step < 0:
@@ -123,7 +126,7 @@ class Sampler:
             raise ValueError("batch_size: expected a positive int")
         rows, w = self.sample_rows(b + self.spare)
         return make_plan(self.index, rows, w, self.history, self.n_step, self.gamma,
-                         spare=self.spare)
+                         spare=self.spare, committed_only=self.committed_only)
 
     def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight."""

@@ -65,10 +65,10 @@ def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
 
 def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
               history: int = 0, n_step: int = 1, gamma: float = 0.99,
-              spare: int = 0) -> ReadPlan:
+              spare: int = 0, committed_only: bool = False) -> ReadPlan:
     """Plan for anchors ``rows`` (already checked with ``index.valid``)."""
     rows = np.asarray(rows, np.int64)
-    ends, m = index.horizon(rows, n_step)
+    ends, m = index.horizon(rows, n_step, committed_only)
     k = history + 1
     steps = index.steps(rows)
     obs = stack_rows(index, rows, steps, k)

@@ -12,7 +12,7 @@ class UniformSampler(Sampler):
 
     def draw(self, n: int) -> tuple[np.ndarray, None]:
         idx = self.index
-        present = idx.present(self.guard)
+        present = idx.present(self.guard, self.committed_only)
         total = int(present.sum())
         if total == 0:
             raise NotEnoughData(f"the store holds no sampleable rows yet "

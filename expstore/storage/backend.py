@@ -4,10 +4,14 @@ Keys are ``/``-separated paths relative to the store root (``obs/c/3/0/0``). Wri
 whole objects atomically (local: temp file + fsync + rename; object stores: one PUT).
 Reads go through *handles*: a local handle is an open file descriptor, so every range read
 through it sees the same version of the object, even if a writer replaces it meanwhile.
+Remote handles (``storage.remote``) pin the version seen by their first read where the
+store can (S3 ETags): a later read of a replaced object raises :class:`ObjectChanged`.
+Small objects (lane state, leases) also have conditional writes (:meth:`Backend.put_if`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from abc import ABC, abstractmethod
@@ -18,30 +22,79 @@ from urllib.parse import urlparse
 Handle = Any
 
 
+class PreconditionFailed(Exception):
+    """A conditional write found the object in another version than expected."""
+
+
+class ObjectChanged(Exception):
+    """Objects were replaced after their handle pinned a version; ``handles`` lists them."""
+
+    def __init__(self, handles: Sequence[Handle]) -> None:
+        super().__init__(f"{len(handles)} object(s) changed since they were opened")
+        self.handles = list(handles)
+
+
+def content_tag(data: bytes) -> str:
+    """Version tag of an object's bytes where the store has none of its own."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
 class Backend(ABC):
     """Object access for one store root."""
 
     url: str
     is_local: bool = False
+    #: handles see one version of an object for their lifetime (else readers re-check)
+    pins_versions: bool = True
 
     @abstractmethod
     def open_object(self, key: str) -> Handle | None:
-        """A handle pinned to the current version of ``key``; ``None`` when it is missing."""
+        """A handle pinned to the current version of ``key``; ``None`` when it is missing.
+
+        Remote backends return a handle without a round trip; a missing object then
+        shows up on the first read through it.
+        """
 
     def close_object(self, handle: Handle) -> None:  # noqa: B027 - optional hook
         """Release a handle from :meth:`open_object`."""
 
     @abstractmethod
-    def read_ranges(self, requests: Sequence[tuple[Handle, int, int]]) -> list[bytes]:
-        """Bytes ``[start, end)`` of each ``(handle, start, end)``, batched."""
+    def read_ranges(self, requests: Sequence[tuple[Handle, int, int]],
+                    missing_ok: bool = False) -> list[bytes | None]:
+        """Bytes ``[start, end)`` of each ``(handle, start, end)``, batched.
+
+        ``None`` for requests on a missing object when ``missing_ok`` (else
+        ``FileNotFoundError``); :class:`ObjectChanged` when a pinned version is gone.
+        """
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
         """Whole object, or ``None`` when missing."""
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Several whole objects (``None`` where missing); remote backends fetch concurrently."""
+        return [self.get(k) for k in keys]
+
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Atomically create or replace ``key``."""
+
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """Whole object and its version tag, or ``None`` when missing."""
+        data = self.get(key)
+        return None if data is None else (data, content_tag(data))
+
+    def put_if(self, key: str, data: bytes, match: str | None) -> str:
+        """Write ``key`` only if its tag is ``match`` (``None``: only if it is missing).
+
+        Returns the new tag; raises :class:`PreconditionFailed` otherwise. This generic
+        version checks, then writes: not atomic (backends override it where they can).
+        """
+        cur = self.get_tagged(key)
+        if (cur[1] if cur else None) != match:
+            raise PreconditionFailed(key)
+        self.put(key, data)
+        return content_tag(data)
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -86,7 +139,8 @@ class LocalBackend(Backend):
     def close_object(self, handle: int) -> None:
         os.close(handle)
 
-    def read_ranges(self, requests: Sequence[tuple[int, int, int]]) -> list[bytes]:
+    def read_ranges(self, requests: Sequence[tuple[int, int, int]],
+                    missing_ok: bool = False) -> list[bytes | None]:
         pread = os.pread
         return [pread(fd, end - start, start) for fd, start, end in requests]
 
@@ -112,6 +166,19 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+    def put_if(self, key: str, data: bytes, match: str | None) -> str:
+        """Conditional write, atomic between processes of this host (``flock`` on the folder)."""
+        import fcntl
+
+        folder = os.path.dirname(self._path(key))
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return super().put_if(key, data, match)
+        finally:
+            os.close(fd)  # releases the lock
 
     def sync_dir(self, key: str) -> None:
         """fsync the folder holding ``key`` so a rename survives power loss."""
@@ -151,69 +218,6 @@ class LocalBackend(Backend):
         return total
 
 
-class FsspecBackend(Backend):
-    """Any fsspec filesystem (``s3://``, ``memory://``, ...): ranged gets, whole-object puts."""
-
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        import fsspec
-
-        self.url = url.rstrip("/")
-        self.storage_options = dict(storage_options or {})
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        self.root = self.root.rstrip("/")
-
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def open_object(self, key: str) -> str | None:
-        return self._path(key) if self.fs.exists(self._path(key)) else None
-
-    def read_ranges(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        if not requests:
-            return []
-        paths = [r[0] for r in requests]
-        starts = [r[1] for r in requests]
-        ends = [r[2] for r in requests]
-        return list(self.fs.cat_ranges(paths, starts, ends, on_error="raise"))
-
-    def get(self, key: str) -> bytes | None:
-        try:
-            return self.fs.cat_file(self._path(key))
-        except FileNotFoundError:
-            return None
-
-    def put(self, key: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(key), bytes(data))
-
-    def delete(self, key: str) -> None:
-        try:
-            self.fs.rm_file(self._path(key))
-        except FileNotFoundError:
-            pass
-
-    def size(self, key: str) -> int | None:
-        try:
-            return int(self.fs.size(self._path(key)))
-        except FileNotFoundError:
-            return None
-
-    def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix).rstrip("/")
-        try:
-            found = self.fs.find(base)
-        except FileNotFoundError:
-            return []
-        n = len(self.root) + 1
-        return sorted(p[n:] if p.startswith(self.root) else p for p in found)
-
-    def total_bytes(self, prefix: str = "") -> int:
-        base = self._path(prefix).rstrip("/")
-        try:
-            return int(sum(d.get("size", 0) for d in self.fs.find(base, detail=True).values()))
-        except FileNotFoundError:
-            return 0
-
-
 def backend_for(url: str, storage_options: dict[str, Any] | None = None,
                 fsync: bool = True) -> Backend:
     """Backend for a path or URL: local paths and ``file://`` get :class:`LocalBackend`."""
@@ -221,6 +225,8 @@ def backend_for(url: str, storage_options: dict[str, Any] | None = None,
     scheme = urlparse(url).scheme
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         return LocalBackend(url[len("file://"):] if url.startswith("file://") else url, fsync)
+    from .remote import FsspecBackend
+
     return FsspecBackend(url, storage_options)
 
 
@@ -234,3 +240,11 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def __getattr__(name: str) -> Any:  # ``backend.FsspecBackend`` lives in ``storage.remote``
+    if name == "FsspecBackend":
+        from .remote import FsspecBackend
+
+        return FsspecBackend
+    raise AttributeError(name)

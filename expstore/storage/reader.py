@@ -31,6 +31,8 @@ class ReadStats:
     requests: int = 0
     chunk_cache_hits: int = 0
     chunk_cache_misses: int = 0
+    row_cache_hits: int = 0
+    row_cache_misses: int = 0
     reopened: int = 0
     stale: int = 0
     extra: dict = field(default_factory=dict)
@@ -40,7 +42,7 @@ class ShardReader:
     """Reads rows of any field; one per process (handles are not shareable)."""
 
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
-                 chunk_cache_bytes: int = 64 << 20) -> None:
+                 chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -48,6 +50,10 @@ class ShardReader:
         self.chunk_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.chunk_cache_bytes = chunk_cache_bytes
         self._cached_bytes = 0
+        #: decoded single-row chunks (frames) by (field, row, step); 0 bytes = off
+        self.row_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.row_cache_bytes = row_cache_bytes
+        self._row_bytes = 0
         self.codecs = {n: layout.codec(n) for n in layout.fields}
         self.stats = ReadStats()
 
@@ -57,6 +63,8 @@ class ShardReader:
         self.heads.clear()
         self.chunk_cache.clear()
         self._cached_bytes = 0
+        self.row_cache.clear()
+        self._row_bytes = 0
 
     def forget(self, shard: int) -> None:
         """Drop cached versions of ``shard`` (all fields), e.g. after this process wrote it."""
@@ -122,44 +130,61 @@ class ShardReader:
         self.stats.stale += int((~ok).sum())
         idx = np.flatnonzero(ok)
         if R == 1:
-            self._read_single(name, rows[idx], shards[idx], slots[idx], entries, out, idx)
+            self._read_single(name, rows[idx], steps[idx], shards[idx], slots[idx], entries,
+                              out, idx)
         else:
             self._read_grouped(name, shards[idx], slots[idx], R, entries, out, idx)
         self.stats.rows += len(idx)
         return ok
 
-    def _read_single(self, name, rows, shards, slots, entries, out, idx) -> None:
-        uniq, first = np.unique(rows, return_index=True)
-        reqs = []
-        for i in first.tolist():
+    def _read_single(self, name, rows, steps, shards, slots, entries, out, idx) -> None:
+        uniq, first, pos = np.unique(rows, return_index=True, return_inverse=True)
+        cache = self.row_cache if self.row_cache_bytes else None
+        reqs, req_of = [], {}
+        for u, i in enumerate(first.tolist()):
+            if cache is not None:
+                hit = cache.get((name, int(rows[i]), int(steps[i])))
+                if hit is not None:
+                    cache.move_to_end((name, int(rows[i]), int(steps[i])))
+                    out[idx[i]] = hit
+                    self.stats.row_cache_hits += 1
+                    continue
+                self.stats.row_cache_misses += 1
             h, head = entries[int(shards[i])]
-            off = int(head.offsets[slots[i]])
-            n = int(head.nbytes[slots[i]])
             if head.offsets[slots[i]] == EMPTY:
                 raise StoreCorruptError(f"{name}: shard {int(shards[i])} has no chunk for "
                                         f"row slot {int(slots[i])} though its header says so")
-            reqs.append((h, off, off + n))
+            off = int(head.offsets[slots[i]])
+            req_of[u] = len(reqs)
+            reqs.append((h, off, off + int(head.nbytes[slots[i]])))
         blobs = self.backend.read_ranges(reqs)
         self.stats.requests += len(reqs)
         self.stats.chunks += len(reqs)
         decode = self.codecs[name].decode
-        pos = np.searchsorted(uniq, rows)
-        done: dict[int, int] = {}
-        for j, i in enumerate(idx.tolist()):
-            u = int(pos[j])
-            if u in done:
-                out[i] = out[done[u]]
-                continue
-            blob = blobs[u]
+        for u, r in req_of.items():
+            i = int(first[u])
+            blob = blobs[r]
             self.stats.bytes += len(blob)
+            target = out[idx[i] : idx[i] + 1]
             try:
-                decode(blob, out=out[i : i + 1])
+                decode(blob, out=target)
             except Exception as e:  # numcodecs raises RuntimeError/ValueError variants
                 raise StoreCorruptError(
-                    f"{self.backend.url}/{self.layout.shard_key(name, int(shards[j]))}: "
-                    f"chunk for slot {int(slots[j])} does not decode ({e})"
+                    f"{self.backend.url}/{self.layout.shard_key(name, int(shards[i]))}: "
+                    f"chunk for slot {int(slots[i])} does not decode ({e})"
                 ) from e
-            done[u] = i
+            if cache is not None:
+                self._row_put((name, int(rows[i]), int(steps[i])), target[0].copy())
+        dup = np.flatnonzero(first[pos] != np.arange(len(rows)))
+        if len(dup):
+            out[idx[dup]] = out[idx[first[pos[dup]]]]
+
+    def _row_put(self, key: tuple, arr: np.ndarray) -> None:
+        self.row_cache[key] = arr
+        self._row_bytes += arr.nbytes
+        while self._row_bytes > self.row_cache_bytes and self.row_cache:
+            _, old = self.row_cache.popitem(last=False)
+            self._row_bytes -= old.nbytes
 
     def _read_grouped(self, name, shards, slots, R, entries, out, idx) -> None:
         f = self.layout.fields[name]

@@ -1,0 +1,119 @@
+"""Writing a stream of env steps so that no step loses its next observation.
+
+The store keeps ``next_obs`` only where an episode ends (it is otherwise the next row's
+``obs``). A stream from a training loop can break without saying so: SB3 resets the env
+between two ``learn()`` calls, CleanRL passes only ``terminations`` as ``done``, a
+recording ends mid-episode. :class:`StepWriter` therefore holds each lane's newest step
+back until the lane's next step arrives. If that step continues the episode (its ``obs``
+equals the held ``next_obs``) the held step is written as it is; otherwise it is written
+as *truncated*, so its real ``next_obs`` lands in the episode's final row and the
+transition bootstraps. :meth:`StepWriter.end` writes held steps the same way (on close).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ValidationError
+from ..validate import coerce
+
+Step = dict[str, np.ndarray]  # flat field name -> array with leading axis T
+
+
+class StepWriter:
+    """One-step-late writer over a writable store (all of its lanes)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.spec = store.spec
+        self.held: list[Step | None] = [None] * store.lanes
+        #: steps written as truncated because the next step did not continue the episode
+        self.breaks = 0
+
+    # -- input ------------------------------------------------------------------------------
+    def coerce(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
+               truncated: Any, extras: Mapping[str, Any] | None = None,
+               lead: tuple[int, ...] = (1,)) -> Step:
+        """Check and cast one batch of steps (leading shape ``lead``); raises before storing."""
+        spec = self.spec
+        given = {**spec.flatten("obs", obs), **spec.flatten("action", action),
+                 "reward": reward, "terminated": terminated, "truncated": truncated}
+        extras = dict(extras or {})
+        unknown = [k for k in extras if k not in spec.fields]
+        if unknown:
+            raise ValidationError(f"unknown field(s) {unknown}; the spec has {list(spec.fields)}")
+        given.update(extras)
+        out = {name: coerce(name, f, given.get(name), lead, spec.reject_nonfinite)
+               for name, f in spec.fields.items()}
+        for name, v in spec.flatten("obs", next_obs).items():
+            out["next_" + name] = coerce("next_" + name, spec.fields[name], v, lead,
+                                         spec.reject_nonfinite)
+        return out
+
+    # -- writing ----------------------------------------------------------------------------
+    def extend(self, lane: int, steps: Step) -> None:
+        """Append coerced steps (leading axis ``T``) to ``lane``; the newest one is held."""
+        held = self.held[lane]
+        if held is not None:
+            steps = {k: np.concatenate([held[k], v]) for k, v in steps.items()}
+        T = len(steps["reward"])
+        if T > 1:
+            done = steps["terminated"][:-1] | steps["truncated"][:-1]
+            same = np.ones(T - 1, bool)
+            for name in self.spec.obs_names:
+                same &= _rows_equal(steps["next_" + name][:-1], steps[name][1:])
+            cut = ~done & ~same
+            if cut.any():
+                steps["truncated"] = steps["truncated"].copy()
+                steps["truncated"][:-1] |= cut
+            self._write(lane, {k: v[:-1] for k, v in steps.items()})
+            self.breaks += int(cut.sum())
+        self.held[lane] = {k: np.array(v[-1:]) for k, v in steps.items()}
+
+    def end(self, lanes: Any = None) -> None:
+        """Write the held step of ``lanes`` (default all); unfinished episodes end truncated."""
+        for lane in range(self.store.lanes) if lanes is None else np.atleast_1d(lanes):
+            held = self.held[int(lane)]
+            if held is None:
+                continue
+            held = dict(held)
+            held["truncated"] = held["truncated"] | ~held["terminated"]
+            self._write(int(lane), held)
+            self.held[int(lane)] = None
+
+    def _write(self, lane: int, steps: Step) -> None:
+        spec = self.spec
+        batch: dict[str, Any] = {"obs": _unflatten(spec, "obs", steps),
+                                 "next_obs": _unflatten(spec, "obs", steps, "next_"),
+                                 "action": _unflatten(spec, "action", steps)}
+        for name in spec.fields:
+            if name not in spec.obs_names and name not in spec.action_names:
+                batch[name] = steps[name]
+        self.store.extend(batch, lane=lane)
+
+
+def _unflatten(spec: Any, prefix: str, steps: Step, pre: str = "") -> Any:
+    st = spec.structure.get(prefix, {"kind": "single"})
+    if st["kind"] == "single":
+        return steps[pre + prefix]
+    return {k: steps[f"{pre}{prefix}.{k}"] for k in st["keys"]}
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per leading index, whether two arrays are equal everywhere (NaN equals NaN)."""
+    eq = a == b
+    if a.dtype.kind == "f":
+        eq |= np.isnan(a) & np.isnan(b)
+    return eq.reshape(len(a), -1).all(axis=1)
+
+
+def index_tree(tree: Any, i: Any) -> Any:
+    """``tree[i]`` for an array, or leaf-wise for a dict / tuple of arrays."""
+    if isinstance(tree, Mapping):
+        return {k: index_tree(v, i) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(index_tree(v, i) for v in tree)
+    return np.asarray(tree)[i]

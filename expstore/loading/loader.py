@@ -1,0 +1,190 @@
+"""Streaming batches into PyTorch: the sampler in the main process, workers read and decode.
+
+``make_loader`` returns a :class:`StoreLoader`, a real ``torch.utils.data.DataLoader`` whose
+``batch_sampler`` is an expstore sampler. Each item the sampler yields is a read plan
+(``sampling.plan``): rows and the lane steps expected there. A worker executes the whole
+plan in one ``__getitems__`` call against storage only (no index, no IPC back), checks every
+row's step, replaces overwritten samples with spares, and returns torch tensors.
+
+Priority updates (``sampler.update_priorities``) happen in the main process and affect the
+next plan drawn; batches already planned are at most ``prefetch_factor * num_workers`` behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..sampling.base import Sampler
+from ..sampling.plan import ReadPlan
+from ..storage.layout import Layout
+from .assemble import assemble
+
+_STATS_KEY = "_expstore_stats"
+
+
+@dataclass
+class LoaderStats:
+    """Totals over all workers since the loader was made (rows, bytes, seconds)."""
+
+    batches: int = 0
+    rows_read: int = 0
+    chunks_read: int = 0
+    bytes_read: int = 0
+    requests: int = 0
+    read_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    stale_replaced: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        n = self.cache_hits + self.cache_misses
+        return self.cache_hits / n if n else 0.0
+
+    def add(self, d: dict[str, float]) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + type(getattr(self, f.name))(d[f.name]))
+
+    def as_dict(self) -> dict[str, float]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["cache_hit_rate"] = self.cache_hit_rate
+        return out
+
+
+class StoreDataset(torch.utils.data.Dataset):
+    """Picklable reader of a store: opens it read-only, lazily, once per worker process."""
+
+    def __init__(self, url: str, layout: Layout, storage_options: dict | None = None,
+                 cache_bytes: int = 256 << 20, local_source: Any = None) -> None:
+        self.url = url
+        self.layout = layout
+        self.storage_options = storage_options
+        self.cache_bytes = cache_bytes
+        self._local_source = local_source  # num_workers=0: read staged rows too
+        self._reader = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_reader"], d["_local_source"], d["_pid"] = None, None, -1
+        return d
+
+    def _source(self) -> Any:
+        if self._local_source is not None:
+            return self._local_source
+        if self._reader is None or self._pid != os.getpid():
+            from ..storage.backend import backend_for
+            from ..storage.reader import ShardReader
+
+            backend = backend_for(self.url, self.storage_options)
+            self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
+                                       row_cache_bytes=self.cache_bytes)
+            self._pid = os.getpid()
+        return self._reader
+
+    def __len__(self) -> int:
+        return self.layout.capacity
+
+    def __getitem__(self, plan: ReadPlan) -> dict[str, Any]:
+        return self.__getitems__([plan])
+
+    def __getitems__(self, plans: list[ReadPlan]) -> dict[str, Any]:
+        (plan,) = plans
+        source = self._source()
+        stats = getattr(source, "stats", None)
+        before = _snapshot(stats)
+        t0 = _now()
+        batch, stale = assemble(plan, self.layout, source)
+        out: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(v))
+                               for k, v in batch.items()}
+        after = _snapshot(stats)
+        out[_STATS_KEY] = torch.tensor([
+            1, after[0] - before[0], after[1] - before[1], after[2] - before[2],
+            after[3] - before[3], _now() - t0, after[4] - before[4], after[5] - before[5],
+            stale], dtype=torch.float64)
+        return out
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def _snapshot(stats: Any) -> tuple[int, ...]:
+    if stats is None:
+        return (0, 0, 0, 0, 0, 0)
+    return (stats.rows, stats.chunks, stats.bytes, stats.requests,
+            stats.chunk_cache_hits + stats.row_cache_hits,
+            stats.chunk_cache_misses + stats.row_cache_misses)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class StoreLoader(DataLoader):
+    """A DataLoader of expstore batches; ``stats`` sums what the workers did."""
+
+    def __init__(self, dataset: StoreDataset, sampler: Sampler, device: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
+        self.device = torch.device(device) if device is not None else None
+        self.stats = LoaderStats()
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        names = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
+                 "read_seconds", "cache_hits", "cache_misses", "stale_replaced")
+        for batch in super().__iter__():
+            s = batch.pop(_STATS_KEY).tolist()
+            self.stats.add(dict(zip(names, s)))
+            if self.device is not None and self.device.type != "cpu":
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            yield batch
+
+
+def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32,
+                num_workers: int = 2, pin_memory: bool = False, prefetch_factor: int = 2,
+                persistent_workers: bool = True, device: str | None = None,
+                multiprocessing_context: str | None = None, num_batches: int | None = None,
+                guard: int | None = None, spare: int | None = None,
+                cache_bytes: int = 256 << 20, timeout: float = 0) -> StoreLoader:
+    """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
+
+    ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
+    call ``sampler.update_priorities`` on it. With workers, only rows flushed to storage are
+    sampled, ``guard`` rows (default: one shard) ahead of the writer are kept clear, and
+    ``spare`` extra samples per batch (default ``max(2, batch_size // 16)``) replace rows
+    overwritten between planning and reading. ``cache_bytes``: per-worker decoded-chunk
+    cache. ``device="cuda"`` copies batches with ``non_blocking=True`` (use pin_memory).
+    """
+    if sampler is None:
+        from ..sampling.uniform import UniformSampler
+
+        sampler = UniformSampler(store)
+    sampler.batch_size = batch_size
+    if num_batches is not None:
+        sampler.num_batches = num_batches
+    if num_workers > 0:
+        sampler.committed_only = True
+        sampler.guard = max(sampler.guard, store.layout.shard_rows if guard is None else guard)
+        sampler.spare = max(2, batch_size // 16) if spare is None else spare
+        if store.mode != "r":
+            store.flush()
+    elif guard is not None:
+        sampler.guard = guard
+    local = store._source if num_workers == 0 else None
+    dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local)
+    kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
+                                  timeout=timeout)
+    if num_workers > 0:
+        kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                      multiprocessing_context=multiprocessing_context)
+    return StoreLoader(dataset, sampler, device=device, **kwargs)

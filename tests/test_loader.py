@@ -1,0 +1,174 @@
+"""make_loader with real worker processes: every start method, training while writing."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import expstore as es
+
+
+def value_frame(lane: int, step: int) -> np.ndarray:
+    """A frame that encodes (lane, step), so a reader can prove which row it got."""
+    a = np.zeros((8, 8), np.uint8)
+    a[0, :4] = np.frombuffer(np.int32(step).tobytes(), np.uint8)
+    a[1, 0] = lane
+    return a
+
+
+def decode_frame(a: np.ndarray) -> tuple[int, int]:
+    return int(a[1, 0]), int(np.frombuffer(a[0, :4].tobytes(), np.int32)[0])
+
+
+def make_store(path, capacity=256, lanes=1, shard_rows=16, stack=4):
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=stack),
+                          action=es.Field((), np.int64), extras={"step": es.Field((), np.int64)})
+    return es.create(path, spec, capacity=capacity, lanes=lanes, shard_rows=shard_rows)
+
+
+def write(store, lane, start, n, episode_len=37):
+    """Steps whose row content is derived from the lane step they land on."""
+    step = int(store.index.count[lane])
+    for t in range(start, start + n):
+        end = (t + 1) % episode_len == 0
+        store.add(value_frame(lane, step), t % 5, float(step), value_frame(lane, step + 1),
+                  end, False, lane=lane, step=step)
+        step += 2 if end else 1
+
+
+def check_batch(batch, history=3):
+    """Every row in the batch is exactly the row its step_id names."""
+    steps = batch["step_id"].numpy()
+    assert np.array_equal(batch["step"].numpy(), steps)
+    assert np.array_equal(batch["reward"].numpy(), steps.astype(np.float32))
+    obs = batch["obs"].numpy()
+    if obs.ndim == 3:  # no frame stack
+        obs = obs[:, None]
+    for i, s in enumerate(steps):
+        lane, got = decode_frame(obs[i, -1])
+        assert got == s, f"newest frame of sample {i} is step {got}, expected {s}"
+        prev = [decode_frame(f)[1] for f in obs[i]]
+        assert all(b - a in (0, 1) for a, b in zip(prev, prev[1:])), prev
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_with_every_start_method(tmp_path, method):
+    store = make_store(tmp_path / "s.zarr")
+    write(store, 0, 0, 200)
+    loader = es.make_loader(store, batch_size=32, num_workers=2, multiprocessing_context=method,
+                            num_batches=6, persistent_workers=False)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    n = 0
+    for batch in loader:
+        assert batch["obs"].dtype == torch.uint8 and batch["obs"].shape == (32, 4, 8, 8)
+        assert batch["index"].dtype == torch.int64 and batch["weight"].dtype == torch.float32
+        check_batch(batch)
+        n += 1
+    assert n == 6
+    assert loader.stats.batches == 6 and loader.stats.rows_read > 0
+
+
+def test_training_while_writing_never_returns_overwritten_rows(tmp_path):
+    store = make_store(tmp_path / "s.zarr", capacity=128, shard_rows=16)
+    write(store, 0, 0, 100)
+    lock = threading.Lock()
+
+    class LockedSampler(es.UniformSampler):  # a store is not thread-safe: share it locked
+        def plan(self, batch_size=None):
+            with lock:
+                return super().plan(batch_size)
+
+    loader = es.make_loader(store, LockedSampler(store), batch_size=16, num_workers=2,
+                            prefetch_factor=4, guard=0, spare=2)  # no guard: overwrites happen
+    stop = threading.Event()
+
+    def writer():
+        t = 100
+        while not stop.is_set():
+            with lock:
+                write(store, 0, t, 8)
+                store.flush()
+            t += 8
+            time.sleep(0.001)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    seen_max = 0
+    try:
+        for i, batch in enumerate(loader):
+            check_batch(batch)
+            seen_max = max(seen_max, int(batch["step_id"].max()))
+            if i >= 150:
+                break
+    finally:
+        stop.set()
+        th.join()
+    assert int(store.index.count[0]) > 128 * 3, "the writer wrapped the ring several times"
+    assert seen_max > 200, "rows committed after the loader started were sampled"
+
+
+def test_stale_rows_are_detected_and_replaced(tmp_path):
+    store = make_store(tmp_path / "s.zarr", capacity=64, shard_rows=16, stack=None)
+    write(store, 0, 0, 60)
+    store.flush()
+    sampler = es.UniformSampler(store, seed=0)
+    sampler.committed_only = True
+    sampler.spare = 4
+    plan = sampler.plan(8)
+    write(store, 0, 60, 40)  # overwrites most of the ring after the plan was made
+    store.flush()
+    ds = es.loading.loader.StoreDataset(store.url, store.layout)
+    batch = ds.__getitems__([plan])
+    stats = batch.pop("_expstore_stats")
+    check_batch(batch)
+    assert stats[-1] > 0, "some planned rows were overwritten and must be counted"
+    assert len(batch["index"]) == 8
+
+
+def test_worker_crash_surfaces_as_error(tmp_path):
+    store = make_store(tmp_path / "s.zarr")
+    write(store, 0, 0, 200)
+    loader = es.make_loader(store, batch_size=8, num_workers=2, timeout=60)
+    it = iter(loader)
+    next(it)
+    workers = multiprocessing.active_children()
+    assert len(workers) >= 2
+    # torch's SIGCHLD handler raises as soon as a worker dies: kill inside the raises block
+    with pytest.raises(RuntimeError, match="worker .* killed|exited unexpectedly"):
+        for w in workers:
+            os.kill(w.pid, signal.SIGKILL)
+        for _ in range(20):
+            next(it)
+    it.close()  # shuts the dead workers' iterator down and unregisters their pids
+    del it, loader
+    gc.collect()
+
+
+def test_in_process_loader_reads_staged_rows(tmp_path):
+    store = make_store(tmp_path / "s.zarr", capacity=1024, shard_rows=256)
+    write(store, 0, 0, 50)  # nothing flushed: all rows staged in RAM
+    loader = es.make_loader(store, batch_size=16, num_workers=0, num_batches=3)
+    for batch in loader:
+        check_batch(batch)
+
+
+def test_n_step_through_loader(tmp_path):
+    store = make_store(tmp_path / "s.zarr")
+    write(store, 0, 0, 120)
+    sampler = es.UniformSampler(store, n_step=3, gamma=0.5)
+    loader = es.make_loader(store, sampler, batch_size=32, num_workers=2, num_batches=3)
+    for batch in loader:
+        steps = batch["step_id"].numpy()
+        h = batch["horizon"].numpy()
+        for i, s in enumerate(steps):
+            want = sum(0.5 ** j * (s + j) for j in range(h[i]))
+            assert batch["reward"][i].item() == pytest.approx(want, rel=1e-5)
+            assert decode_frame(batch["next_obs"][i, -1].numpy())[1] == s + h[i]
