@@ -28,14 +28,15 @@ class StaleBatchError(ExpstoreError):
 
 def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
                  steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Read each distinct (row, step) once; return values and ok, both aligned to ``rows``."""
+    """Read each distinct row once; return values and ok, both aligned to ``rows``.
+
+    Within one plan a row maps to one step (plans come from one index state).
+    """
     f = layout.fields[name]
     flat_r, flat_s = rows.ravel(), steps.ravel()
-    key = np.stack([flat_r, flat_s], axis=1)
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    uniq, first, inv = np.unique(flat_r, return_index=True, return_inverse=True)
     buf = np.empty((len(uniq), *f.shape), f.dtype)
-    good = source.read(name, uniq[:, 0], uniq[:, 1], buf)
+    good = source.read(name, uniq, flat_s[first], buf)
     return buf[inv].reshape(*rows.shape, *f.shape), good[inv].reshape(rows.shape)
 
 

@@ -1,7 +1,11 @@
 """The hot read path: byte-range reads of single inner chunks, decoded into the batch.
 
 Shard headers and indexes are cached with the handle they were read through (an open
-file descriptor locally), so every range read goes to the version whose index we hold.
+file descriptor locally, an ETag-pinned object on S3), so every range read goes to the
+version whose index we hold; stores that cannot pin versions re-read headers after the
+data (see :meth:`ShardReader.read`). Headers of all uncached shards of a read are fetched
+in one batch, and the chunks of one read in one ``read_ranges`` call (remote backends
+merge ranges of one object into one ranged GET).
 When a caller passes the lane steps it expects, a cached version that does not hold them
 is re-opened once; rows still missing were overwritten meanwhile and are reported as
 stale instead of being returned. Inner chunks holding many rows (scalar fields) are
@@ -16,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import StoreCorruptError
-from .backend import Backend, Handle
+from .backend import Backend, Handle, ObjectChanged
 from .layout import Layout
-from .shard import EMPTY, HEADER_SIZE, ShardHead, index_size, parse_head
+from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
 
 
 @dataclass
@@ -54,7 +58,7 @@ class ShardReader:
         self.row_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.row_cache_bytes = row_cache_bytes
         self._row_bytes = 0
-        self.codecs = {n: layout.codec(n) for n in layout.fields}
+        self.decoders = {n: decoder(layout.fields[n].resolved_codec()) for n in layout.fields}
         self.stats = ReadStats()
 
     def close(self) -> None:
@@ -80,33 +84,65 @@ class ShardReader:
         if entry is not None and not reopen:
             self.heads.move_to_end(key)
             return entry
-        if entry is not None:
-            self.backend.close_object(self.heads.pop(key)[0])
-            self.stats.reopened += 1
-        skey = self.layout.shard_key(name, shard)
-        h = self.backend.open_object(skey)
-        if h is None:
-            return None
+        self._open_heads(name, [shard])
+        return self.heads.get(key)
+
+    def _open_heads(self, name: str, shards: list[int]) -> None:
+        """(Re)open shards of ``name`` and read their headers: one batched request set.
+
+        Missing shards are left out of the cache (remote handles find out on this read).
+        """
+        if not shards:
+            return
         n_chunks = self.layout.chunks_per_shard(name)
         size = index_size(n_chunks) + HEADER_SIZE
-        (raw,) = self.backend.read_ranges([(h, 0, size)])
-        self.stats.requests += 1
-        try:
-            head = parse_head(raw, n_chunks, f"{self.backend.url}/{skey}")
-        except StoreCorruptError:
-            self.backend.close_object(h)
-            raise
-        self.heads[key] = (h, head)
+        opened: list[tuple[int, Handle]] = []
+        for shard in shards:
+            old = self.heads.pop((name, shard), None)
+            if old is not None:
+                self.backend.close_object(old[0])
+                self.stats.reopened += 1
+            h = self.backend.open_object(self.layout.shard_key(name, shard))
+            if h is not None:
+                opened.append((shard, h))
+        if not opened:
+            return
+        raws = self.backend.read_ranges([(h, 0, size) for _, h in opened], missing_ok=True)
+        self.stats.requests += len(opened)
+        bad: StoreCorruptError | None = None
+        for (shard, h), raw in zip(opened, raws):
+            if raw is None or bad is not None:
+                self.backend.close_object(h)
+                continue
+            try:
+                head = parse_head(raw, n_chunks,
+                                  f"{self.backend.url}/{self.layout.shard_key(name, shard)}")
+            except StoreCorruptError as e:
+                self.backend.close_object(h)
+                bad = e
+                continue
+            self.heads[(name, shard)] = (h, head)
         while len(self.heads) > self.max_open:
-            _, (old, _) = self.heads.popitem(last=False)
-            self.backend.close_object(old)
-        return h, head
+            _, (old_h, _) = self.heads.popitem(last=False)
+            self.backend.close_object(old_h)
+        if bad is not None:
+            raise bad
+
+    def _drop(self, name: str, shard: int) -> None:
+        entry = self.heads.pop((name, shard), None)
+        if entry is not None:
+            self.backend.close_object(entry[0])
 
     def read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Decode ``rows`` of ``name`` into ``out`` (shape ``(len(rows), *field.shape)``).
+        """Decode ``rows`` of ``name`` into ``out`` (C-contiguous, ``(len(rows), *shape)``).
 
         ``steps`` are the lane steps the caller expects at those rows. Returns a bool mask
         of rows delivered; ``False`` rows were overwritten (or never written).
+
+        Headers of every shard not cached are fetched in one batch. A shard replaced after
+        its header was read (remote stores: :class:`ObjectChanged`, or the re-check of
+        headers on stores that cannot pin versions) is re-opened and read again; a shard
+        that keeps changing has its rows reported as not delivered.
         """
         L = self.layout
         S = L.shard_rows
@@ -114,70 +150,164 @@ class ShardReader:
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
         shards = rows // S
-        slots = rows % S
-        ok = np.zeros(len(rows), bool)
-        entries: dict[int, tuple[Handle, ShardHead]] = {}
-        for shard in np.unique(shards).tolist():
-            sel = shards == shard
-            entry = self.head(name, shard)
-            good = entry[1].holds(slots[sel], steps[sel]) if entry else np.zeros(sel.sum(), bool)
-            if not good.all():
-                entry = self.head(name, shard, reopen=True)
-                good = entry[1].holds(slots[sel], steps[sel]) if entry else good
-            if entry is not None:
-                entries[shard] = entry
-            ok[sel] = good
-        self.stats.stale += int((~ok).sum())
-        idx = np.flatnonzero(ok)
-        if R == 1:
-            self._read_single(name, rows[idx], steps[idx], shards[idx], slots[idx], entries,
-                              out, idx)
-        else:
-            self._read_grouped(name, shards[idx], slots[idx], R, entries, out, idx)
-        self.stats.rows += len(idx)
+        slots = rows - shards * S
+        order = np.argsort(shards, kind="stable")
+        uniq, starts, counts = np.unique(shards[order], return_index=True, return_counts=True)
+        parts = [(shard, order[a : a + c])
+                 for shard, a, c in zip(uniq.tolist(), starts.tolist(), counts.tolist())]
+        excluded: set[int] = set()
+        for attempt in range(len(parts) + 3):
+            ok, groups = self._locate(name, parts, slots, steps, excluded)
+            try:
+                if R == 1:
+                    self._read_single(name, groups, rows, steps, slots, out)
+                else:
+                    self._read_grouped(name, groups, slots, R, out)
+                if not self.backend.pins_versions:
+                    changed = self._recheck(name, groups, slots, R)
+                    if changed:
+                        raise ObjectChanged(changed)
+                break
+            except (ObjectChanged, StoreCorruptError) as e:
+                if isinstance(e, StoreCorruptError):
+                    if self.backend.pins_versions:
+                        raise
+                    changed = self._recheck(name, groups, slots, R)
+                    if not changed:
+                        raise
+                else:
+                    changed = e.handles
+                ids = {id(h) for h in changed}
+                hit = [g for g in groups if id(g[1]) in ids]
+                if not hit:
+                    raise
+                for shard, _, head, sel in hit:
+                    self._purge(name, shard, head, rows[sel], steps[sel])
+                    self._drop(name, shard)
+                if attempt >= 2:
+                    excluded.update(g[0] for g in hit)
+        n_ok = int(ok.sum())
+        self.stats.stale += len(rows) - n_ok
+        self.stats.rows += n_ok
         return ok
 
-    def _read_single(self, name, rows, steps, shards, slots, entries, out, idx) -> None:
-        uniq, first, pos = np.unique(rows, return_index=True, return_inverse=True)
+    def _locate(self, name: str, parts: list[tuple[int, np.ndarray]], slots: np.ndarray,
+                steps: np.ndarray, excluded: set[int]
+                ) -> tuple[np.ndarray, list[tuple[int, Handle, ShardHead, np.ndarray]]]:
+        """Which rows the current shard versions hold, and (shard, handle, head, rows) groups.
+
+        Cached versions that do not hold a requested step are re-opened (batched) once.
+        """
+        fresh = [shard for shard, _ in parts if (name, shard) not in self.heads]
+        self._open_heads(name, fresh)
+        fresh_set = set(fresh)
+        stale = []
+        for shard, sel in parts:
+            entry = self.heads.get((name, shard))
+            if entry is not None and shard not in fresh_set and \
+                    not entry[1].holds(slots[sel], steps[sel]).all():
+                stale.append(shard)
+        self._open_heads(name, stale)
+        ok = np.zeros(len(slots), bool)
+        groups = []
+        for shard, sel in parts:
+            entry = self.heads.get((name, shard))
+            if entry is None or shard in excluded:
+                continue
+            self.heads.move_to_end((name, shard))
+            good = entry[1].holds(slots[sel], steps[sel])
+            ok[sel] = good
+            if good.any():
+                groups.append((shard, entry[0], entry[1], sel[good]))
+        return ok, groups
+
+    def _recheck(self, name: str, groups: list, slots: np.ndarray, R: int) -> list[Handle]:
+        """Handles whose object no longer has the chunks we read at the offsets we used.
+
+        For stores that cannot pin a version: after reading, the header is read again;
+        within one lap rows are only appended, so unchanged offsets of the chunks read
+        prove the bytes read belong to the rows asked for.
+        """
+        if not groups:
+            return []
+        n_chunks = self.layout.chunks_per_shard(name)
+        size = index_size(n_chunks) + HEADER_SIZE
+        raws = self.backend.read_ranges([(h, 0, size) for _, h, _, _ in groups],
+                                        missing_ok=True)
+        self.stats.requests += len(groups)
+        changed = []
+        for (_, h, head, sel), raw in zip(groups, raws):
+            try:
+                new = None if raw is None else parse_head(raw, n_chunks, "")
+            except StoreCorruptError:
+                new = None
+            chunks = np.unique(slots[sel] // R)
+            if new is None or new.first_step != head.first_step or \
+                    not np.array_equal(new.offsets[chunks], head.offsets[chunks]) or \
+                    not np.array_equal(new.nbytes[chunks], head.nbytes[chunks]):
+                changed.append(h)
+        return changed
+
+    def _purge(self, name: str, shard: int, head: ShardHead, rows: np.ndarray,
+               steps: np.ndarray) -> None:
+        """Forget decoded data read through a version found replaced mid-read."""
+        for key in [k for k in self.chunk_cache if k[0] == name and k[1] == shard
+                    and k[3] == head.first_step and k[4] == head.n_rows]:
+            self._cached_bytes -= self.chunk_cache.pop(key).nbytes
+        if self.row_cache:
+            for r, st in zip(rows.tolist(), steps.tolist()):
+                arr = self.row_cache.pop((name, r, st), None)
+                if arr is not None:
+                    self._row_bytes -= arr.nbytes
+
+    def _read_single(self, name, groups, rows, steps, slots, out) -> None:
         cache = self.row_cache if self.row_cache_bytes else None
-        reqs, req_of = [], {}
-        for u, i in enumerate(first.tolist()):
-            if cache is not None:
-                hit = cache.get((name, int(rows[i]), int(steps[i])))
-                if hit is not None:
-                    cache.move_to_end((name, int(rows[i]), int(steps[i])))
-                    out[idx[i]] = hit
-                    self.stats.row_cache_hits += 1
-                    continue
-                self.stats.row_cache_misses += 1
-            h, head = entries[int(shards[i])]
-            if head.offsets[slots[i]] == EMPTY:
-                raise StoreCorruptError(f"{name}: shard {int(shards[i])} has no chunk for "
-                                        f"row slot {int(slots[i])} though its header says so")
-            off = int(head.offsets[slots[i]])
-            req_of[u] = len(reqs)
-            reqs.append((h, off, off + int(head.nbytes[slots[i]])))
+        reqs: list[tuple[Handle, int, int]] = []
+        targets: list[tuple[int, int]] = []
+        for shard, h, head, sel in groups:
+            sl = slots[sel]
+            offs = head.offsets[sl]
+            if (offs == EMPTY).any():
+                raise StoreCorruptError(f"{self.backend.url}/{self.layout.shard_key(name, shard)}"
+                                        ": a row its header counts has no chunk")
+            ends = offs + head.nbytes[sl]
+            for i, o, e in zip(sel.tolist(), offs.tolist(), ends.tolist()):
+                if cache is not None:
+                    key = (name, int(rows[i]), int(steps[i]))
+                    hit = cache.get(key)
+                    if hit is not None:
+                        cache.move_to_end(key)
+                        out[i] = hit
+                        self.stats.row_cache_hits += 1
+                        continue
+                    self.stats.row_cache_misses += 1
+                reqs.append((h, o, e))
+                targets.append((i, shard))
         blobs = self.backend.read_ranges(reqs)
         self.stats.requests += len(reqs)
         self.stats.chunks += len(reqs)
-        decode = self.codecs[name].decode
-        for u, r in req_of.items():
-            i = int(first[u])
-            blob = blobs[r]
-            self.stats.bytes += len(blob)
-            target = out[idx[i] : idx[i] + 1]
+        flat = out.reshape(len(out), -1).view(np.uint8)
+        decode_into = self.decoders[name]
+        try:
+            for (i, _), blob in zip(targets, blobs):
+                decode_into(blob, flat[i])
+        except Exception as e:  # numcodecs raises RuntimeError/ValueError variants
+            bad = self._first_bad(name, targets, blobs, flat)
+            raise StoreCorruptError(f"{self.backend.url}/{self.layout.shard_key(name, bad)}: "
+                                    f"a chunk does not decode ({e})") from e
+        self.stats.bytes += sum(len(b) for b in blobs)
+        if cache is not None:
+            for i, _ in targets:
+                self._row_put((name, int(rows[i]), int(steps[i])), out[i].copy())
+
+    def _first_bad(self, name, targets, blobs, flat) -> int:
+        decode_into = self.decoders[name]
+        for (i, shard), blob in zip(targets, blobs):
             try:
-                decode(blob, out=target)
-            except Exception as e:  # numcodecs raises RuntimeError/ValueError variants
-                raise StoreCorruptError(
-                    f"{self.backend.url}/{self.layout.shard_key(name, int(shards[i]))}: "
-                    f"chunk for slot {int(slots[i])} does not decode ({e})"
-                ) from e
-            if cache is not None:
-                self._row_put((name, int(rows[i]), int(steps[i])), target[0].copy())
-        dup = np.flatnonzero(first[pos] != np.arange(len(rows)))
-        if len(dup):
-            out[idx[dup]] = out[idx[first[pos[dup]]]]
+                decode_into(blob, flat[i])
+            except Exception:
+                return shard
+        return targets[0][1]
 
     def _row_put(self, key: tuple, arr: np.ndarray) -> None:
         self.row_cache[key] = arr
@@ -186,37 +316,47 @@ class ShardReader:
             _, old = self.row_cache.popitem(last=False)
             self._row_bytes -= old.nbytes
 
-    def _read_grouped(self, name, shards, slots, R, entries, out, idx) -> None:
+    def _read_grouped(self, name, groups, slots, R, out) -> None:
         f = self.layout.fields[name]
-        chunk_of = slots // R
-        for shard in np.unique(shards).tolist():
-            h, head = entries[shard]
-            sel = np.flatnonzero(shards == shard)
-            for c in np.unique(chunk_of[sel]).tolist():
+        uses = []
+        pending: dict[tuple, tuple[Handle, int, int, int]] = {}
+        for shard, h, head, sel in groups:
+            chunk_of = slots[sel] // R
+            for c in np.unique(chunk_of).tolist():
                 key = (name, shard, c, head.first_step, head.n_rows)
-                arr = self.chunk_cache.get(key)
-                if arr is None:
-                    self.stats.chunk_cache_misses += 1
-                    off, n = int(head.offsets[c]), int(head.nbytes[c])
-                    if head.offsets[c] == EMPTY:
-                        raise StoreCorruptError(f"{name}: shard {shard} chunk {c} is missing")
-                    (blob,) = self.backend.read_ranges([(h, off, off + n)])
-                    self.stats.requests += 1
-                    self.stats.bytes += len(blob)
-                    self.stats.chunks += 1
-                    arr = np.empty((R, *f.shape), f.dtype)
-                    try:
-                        self.codecs[name].decode(blob, out=arr)
-                    except Exception as e:
-                        raise StoreCorruptError(
-                            f"{self.backend.url}/{self.layout.shard_key(name, shard)}: chunk "
-                            f"{c} does not decode ({e})") from e
-                    self._cache_put(key, arr)
-                else:
-                    self.chunk_cache.move_to_end(key)
-                    self.stats.chunk_cache_hits += 1
-                pick = sel[chunk_of[sel] == c]
-                out[idx[pick]] = arr[slots[pick] - c * R]
+                uses.append((key, c, sel[chunk_of == c]))
+                if key in self.chunk_cache or key in pending:
+                    continue
+                if head.offsets[c] == EMPTY:
+                    raise StoreCorruptError(f"{self.backend.url}/"
+                                            f"{self.layout.shard_key(name, shard)}: "
+                                            f"chunk {c} is missing")
+                off, n = int(head.offsets[c]), int(head.nbytes[c])
+                pending[key] = (h, off, off + n, shard)
+        got: dict[tuple, np.ndarray] = {}
+        if pending:
+            blobs = self.backend.read_ranges([v[:3] for v in pending.values()])
+            self.stats.requests += len(pending)
+            self.stats.chunks += len(pending)
+            for (key, (_, _, _, shard)), blob in zip(pending.items(), blobs):
+                self.stats.chunk_cache_misses += 1
+                self.stats.bytes += len(blob)
+                arr = np.empty((R, *f.shape), f.dtype)
+                try:
+                    self.decoders[name](blob, arr.reshape(-1).view(np.uint8))
+                except Exception as e:
+                    raise StoreCorruptError(
+                        f"{self.backend.url}/{self.layout.shard_key(name, shard)}: chunk "
+                        f"{key[2]} does not decode ({e})") from e
+                got[key] = arr
+                self._cache_put(key, arr)
+        for key, c, pick in uses:
+            arr = got.get(key)
+            if arr is None:
+                arr = self.chunk_cache[key]
+                self.chunk_cache.move_to_end(key)
+                self.stats.chunk_cache_hits += 1
+            out[pick] = arr[slots[pick] - c * R]
 
     def _cache_put(self, key: tuple, arr: np.ndarray) -> None:
         self.chunk_cache[key] = arr

@@ -13,6 +13,7 @@ reader can prove that the version it holds contains the step it was asked for.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,31 @@ def make_codec(cfg: dict[str, Any], itemsize: int) -> numcodecs.abc.Codec:
     if name == "none":
         return _Raw()
     raise ValueError(f"codec.name: expected 'blosc', 'zstd' or 'none', got {name!r}")
+
+
+def decoder(cfg: dict[str, Any]) -> Callable[[bytes, np.ndarray], None]:
+    """``decode_into(blob, dst)``: decompress ``blob`` into the uint8 buffer ``dst``.
+
+    Calls blosc/zstd directly, skipping numcodecs' per-call wrapping (half the cost of a
+    5 µs frame decode).
+    """
+    name = cfg.get("name", "blosc")
+    if name == "blosc":
+        from numcodecs import blosc
+
+        return blosc.decompress  # (source, dest) fills dest in place
+    if name == "zstd":
+        from numcodecs import zstd
+
+        def zstd_into(blob: bytes, dst: np.ndarray) -> None:
+            dst[:] = np.frombuffer(zstd.decompress(blob), np.uint8)
+
+        return zstd_into
+
+    def raw_into(blob: bytes, dst: np.ndarray) -> None:
+        dst[:] = np.frombuffer(blob, np.uint8)
+
+    return raw_into
 
 
 class _Raw(numcodecs.abc.Codec):
