@@ -18,7 +18,7 @@ from .errors import ReadOnlyError, SpecError, StoreCorruptError, ValidationError
 from .index.rows import RowIndex
 from .loading.assemble import assemble
 from .sampling.plan import make_plan
-from .spec import Spec
+from .spec import BUILTIN, Spec
 from .storage.backend import Backend, backend_for
 from .storage.layout import (
     FLAG_FIRST,
@@ -26,7 +26,9 @@ from .storage.layout import (
     FLAG_TERMINATED,
     FLAG_TRUNCATED,
     Layout,
+    auto_shard_rows,
     read_layout,
+    round_capacity,
     write_metadata,
 )
 from .storage.reader import ShardReader
@@ -36,15 +38,19 @@ from .validate import coerce
 
 
 def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
-           shard_rows: int = 1024, overwrite: bool = False,
+           shard_rows: int | None = None, overwrite: bool = False,
            storage_options: dict[str, Any] | None = None, fsync: bool = True) -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
-    ``capacity`` must be a multiple of ``lanes * shard_rows`` (see ``round_capacity``).
+    ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
+    what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
+    flushes survive power loss, not only process crashes (costs ~4 ms per object written).
     Fails if a store exists there unless ``overwrite=True``.
     """
     url = os.fspath(url)
-    layout = Layout(spec, int(capacity), int(lanes), int(shard_rows))
+    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
+    capacity = round_capacity(int(capacity), int(lanes), shard_rows)
+    layout = Layout(spec, capacity, int(lanes), shard_rows)
     backend = backend_for(url, storage_options, fsync)
     if backend.get("zarr.json") is not None and not overwrite:
         raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to replace it)")
@@ -241,6 +247,8 @@ class Store:
 
         Keys: ``obs, action, reward, terminated, truncated`` (+ user fields) and
         ``next_obs``, which may be omitted when no step in the batch ends an episode.
+        ``next_<user field>`` (optional) gives a user field's value for the final rows of
+        episodes ending in the batch (else they hold zeros).
         """
         self._writer(lane)
         b = dict(batch)
@@ -266,6 +274,11 @@ class Store:
         out: dict[str, np.ndarray] = {}
         given = {**spec.flatten("obs", obs), **spec.flatten("action", action),
                  "reward": reward, "terminated": terminated, "truncated": truncated}
+        # ``next_<user field>``: the field's value at the next row, kept for final rows
+        nxt = {k: v for k, v in extras.items() if k not in spec.fields
+               and k.startswith("next_") and k[5:] in spec.fields and k[5:] not in BUILTIN
+               and k[5:] not in spec.obs_names and k[5:] not in spec.action_names}
+        extras = {k: v for k, v in extras.items() if k not in nxt}
         unknown = [k for k in extras if k not in spec.fields]
         if unknown:
             raise ValidationError(f"unknown field(s) {unknown}; the spec has "
@@ -273,6 +286,8 @@ class Store:
         given.update(extras)
         for name, f in spec.fields.items():
             out[name] = coerce(name, f, given.get(name), lead, nonfinite)
+        for k, v in nxt.items():
+            out[k] = coerce(k, spec.fields[k[5:]], v, lead, nonfinite)
         done = out["terminated"] | out["truncated"]
         if np.any(done):
             if next_obs is None:
@@ -285,7 +300,6 @@ class Store:
 
     def _append(self, lane: int, vals: dict[str, np.ndarray]) -> None:
         """Turn validated steps into rows (+ a final row per finished episode)."""
-        spec = self.spec
         w = self.writers[lane]
         T = len(vals["reward"])
         done = vals["terminated"] | vals["truncated"]
@@ -300,7 +314,7 @@ class Store:
                 continue
             arr = np.zeros((n_rows, *f.shape), f.dtype)
             arr[step_pos] = vals[name]
-            if name in spec.obs_names and n_final:
+            if n_final and "next_" + name in vals:  # obs; user fields when given
                 arr[final_pos] = vals["next_" + name][done]
             rows[name] = arr
         flags = np.zeros(n_rows, np.uint8)

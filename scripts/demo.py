@@ -41,8 +41,8 @@ def collect(url: str, steps: int, seed: int) -> tuple[es.Store, str, float]:
     env, name = make_env(seed)
     stack = 4 if len(env.observation_space.shape) == 3 else None
     spec = es.Spec.from_spaces(env.observation_space, env.action_space, frame_stack=stack)
-    capacity = es.round_capacity(steps + steps // 100 + 2048, shard_rows=1024)
-    store = es.create(url, spec, capacity=capacity, shard_rows=1024, overwrite=True)
+    capacity = steps + steps // 100 + 4096  # rounded up to whole shards by create()
+    store = es.create(url, spec, capacity=capacity, overwrite=True)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     t0 = time.perf_counter()

@@ -304,3 +304,10 @@ def test_capacity_must_fit_shards():
     with pytest.raises(es.SpecError, match="capacity"):
         es.storage.layout.Layout(spec, 100, 1, 16)
     assert es.round_capacity(100, lanes=2, shard_rows=16) == 128
+
+
+def test_create_rounds_capacity_to_whole_shards(tmp_path):
+    store = es.create(tmp_path / "s.zarr", image_spec(), capacity=100_000)
+    assert store.layout.shard_rows == 2048  # auto: a power of two near 1/32 of a lane
+    assert store.capacity == 49 * 2048  # the smallest whole number of shards >= 100_000
+    assert es.open(tmp_path / "s.zarr").capacity == 49 * 2048
