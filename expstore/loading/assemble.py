@@ -27,17 +27,21 @@ class StaleBatchError(ExpstoreError):
 
 
 def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
-                 steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 steps: np.ndarray, split: int | None = None):
     """Read each distinct row once; return values and ok, both aligned to ``rows``.
 
-    Within one plan a row maps to one step (plans come from one index state).
+    Within one plan a row maps to one step (plans come from one index state). With
+    ``split=k`` the values come back as two contiguous arrays: columns ``:k`` and ``k:``.
     """
     f = layout.fields[name]
     flat_r, flat_s = rows.ravel(), steps.ravel()
     uniq, first, inv = np.unique(flat_r, return_index=True, return_inverse=True)
     buf = np.empty((len(uniq), *f.shape), f.dtype)
-    good = source.read(name, uniq, flat_s[first], buf)
-    return buf[inv].reshape(*rows.shape, *f.shape), good[inv].reshape(rows.shape)
+    good = source.read(name, uniq, flat_s[first], buf)[inv].reshape(rows.shape)
+    inv = inv.reshape(rows.shape)
+    if split is None:
+        return buf[inv], good
+    return buf[inv[:, :split]], buf[inv[:, split:]], good
 
 
 def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
@@ -66,12 +70,11 @@ def read_columns(plan: ReadPlan, layout: Layout,
         cols = slice(K - k, K)
         rows = np.concatenate([plan.obs_rows[:, cols], plan.next_rows[:, cols]], axis=1)
         steps = np.concatenate([plan.obs_steps[:, cols], plan.next_steps[:, cols]], axis=1)
-        vals, good = _read_unique(source, layout, name, rows, steps)
+        obs, nxt, good = _read_unique(source, layout, name, rows, steps, split=k)
         ok &= good.all(axis=1)
         if f.padding == "zero" and f.stack:
-            pad = np.concatenate([plan.obs_pad[:, cols], plan.next_pad[:, cols]], axis=1)
-            vals[pad] = 0
-        obs, nxt = vals[:, :k], vals[:, k:]
+            obs[plan.obs_pad[:, cols]] = 0
+            nxt[plan.next_pad[:, cols]] = 0
         if not f.stack:
             obs, nxt = obs[:, 0], nxt[:, 0]
         suffix = name[3:]
@@ -128,7 +131,7 @@ def _finish(plan: ReadPlan, out: dict, ok: np.ndarray) -> tuple[dict, int]:
     chosen = good[:B]
     if len(chosen) < B:  # spares ran out: repeat delivered samples
         chosen = np.resize(chosen, B)
-    sel = chosen if stale or plan.spare else slice(None)
+    sel = chosen if stale else slice(0, B)  # no stale sample: the first B, as views
     batch = {k: v[sel] for k, v in out.items()}
     batch["index"] = plan.rows[sel]
     batch["step_id"] = plan.steps[sel]
