@@ -7,10 +7,18 @@ import numpy as np
 __all__ = ["PriorityTree"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
-_B = 8  # fanout: a block of 8 float64 sums is one 64 B cache line, 8 bools one uint64
+_SHIFT = 3
+_B = 1 << _SHIFT  # fanout 8: 8 float64 sums are one 64 B cache line, 8 bools one uint64
 _U9 = np.zeros((_B, _B + 1))  # rows @ _U9 -> [0, c0, c0+c1, ...] (exclusive + inclusive prefix)
 _U9[np.triu_indices(_B)[0], np.triu_indices(_B)[1] + 1] = 1.0
 _ONES = np.ones(_B)
+
+
+def _count_true_rows(m: np.ndarray) -> np.ndarray:
+    """Number of True per row of a contiguous (k, 8) bool array."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2: the 8 bools of a row are one uint64
+        return np.bitwise_count(m.view(np.uint64)).ravel()
+    return np.count_nonzero(m, axis=1)
 
 
 class PriorityTree:
@@ -138,8 +146,8 @@ class PriorityTree:
 
     def _propagate(self, node: np.ndarray) -> None:
         """Recompute all ancestors of the (sorted, unique) leaves ``node``, level by level."""
-        for lvl, (sums, mins) in enumerate(zip(self._sums, self._mins)):
-            node = node >> 3
+        for lvl, (sums, mins) in enumerate(zip(self._sums, self._mins, strict=True)):
+            node = node >> _SHIFT
             if lvl == 0:
                 rows = self._leaves2d.take(node, axis=0)
                 s = rows.astype(np.float64) @ _ONES
@@ -173,6 +181,8 @@ class PriorityTree:
 
         Returns ``batch_size`` int64 leaf indices, each with nonzero priority.
         """
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
         return self._search(rng.random(batch_size), batch_size)
 
     def _search(self, v: np.ndarray, strata: int | None) -> np.ndarray:
@@ -182,12 +192,13 @@ class PriorityTree:
         total = top[-1]
         if not total > 0.0:
             raise ValueError("cannot search an empty tree (total priority is 0)")
+        if v.size == 0:
+            return np.zeros(0, dtype=np.int64)
         if strata is None:
             np.clip(v, 0.0, total, out=v)  # NaN was rejected by the caller
         else:  # v holds uniforms in [0, 1): map draw i into segment i of ``strata``
             v += np.arange(strata)
-            v *= total / strata
-            np.minimum(v, total, out=v)
+            v *= total / strata  # may round up to > total: handled like v == total
         node = self._descend(v.copy(), top, fast=True)
         if not self._leaves.take(node).all():
             # only if matmul prefix sums were not monotone: redo those exactly
@@ -220,13 +231,12 @@ class PriorityTree:
             else:
                 cs = np.zeros((k, _B + 1))
                 np.cumsum(rows, axis=1, out=cs[:, 1:])
-            # 8 bools of a row viewed as one uint64: popcount = number of prefixes <= v
-            j = np.bitwise_count((cs[:, 1:] <= vcol).view(np.uint64)).ravel()
+            j = _count_true_rows(cs[:, 1:] <= vcol)  # number of inclusive prefixes <= v
             if np.maximum.reduce(j) == _B:
                 over = j == _B
                 j[over] = (_B - 1) - np.argmax(rows[over][:, ::-1] > 0, axis=1)
             v -= cs.take(rowbase + j)
-            node <<= 3
+            node <<= _SHIFT
             node += j
         return node
 
@@ -247,7 +257,7 @@ class PriorityTree:
         rows = tree._leaves.reshape(-1, _B)
         s = rows.astype(np.float64) @ _ONES
         m = np.where(rows > 0, rows, np.float32(np.inf)).min(axis=1)
-        for lvl, (sums, mins) in enumerate(zip(tree._sums, tree._mins)):
+        for lvl, (sums, mins) in enumerate(zip(tree._sums, tree._mins, strict=True)):
             sums[: s.size] = s
             mins[: m.size] = m
             if lvl + 1 < len(tree._sums):
