@@ -11,6 +11,7 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,8 +35,9 @@ class Case(Protocol):
         """Uniform sampling from the filled buffer; transitions/s."""
 
 
-def _timed_loop(step: Any, batch_size: int, seconds: float, warmup: int = 5) -> float:
-    """Call ``step()`` for at least ``seconds`` after ``warmup`` calls; items/s."""
+def timed_loop(step: Callable[[], object], batch_size: int, seconds: float,
+               warmup: int = 5) -> float:
+    """Call ``step()`` for at least ``seconds`` after ``warmup`` calls; batch_size * calls/s."""
     for _ in range(warmup):
         step()
     count, t0 = 0, time.perf_counter()
@@ -45,14 +47,10 @@ def _timed_loop(step: Any, batch_size: int, seconds: float, warmup: int = 5) -> 
     return count / dt
 
 
-def _dir_bytes(path: Path) -> tuple[int, int]:
+def dir_bytes(path: str | Path) -> tuple[int, int]:
     """(apparent size, allocated size) in bytes of all files under ``path``."""
-    size = alloc = 0
-    for p in path.rglob("*"):
-        if p.is_file():
-            st = p.stat()
-            size, alloc = size + st.st_size, alloc + st.st_blocks * 512
-    return size, alloc
+    stats = [p.stat() for p in Path(path).rglob("*") if p.is_file()]
+    return sum(st.st_size for st in stats), sum(st.st_blocks * 512 for st in stats)
 
 
 class TorchRLMemmapCase:
@@ -72,10 +70,7 @@ class TorchRLMemmapCase:
         self.data, self.stack = data, stack
         self.idx = transitions(data)
         self.capacity = capacity or len(self.idx)
-        self.tmpdir = Path(tmpdir)
-        self.rb: Any = None
-        self.scratch: Path | None = None
-        self._fills = 0
+        self.tmpdir, self.rb, self.scratch, self._fills = Path(tmpdir), None, None, 0
 
     def _chunk(self, lo: int, hi: int) -> Any:
         import torch
@@ -85,13 +80,12 @@ class TorchRLMemmapCase:
         es, f = d["episode_start"], d["frames"]
         obs = torch.from_numpy(f[stack_indices(es, idx, self.stack)])
         nxt = torch.from_numpy(f[stack_indices(es, idx + 1, self.stack)])
-        term = torch.from_numpy(d["terminated"][idx]).unsqueeze(-1)
-        trunc = torch.from_numpy(d["truncated"][idx]).unsqueeze(-1)
+        term, trunc = (torch.from_numpy(d[k][idx]).unsqueeze(-1)
+                       for k in ("terminated", "truncated"))
         return TensorDict({
             "observation": obs, "action": torch.from_numpy(d["actions"][idx]),
-            "next": {"observation": nxt, "done": term | trunc, "terminated": term,
-                     "truncated": trunc,
-                     "reward": torch.from_numpy(d["rewards"][idx]).unsqueeze(-1)},
+            "next": {"observation": nxt, "done": term | trunc, "terminated": term, "truncated":
+                     trunc, "reward": torch.from_numpy(d["rewards"][idx]).unsqueeze(-1)},
         }, batch_size=[len(idx)])
 
     def _buffer(self, batch_size: int, prefetch: int | None = None) -> Any:
@@ -128,8 +122,7 @@ class TorchRLMemmapCase:
 
     def disk_bytes(self) -> dict[str, float]:
         """Apparent and allocated bytes per transition under the scratch dir."""
-        size, alloc = _dir_bytes(self.scratch)
-        n = len(self.rb)
+        (size, alloc), n = dir_bytes(self.scratch), len(self.rb)
         return {"bytes_per_transition": size / n, "allocated_bytes_per_transition": alloc / n}
 
     def bytes_per_transition(self) -> float:
@@ -137,18 +130,23 @@ class TorchRLMemmapCase:
         return self.disk_bytes()["bytes_per_transition"]
 
     def warm_cache(self) -> None:
-        """Read every storage file once so sampling runs on a warm page cache."""
+        """Flush, read every storage file once, then touch the mapped tensors
+        (maps the pages into this process) so sampling runs on a warm cache."""
         os.sync()
         for p in self.scratch.rglob("*"):
             if p.is_file():
                 with open(p, "rb") as fh:
                     while fh.read(1 << 24):
                         pass
+        tensors = getattr(self.rb.storage, "_storage", None)  # TensorDict of memmaps
+        for x in tensors.values(True, True) if tensors is not None else ():
+            for lo in range(0, len(x), 4096):
+                x[lo:lo + 4096].max()
 
     def sample_rate(self, batch_size: int, seconds: float = 0.5) -> float:
         """``rb.sample()`` in a loop (batch_size fixed at construction); transitions/s."""
         rb = self._buffer(batch_size)
-        return _timed_loop(rb.sample, batch_size, seconds)
+        return timed_loop(rb.sample, batch_size, seconds)
 
     def prefetch_rate(self, batch_size: int = 32, seconds: float = 0.5,
                       prefetch: int = 2) -> float:
@@ -162,8 +160,8 @@ class TorchRLMemmapCase:
             float(td["observation"][0, 0, 0, 0])
             float(td["next", "observation"][0, 0, 0, 0])
 
-        rate = _timed_loop(step, 1, seconds)
-        rb._prefetch_executor.shutdown(wait=True)
+        rate = timed_loop(step, 1, seconds)
+        getattr(rb, "_prefetch_executor", None) and rb._prefetch_executor.shutdown(wait=True)
         return rate
 
 
@@ -180,30 +178,27 @@ class NumpyRing:
         self.frames = np.zeros((capacity, *frame_shape), np.uint8)
         self.actions = np.zeros(capacity, np.int64)
         self.rewards = np.zeros(capacity, np.float32)
-        self.terminated = np.zeros(capacity, bool)
-        self.truncated = np.zeros(capacity, bool)
-        self.episode_start = np.zeros(capacity, bool)
-        self.has_next = np.zeros(capacity, bool)
+        self.terminated, self.truncated, self.episode_start, self.has_next = (
+            np.zeros(capacity, bool) for _ in range(4))
         self.rng = np.random.default_rng(0)
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.frames, self.actions, self.rewards, self.terminated,
+                self.truncated, self.episode_start, self.has_next)
 
     def nbytes(self) -> int:
         """Bytes held in RAM by all arrays."""
-        return sum(a.nbytes for a in (self.frames, self.actions, self.rewards,
-                                      self.terminated, self.truncated,
-                                      self.episode_start, self.has_next))
+        return sum(a.nbytes for a in self._arrays())
 
     def extend(self, frames: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
                terminated: np.ndarray, truncated: np.ndarray,
                episode_start: np.ndarray, has_next: np.ndarray) -> None:
         """Append a stream chunk (the layout of ``load_atari_frames``)."""
-        n = len(frames)
+        n, done = len(frames), 0
         cols = (frames, actions, rewards, terminated, truncated, episode_start, has_next)
-        dst = (self.frames, self.actions, self.rewards, self.terminated,
-               self.truncated, self.episode_start, self.has_next)
-        done = 0
         while done < n:
             k = min(n - done, self.cap - self.ptr)
-            for d, s in zip(dst, cols, strict=True):
+            for d, s in zip(self._arrays(), cols, strict=True):
                 d[self.ptr:self.ptr + k] = s[done:done + k]
             self.ptr, done = (self.ptr + k) % self.cap, done + k
         self.size = min(self.size + n, self.cap)
@@ -265,7 +260,7 @@ class NumpyRingCase:
 
     def sample_rate(self, batch_size: int, seconds: float = 0.5) -> float:
         """``ring.sample(batch_size)`` in a loop; transitions/s."""
-        return _timed_loop(lambda: self.ring.sample(batch_size), batch_size, seconds)
+        return timed_loop(lambda: self.ring.sample(batch_size), batch_size, seconds)
 
 
 def torchrl_memmap_case(data: dict[str, Any], capacity: int | None,

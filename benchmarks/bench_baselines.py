@@ -12,6 +12,7 @@ benchmarks/results/baselines.json.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=5, help="sampling repeats (median)")
     p.add_argument("--extend-repeats", type=int, default=3, help="fills per case (median)")
-    p.add_argument("--seconds", type=float, default=0.5, help="duration of one sampling repeat")
+    p.add_argument("--seconds", type=float, default=1.0, help="length of one sampling repeat (s)")
     p.add_argument("--chunk", type=int, default=1000, help="transitions per extend call")
     p.add_argument("--out", type=Path, default=RESULTS_MD, help="markdown file to update")
     p.add_argument("--json-name", default="baselines", help="benchmarks/results/<name>.json")
@@ -62,12 +63,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tmpdir", default=None, help="parent dir for memmap scratch (disk)")
     p.add_argument("--synthetic", action="store_true", help="force the synthetic frames")
     p.add_argument("--cases", default="numpy,torchrl", help="comma list: numpy,torchrl")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="torch.set_num_threads (0 = leave default); >1 collapses under load")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     data = load_atari_frames(args.n, game=args.game, seed=args.seed,
                              synthetic=True if args.synthetic else None)
     print(f"data: {data_summary(data)} ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -109,12 +116,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"- extend (MB/s) = extend tr/s x bytes/transition. Full runs in "
         f"`benchmarks/results/{args.json_name}.json`.")
     cmd = command_line()
+    import torch
+
+    extra = {"torch threads": torch.get_num_threads(),
+             "load average (1 min) start/end": f"{load0:.1f} / {os.getloadavg()[0]:.1f}"}
     write_section(args.section, table + "\n\n" + notes, command=cmd,
-                  source=data_summary(data), path=args.out)
+                  source=data_summary(data), extra=extra, path=args.out)
     meta = {k: data[k] for k in ("source", "env_id", "games", "seed")}
     meta.update(n_frames=len(data["frames"]), n_transitions=int(data["valid"].sum()),
                 n_episodes=int(data["episode_start"].sum()))
-    out = {"command": cmd, "args": {k: str(v) for k, v in vars(args).items()},
+    out = {"command": cmd, "args": {k: str(v) for k, v in vars(args).items()}, "env": extra,
            "data": meta, "results": results}
     print(f"wrote section {args.section!r} to {args.out}; json {save_json(args.json_name, out)}"
           f" ({time.perf_counter() - t0:.0f} s total)")

@@ -147,13 +147,13 @@ def _run_segment(args: tuple) -> dict:
     return s
 
 
-def _plan(n: int, game: str, seed: int, workers: int) -> list[tuple[str, int, int]]:
+def _plan(n: int, game: str, seed: int) -> list[tuple[str, int, int]]:
     """(game, frames, seed) per segment."""
     if game == "mix":
         sizes = [n // 3 + (k < n % 3) for k in range(3)]
         pairs = zip(MIX_GAMES, sizes, strict=True)
         return [(g, sz, seed * 1000 + k) for k, (g, sz) in enumerate(pairs)]
-    parts = workers if n >= 5000 * workers else 1
+    parts = 2 if n >= 10_000 else 1  # fixed split: the data must not depend on `workers`
     sizes = [n // parts + (k < n % parts) for k in range(parts)]
     return [(game, sz, seed * 1000 + k) for k, sz in enumerate(sizes)]
 
@@ -165,15 +165,17 @@ def _cache_path(cache_dir: str | Path, kind: str, game: str, n: int, seed: int) 
     return d / f"v{_CACHE_VERSION}_{kind}_{game}_n{n}_seed{seed}"
 
 
-def _load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = {k: np.load(path / f"{k}.npy") for k in ARRAY_KEYS}
+def _load(path: Path, mmap: bool = False) -> dict[str, Any]:
+    mode = "r" if mmap else None
+    data: dict[str, Any] = {k: np.load(path / f"{k}.npy", mmap_mode=mode) for k in ARRAY_KEYS}
     data.update(json.loads((path / "meta.json").read_text()))
     return data
 
 
 def load_atari_frames(n: int, game: str = "Pong", seed: int = 0,
                       cache_dir: str | Path = "benchmarks/.cache",
-                      workers: int = 2, synthetic: bool | None = None) -> dict[str, Any]:
+                      workers: int = 2, synthetic: bool | None = None,
+                      mmap: bool = False) -> dict[str, Any]:
     """Return ``n`` preprocessed 84x84 Atari frames plus per-step data (see module doc).
 
     Uses real ALE (``ALE/<game>-v5``, frameskip=1 + ``AtariPreprocessing``
@@ -181,7 +183,8 @@ def load_atari_frames(n: int, game: str = "Pong", seed: int = 0,
     uniform random policy) when ``ale_py`` imports, else a synthetic Pong-like
     generator; ``synthetic`` forces either. ``game="mix"`` concatenates
     Pong/Breakout/MsPacman thirds. Results are cached as .npy under
-    ``cache_dir`` (relative paths are taken from the repository root).
+    ``cache_dir`` (relative paths are taken from the repository root);
+    ``mmap=True`` returns read-only memory-mapped arrays instead of loading them.
     Generation runs ``workers`` processes (~1500 frames/s each for Pong).
     """
     if synthetic is None:
@@ -189,13 +192,13 @@ def load_atari_frames(n: int, game: str = "Pong", seed: int = 0,
     kind = "synthetic" if synthetic else "ale"
     path = _cache_path(cache_dir, kind, game, n, seed)
     if (path / "meta.json").exists():
-        return _load(path)
+        return _load(path, mmap)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     frames = np.lib.format.open_memmap(tmp / "frames.npy", "w+", np.uint8, (n, 84, 84))
     del frames
-    plan = _plan(n, game, seed, workers)
+    plan = _plan(n, game, seed)
     offsets = np.cumsum([0] + [sz for _, sz, _ in plan])[:-1]
     jobs = [(kind, g, sz, sd, str(tmp / "frames.npy"), int(off))
             for (g, sz, sd), off in zip(plan, offsets, strict=True)]
@@ -218,9 +221,12 @@ def load_atari_frames(n: int, game: str = "Pong", seed: int = 0,
     meta = {"source": kind, "games": games, "env_id": env_id, "seed": seed,
             "preprocessing": "AtariPreprocessing(frame_skip=4, noop_max=30, 84x84 gray)"}
     (tmp / "meta.json").write_text(json.dumps(meta))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    return _load(path)
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    except OSError:  # another process published the same cache entry first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _load(path, mmap)
 
 
 def stack_indices(episode_start: np.ndarray, idx: np.ndarray, stack: int = 4) -> np.ndarray:
