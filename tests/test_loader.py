@@ -147,7 +147,8 @@ def test_worker_crash_surfaces_as_error(tmp_path):
             os.kill(w.pid, signal.SIGKILL)
         for _ in range(20):
             next(it)
-    it.close()  # shuts the dead workers' iterator down and unregisters their pids
+    it.close()
+    loader.close()  # shuts the dead workers' iterator down and unregisters their pids
     del it, loader
     gc.collect()
 

@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader
 from ..sampling.base import Sampler
 from ..sampling.plan import ReadPlan
 from ..storage.layout import Layout
-from .assemble import assemble
+from .assemble import StaleBatchError, assemble
 
 _STATS_KEY = "_expstore_stats"
+_ALL_STALE = "_expstore_all_stale"
 
 
 @dataclass
@@ -101,7 +102,10 @@ class StoreDataset(torch.utils.data.Dataset):
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
         t0 = _now()
-        batch, stale = assemble(plan, self.layout, source)
+        try:
+            batch, stale = assemble(plan, self.layout, source)
+        except StaleBatchError:  # every sample overwritten: the main process plans anew
+            batch, stale = {_ALL_STALE: np.ones(1)}, len(plan.rows) - plan.spare
         out: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(v))
                                for k, v in batch.items()}
         after = _snapshot(stats)
@@ -133,6 +137,25 @@ def _identity(x: Any) -> Any:
 class StoreLoader(DataLoader):
     """A DataLoader of expstore batches; ``stats`` sums what the workers did."""
 
+    def close(self) -> None:
+        """Stop persistent worker processes now (also after a worker died)."""
+        it = getattr(self, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._iterator = None
+
+    def _replan(self, attempts: int = 8) -> dict[str, torch.Tensor]:
+        """A whole batch was overwritten in flight (the writer lapped the guard band):
+        plan again and read it here, in the main process."""
+        for _ in range(attempts):
+            out = self.dataset.__getitems__([self.batch_sampler.plan()])
+            s = out.pop(_STATS_KEY).tolist()
+            self.stats.stale_replaced += s[-1]
+            if _ALL_STALE not in out:
+                return out
+        raise StaleBatchError(f"{attempts} fresh batches in a row were overwritten before "
+                              "they could be read; the writer outruns the guard band")
+
     def __init__(self, dataset: StoreDataset, sampler: Sampler, device: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
@@ -145,6 +168,8 @@ class StoreLoader(DataLoader):
         for batch in super().__iter__():
             s = batch.pop(_STATS_KEY).tolist()
             self.stats.add(dict(zip(names, s)))
+            if _ALL_STALE in batch:
+                batch = self._replan()
             if self.device is not None and self.device.type != "cpu":
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             yield batch
