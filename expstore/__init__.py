@@ -10,12 +10,28 @@ from .errors import (
     ExpstoreError,
     ReadOnlyError,
     SpecError,
+    StorageError,
     StoreCorruptError,
     StoreLockedError,
     ValidationError,
+    WriteFailedError,
 )
-from .loading.loader import LoaderStats, StoreLoader, make_loader
-from .sampling import NotEnoughData, Sampler, UniformSampler
+from .memory import (
+    OnPolicyBatchReplay,
+    OnPolicyReplay,
+    PrioritizedReplay,
+    Replay,
+    make_memory,
+)
+from .sampling import (
+    HERSampler,
+    MixtureSampler,
+    NotEnoughData,
+    PrioritizedSampler,
+    Sampler,
+    SequenceSampler,
+    UniformSampler,
+)
 from .spec import Field, Spec
 from .storage.layout import round_capacity
 from .store import Store, create, open  # noqa: A004
@@ -36,9 +52,34 @@ __all__ = [
     "Store",
     "StoreCorruptError",
     "StoreLockedError",
+    "StorageError",
+    "WriteFailedError",
     "UniformSampler",
+    "PrioritizedSampler",
+    "SequenceSampler",
+    "HERSampler",
+    "MixtureSampler",
+    "Replay",
+    "PrioritizedReplay",
+    "OnPolicyReplay",
+    "OnPolicyBatchReplay",
+    "make_memory",
     "ValidationError",
     "create",
     "open",
     "round_capacity",
+    "RecordToStore",
 ]
+
+
+def __getattr__(name: str):
+    """``RecordToStore`` imports gymnasium and the loader imports torch: both load on use."""
+    if name in ("LoaderStats", "StoreLoader", "make_loader"):
+        from .loading import loader as _loader
+
+        return getattr(_loader, name)
+    if name in ("RecordToStore", "RecordVectorToStore"):
+        from .integrations import gym as _gym
+
+        return getattr(_gym, name)
+    raise AttributeError(f"module 'expstore' has no attribute {name!r}")

@@ -25,5 +25,10 @@ class StorageError(ExpstoreError, OSError):
     """Storage kept failing (after retries) or refused a request; names the object and why."""
 
 
+class WriteFailedError(StorageError):
+    """Writing a shard or lane state failed (disk full, read-only storage). Committed rows
+    are intact and uncommitted rows stay staged in RAM: the next ``flush()`` retries."""
+
+
 class ReadOnlyError(ExpstoreError):
     """A write on a store opened with ``mode="r"``."""

@@ -8,13 +8,22 @@ see rows once flushed and call :meth:`Store.refresh`.
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from .errors import ReadOnlyError, SpecError, StoreCorruptError, ValidationError
+from .errors import (
+    ReadOnlyError,
+    SpecError,
+    StoreCorruptError,
+    StoreLockedError,
+    ValidationError,
+    WriteFailedError,
+)
 from .index.rows import RowIndex
 from .loading.assemble import assemble
 from .sampling.plan import make_plan
@@ -31,41 +40,68 @@ from .storage.layout import (
     round_capacity,
     write_metadata,
 )
+from .storage.lease import DEFAULT_TTL, LeasedBackend, acquire_all, live_holders
+from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
-from .storage.state import LaneState, read_state, write_state
+from .storage.state import LaneState, read_state, read_states, write_state
 from .storage.writer import LaneWriter
 from .validate import coerce
 
 
 def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
            shard_rows: int | None = None, overwrite: bool = False,
-           storage_options: dict[str, Any] | None = None, fsync: bool = True) -> Store:
+           storage_options: dict[str, Any] | None = None, fsync: bool = True,
+           lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True) -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
     what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
     flushes survive power loss, not only process crashes (costs ~4 ms per object written).
-    Fails if a store exists there unless ``overwrite=True``.
+    Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
+    process holds a lane's write lease). ``lease_ttl``: see :func:`open`. ``checksum``:
+    every inner chunk and shard header carries a crc32c, checked on every read, so a
+    corrupted byte is an error naming the shard, never a wrong value (``expstore verify``).
     """
     url = os.fspath(url)
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
     capacity = round_capacity(int(capacity), int(lanes), shard_rows)
-    layout = Layout(spec, capacity, int(lanes), shard_rows)
+    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum))
     backend = backend_for(url, storage_options, fsync)
-    if backend.get("zarr.json") is not None and not overwrite:
-        raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to replace it)")
+    if backend.get("zarr.json") is not None:
+        if not overwrite:
+            raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
+                                  "replace it)")
+        _refuse_if_leased(backend)
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
-    return Store(backend, layout, mode="r+", storage_options=storage_options)
+    return Store(backend, layout, mode="r+", storage_options=storage_options,
+                 lease_ttl=lease_ttl)
+
+
+def _refuse_if_leased(backend: Backend) -> None:
+    try:
+        lanes = read_layout(backend).lanes
+    except (StoreCorruptError, FileNotFoundError, ValueError):
+        return
+    held = live_holders(backend, lanes)
+    if held:
+        lane, owner, _ = held[0]
+        raise StoreLockedError(f"{backend.url}: cannot overwrite: lane {lane} is being "
+                               f"written by {owner.describe()}")
 
 
 def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
-         fsync: bool = True) -> Store:
+         fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
+    ``storage_options`` go to fsspec (``s3://``: ``endpoint_url``, ``key``/``secret``,
+    ``anon``, ...). Writing takes a lease per lane (``_state/lane_<i>.lease``, renewed
+    while writing, released by ``close()``): another process opening the same lane for
+    writing gets :class:`StoreLockedError` until it is released or ``lease_ttl`` seconds
+    pass without renewal. ``lease_ttl=None`` skips leases (only one writer may exist).
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
@@ -75,14 +111,35 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     if spec is not None and not layout.spec.same_as(spec):
         raise SpecError(f"{url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
-    return Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options)
+    return Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
+                 lease_ttl=lease_ttl)
+
+
+def _check_writable(backend: Backend) -> None:
+    """Refuse ``mode="r+"`` up front on a local store this process cannot write."""
+    folder = os.path.join(getattr(backend, "root", ""), "_state")
+    if backend.is_local and os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        why = "read-only file system" if _read_only_mount(folder) else "permission denied"
+        raise ReadOnlyError(f"{backend.url}/_state: cannot open for writing ({why}); "
+                            "open with mode='r' to read")
+
+
+def _read_only_mount(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+QUARANTINE_RELOAD = 5.0  # seconds between re-reads of the quarantine on refresh()
 
 
 class Store:
     """A disk-backed ring of transitions. See :func:`create` and :func:`open`."""
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
-                 lane: int | None = None, storage_options: dict[str, Any] | None = None):
+                 lane: int | None = None, storage_options: dict[str, Any] | None = None,
+                 lease_ttl: float | None = DEFAULT_TTL):
         self.backend = backend
         self.layout = layout
         self.mode = mode
@@ -98,10 +155,28 @@ class Store:
                             [lane] if lane is not None else list(range(layout.lanes)))
         self.writers: dict[int, LaneWriter] = {}
         self._episode_step = np.zeros(layout.lanes, np.int64)
-        states = [read_state(backend, i) for i in range(layout.lanes)]
-        self._load_index(states)
-        for i in self.write_lanes:
-            self.writers[i] = self._resume_writer(states[i])
+        if self.write_lanes:
+            _check_writable(backend)
+        try:
+            self.leases = (acquire_all(backend, self.write_lanes, lease_ttl)
+                           if lease_ttl and self.write_lanes else {})
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise ReadOnlyError(f"{backend.url}: cannot open for writing, the storage refuses "
+                                f"writes ({e.strerror or e}); open with mode='r' to read"
+                                ) from e
+        try:
+            self._quarantine = read_quarantine(backend)  # rows lost to corruption (repair)
+            self._quarantine_read = time.monotonic()
+            self._states = read_states(backend, list(range(layout.lanes)))
+            for st in list(self._states):
+                self._load_lane_retrying(st)
+            for i in self.write_lanes:
+                self.writers[i] = self._resume_writer(self._states[i])
+        except BaseException:
+            self._release_leases()
+            raise
 
     # -- basic facts ---------------------------------------------------------------------
     @property
@@ -170,10 +245,16 @@ class Store:
             return
         steps = np.arange(start, st.count)
         rows = idx.lane_rows(lane, steps)
-        ep = np.empty(len(rows), np.int32)
-        fl = np.empty(len(rows), np.uint8)
-        ok1 = self.reader.read("_episode_step", rows, steps, ep)
-        ok2 = self.reader.read("_flags", rows, steps, fl)
+        ep = np.zeros(len(rows), np.int32)
+        fl = np.zeros(len(rows), np.uint8)
+        ok1 = ok2 = lost = self._quarantine.mask(lane, steps)  # never read lost rows
+        if not lost.all():
+            keep = np.flatnonzero(~lost)
+            e, f = np.empty(len(keep), np.int32), np.empty(len(keep), np.uint8)
+            ok1, ok2 = lost.copy(), lost.copy()
+            ok1[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
+            ok2[keep] = self.reader.read("_flags", rows[keep], steps[keep], f)
+            ep[keep], fl[keep] = e, f
         if not (ok1.all() and ok2.all()):
             bad = int(rows[~(ok1 & ok2)][0])
             raise StoreCorruptError(
@@ -181,20 +262,47 @@ class Store:
                 f"lane {lane} state covers steps up to {st.count} but a shard does not hold "
                 f"step {int(steps[~(ok1 & ok2)][0])}")
         idx.put(lane, start, ep, fl)
+        idx.mark_lost(lane, self._quarantine.lanes.get(lane, []), start, st.count)
+
+    def _load_lane_retrying(self, st: LaneState) -> None:
+        """:meth:`_load_lane`; if a shard no longer holds rows the state promised, a writer
+        moved on since the state was read: re-read it (its ``valid_from`` drops them)."""
+        for attempt in range(4):
+            try:
+                self._load_lane(st)
+                break
+            except StoreCorruptError:
+                newer = read_state(self.backend, st.lane)
+                if attempt == 3 or newer.generation == st.generation:
+                    raise
+                st = newer
+        self._states[st.lane] = st
+
+    def _release_leases(self) -> None:
+        for lease in self.leases.values():
+            try:
+                lease.release()
+            except OSError:
+                pass  # storage gone: the lease expires by itself
 
     def _resume_writer(self, st: LaneState) -> LaneWriter:
-        w = LaneWriter(self.backend, self.layout, LaneState(**vars(st)),
+        lease = self.leases.get(st.lane)
+        backend = LeasedBackend(self.backend, lease) if lease is not None else self.backend
+        w = LaneWriter(backend, self.layout, LaneState(**vars(st)),
                        on_shard_written=self._forget_shard)
         if w.n:  # a partly written shard: restore its rows into the staging buffer
             steps = np.arange(w.first_step, w.count)
+            keep = ~self._quarantine.mask(st.lane, steps)  # lost rows are restored as zeros
             rows = self.index.lane_rows(st.lane, steps)
             data = {}
             for name, f in self.layout.fields.items():
-                buf = np.empty((len(rows), *f.shape), f.dtype)
-                if not self.reader.read(name, rows, steps, buf).all():
+                buf = np.zeros((len(rows), *f.shape), f.dtype)
+                part = buf[keep]
+                if not self.reader.read(name, rows[keep], steps[keep], part).all():
                     key = self.layout.shard_key(name, w.shard_index(w.first_step))
                     raise StoreCorruptError(f"{self.url}/{key}: partial shard does not hold "
                                             "its committed rows")
+                buf[keep] = part
                 data[name] = buf
             w.load_partial(data)
         return w
@@ -205,12 +313,20 @@ class Store:
 
     def refresh(self) -> None:
         """Re-read lane state files and index rows other processes committed since."""
-        for lane in range(self.lanes):
-            if lane in self.writers:
-                continue
-            st = read_state(self.backend, lane)
-            self._states[lane] = st
-            self._load_lane(st)
+        lanes = [i for i in range(self.lanes) if i not in self.writers]
+        if time.monotonic() - self._quarantine_read >= QUARANTINE_RELOAD:
+            self._reload_quarantine()
+        for st in read_states(self.backend, lanes):
+            self._load_lane_retrying(st)
+
+    def _reload_quarantine(self) -> None:
+        """Pick up rows ``repair`` marked lost since we last looked (at most every few s)."""
+        q = read_quarantine(self.backend)
+        self._quarantine_read = time.monotonic()
+        if q.lanes != self._quarantine.lanes:
+            self._quarantine = q
+            for lane, ranges in q.lanes.items():
+                self.index.mark_lost(lane, ranges, 0, int(self.index.count[lane]))
 
     # -- writing -------------------------------------------------------------------------
     def _writer(self, lane: int) -> LaneWriter:
@@ -219,6 +335,9 @@ class Store:
         if lane not in self.writers:
             raise ReadOnlyError(f"{self.url}: lane {lane} is not open for writing here "
                                 f"(writable lanes: {self.write_lanes})")
+        lease = self.leases.get(lane)
+        if lease is not None:
+            lease.ensure()  # renews when a third of its ttl has passed
         return self.writers[lane]
 
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
@@ -234,8 +353,17 @@ class Store:
                                    extras, (self.lanes,))
             for i in range(self.lanes):
                 self._writer(i)
+            for i in range(self.lanes):  # a lane whose earlier write failed retries it first:
+                if self.writers[i].pending:  # raising here leaves every lane untouched
+                    self.writers[i].flush()
+            errors = []
             for i in range(self.lanes):
-                self._append(i, {k: v[i : i + 1] for k, v in batch.items()})
+                try:
+                    self._append(i, {k: v[i : i + 1] for k, v in batch.items()})
+                except WriteFailedError as e:  # the step is staged; only its commit failed
+                    errors.append(e)
+            if errors:
+                raise errors[0]
             return
         lane = 0 if lane is None else lane
         self._writer(lane)
@@ -330,19 +458,34 @@ class Store:
         rows["_episode_step"] = ep.astype(np.int32)
         rows["_flags"] = flags
         rows["_step_id"] = np.arange(w.count, w.count + n_rows, dtype=np.int64)
-        start, m = w.append(rows)
+        before = w.count
+        error: WriteFailedError | None = None
+        try:
+            start, _ = w.append(rows)
+        except WriteFailedError as e:
+            if w.count == before:  # a retried earlier write failed: nothing staged
+                raise
+            start, error = before, e  # all rows staged, a shard write failed
         w.episodes += n_final
         self._episode_step[lane] = 0 if flags[-1] & FLAG_LAST else int(ep[-1]) + 1
         self.index.set_valid_from(lane, w.valid_from)
         self.index.put(lane, start, rows["_episode_step"], flags, committed=False)
         self.index.committed[lane] = w.committed.count
+        if error is not None:
+            raise error
 
     def flush(self) -> None:
         """Commit every staged row of the lanes this store writes (data, then state),
         then run the flush hooks (samplers persisting their priorities)."""
+        errors = []
         for lane, w in self.writers.items():
-            w.flush()
+            try:
+                w.flush()
+            except WriteFailedError as e:  # try the other lanes anyway
+                errors.append(e)
             self.index.committed[lane] = w.committed.count
+        if errors:
+            raise errors[0]
         for fn in list(self._flush_hooks):
             fn()
 
@@ -355,12 +498,15 @@ class Store:
             self._flush_hooks.remove(fn)
 
     def close(self) -> None:
-        """Flush (when writable) and release file handles."""
-        if self.mode != "r":
-            self.flush()
-        if self._reader is not None:
-            self._reader.close()
-        self.backend.close()
+        """Flush (when writable), release the lanes' leases and file handles."""
+        try:
+            if self.mode != "r":
+                self.flush()
+        finally:
+            self._release_leases()
+            if self._reader is not None:
+                self._reader.close()
+            self.backend.close()
 
     # -- reading -------------------------------------------------------------------------
     def read(self, name: str, rows: np.ndarray, steps: np.ndarray | None = None,
@@ -429,8 +575,7 @@ class _StoreSource:
         ok = np.zeros(len(rows), bool)
         staged = np.zeros(len(rows), bool)
         for i, w in st.writers.items():
-            sel = (lane == i) & (steps >= w.committed.count) & (steps >= w.first_step)
-            sel &= steps < w.count
+            sel = (lane == i) & (steps >= w.committed.count) & (steps < w.count)
             if sel.any():
                 out[sel] = w.staged(name, steps[sel])
                 ok[sel] = True

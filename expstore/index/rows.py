@@ -8,6 +8,11 @@ it is the newest step ``< count`` that maps to the row's slot.
 Samplers ask :meth:`RowIndex.valid` whether a batch of candidate rows can serve a need
 (frame-stack history, n-step horizon) and reject the rest. Listeners (priority samplers)
 hear about rows that appear and rows that are dropped.
+
+Rows whose bytes are lost (``storage.quarantine``, marked by ``expstore repair``) get
+``FLAG_BAD | FLAG_FIRST`` (RAM only) and the rows after them start a new episode, so no
+window reaches them: forward scans stop at a first row, frame stacks and burn-ins stop at
+an episode start, and no sampler takes a bad or final row as an anchor (``NO_ANCHOR``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import numpy as np
 from ..storage.layout import FLAG_FIRST, FLAG_LAST
 
 Listener = Callable[[str, np.ndarray], None]  # ("added" | "dropped", global rows)
+
+FLAG_BAD = np.uint8(16)  # RAM only: the row's bytes are lost (quarantined); never read it
+NO_ANCHOR = FLAG_LAST | FLAG_BAD  # rows no sample may start at
 
 
 class RowIndex:
@@ -67,6 +75,34 @@ class RowIndex:
             if stop > start:
                 self._emit("dropped", self.lane_rows(lane, np.arange(start, stop)))
 
+    def mark_lost(self, lane: int, ranges: list[tuple[int, int]], start: int,
+                  stop: int) -> None:
+        """Apply lost step ``ranges`` of ``lane`` to its visible rows in ``[start, stop)``.
+
+        Lost rows become ``FLAG_BAD | FLAG_FIRST`` (and are announced as dropped); a row
+        after a lost one starts a new episode (positions renumbered from it). Idempotent.
+        """
+        start = max(int(start), int(self.lower_bound()[lane]))
+        stop = min(int(stop), int(self.count[lane]))
+        if not ranges or stop <= start:
+            return
+        steps = np.arange(start, stop, dtype=np.int64)
+        rows = self.lane_rows(lane, steps)
+        lost = np.zeros(len(steps), bool)
+        prev = np.full(len(steps), -1, np.int64)  # newest lost step before each step
+        for a, b in ranges:
+            lost |= (steps >= a) & (steps < b)
+            after = steps >= b
+            prev[after] = np.maximum(prev[after], b - 1)
+        ep = self.episode_step[rows].astype(np.int64)
+        ep = np.where(prev >= 0, np.minimum(ep, steps - prev - 1), ep)
+        ep[lost] = 0
+        self.episode_step[rows] = ep
+        fl = self.flags[rows] | np.where(ep == 0, FLAG_FIRST, 0).astype(np.uint8)
+        fl[lost] = FLAG_BAD | FLAG_FIRST
+        self.flags[rows] = fl
+        self._emit("dropped", rows[lost])
+
     def put(self, lane: int, first_step: int, episode_step: np.ndarray,
             flags: np.ndarray, committed: bool = True) -> None:
         """Rows ``first_step ..`` of ``lane`` became visible with this metadata.
@@ -84,15 +120,21 @@ class RowIndex:
         if committed:
             self.committed[lane] = self.count[lane]
         self.last_lane = lane
-        self._emit("added", rows[(flags & FLAG_LAST) == 0])
+        # rows a batch longer than the lane already overwrote (or dropped) are not added
+        alive = steps >= self.lower_bound()[lane]
+        self._emit("added", rows[((flags & FLAG_LAST) == 0) & alive])
 
     # -- queries ---------------------------------------------------------------------------
     def steps(self, rows: np.ndarray) -> np.ndarray:
         """Step id of each row (``-1`` where the slot was never written)."""
         rows = np.asarray(rows, np.int64)
-        lane, slot = np.divmod(rows, self.lane_capacity)
+        L = self.lane_capacity
+        if self.lanes == 1:  # the common case, without per-row lane lookups
+            c = int(self.count[0])
+            return np.where(rows < c, (c - 1) - ((c - 1 - rows) % L), -1)
+        lane, slot = np.divmod(rows, L)
         c = self.count[lane]
-        s = c - 1 - ((c - 1 - slot) % self.lane_capacity)
+        s = c - 1 - ((c - 1 - slot) % L)
         return np.where(c > slot, s, -1)
 
     def lower_bound(self, guard: int = 0) -> np.ndarray:
@@ -116,38 +158,52 @@ class RowIndex:
         episode's final row) are intact, in its lane and episode, and outside the guard.
         """
         rows = np.asarray(rows, np.int64)
-        lane = rows // self.lane_capacity
         steps = self.steps(rows)
-        lo = self.lower_bound(guard)[lane]
-        pos = self.episode_step[rows]
-        back = np.minimum(pos, history)
-        ok = (steps >= 0) & (steps - back >= lo) & ((self.flags[rows] & FLAG_LAST) == 0)
-        ok &= self.horizon(rows, horizon, committed_only)[1] > 0
+        lo = self.lower_bound(guard)
+        lo = lo[0] if self.lanes == 1 else lo[rows // self.lane_capacity]
+        ok = (self.flags[rows] & NO_ANCHOR) == 0
+        ok &= steps >= 0
+        if history:
+            ok &= steps - np.minimum(self.episode_step[rows], history) >= lo
+        else:
+            ok &= steps >= lo
+        ok &= self.horizon(rows, horizon, committed_only, steps)[1] > 0
         return ok
 
-    def horizon(self, rows: np.ndarray, n: int,
-                committed_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def horizon(self, rows: np.ndarray, n: int, committed_only: bool = False,
+                steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Look ``n`` steps ahead: ``(ends, m)`` with ``m`` steps (1..n) available.
 
         ``m`` stops early at the episode's final row; ``m == 0`` where row ``+1`` is
         missing or the episode was interrupted (a first row before any final row).
         ``ends`` is the global row ``m`` steps ahead. ``committed_only`` looks only at rows
-        on storage (what another process can read).
+        on storage (what another process can read). ``steps``: ``self.steps(rows)`` if
+        the caller has them.
         """
         rows = np.asarray(rows, np.int64)
-        lane = rows // self.lane_capacity
-        steps = self.steps(rows)
-        count = self.upper_bound(committed_only)[lane]
+        L = self.lane_capacity
+        steps = self.steps(rows) if steps is None else steps
+        upper = self.upper_bound(committed_only)
+        if self.lanes == 1:
+            base, count = 0, upper[0]
+        else:
+            lane = rows // L
+            base, count = lane * L, upper[lane]
+        if n == 1:  # one step ahead: the next row exists and is of the same episode
+            s = steps + 1
+            f = self.flags[base + s % L]
+            m = ((steps >= 0) & (s < count) & ((f & FLAG_FIRST) == 0)).view(np.int8)
+            return base + (steps + m) % L, m.astype(np.int64)
         m = np.zeros(len(rows), np.int64)
         done = steps < 0
         for j in range(1, n + 1):
             s = steps + j
-            exists = s < count
-            f = self.flags[self.lane_rows(0, np.where(exists, s, 0)) + lane * self.lane_capacity]
-            bad = ~done & (~exists | ((f & FLAG_FIRST) != 0))
+            f = self.flags[base + s % L]  # a slot not written up to s: masked just below
+            bad = (s >= count) | ((f & FLAG_FIRST) != 0)
+            bad &= ~done
             m[bad] = 0
-            good = ~done & ~bad
+            good = ~(done | bad)
             m[good] = j
             done |= bad | (good & ((f & FLAG_LAST) != 0))
-        ends = lane * self.lane_capacity + (steps + m) % self.lane_capacity
+        ends = base + (steps + m) % L
         return ends, m

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ValidationError
+from ..errors import SpecError, ValidationError
 from ..validate import coerce
 
 Step = dict[str, np.ndarray]  # flat field name -> array with leading axis T
@@ -55,7 +55,8 @@ class StepWriter:
 
     # -- writing ----------------------------------------------------------------------------
     def extend(self, lane: int, steps: Step) -> None:
-        """Append coerced steps (leading axis ``T``) to ``lane``; the newest one is held."""
+        """Append coerced steps (leading axis ``T``) to ``lane``; the newest one is held
+        unless it ends its episode."""
         held = self.held[lane]
         if held is not None:
             steps = {k: np.concatenate([held[k], v]) for k, v in steps.items()}
@@ -69,8 +70,13 @@ class StepWriter:
             if cut.any():
                 steps["truncated"] = steps["truncated"].copy()
                 steps["truncated"][:-1] |= cut
-            self._write(lane, {k: v[:-1] for k, v in steps.items()})
             self.breaks += int(cut.sum())
+        if steps["terminated"][-1] or steps["truncated"][-1]:  # nothing to wait for
+            self._write(lane, steps)
+            self.held[lane] = None
+            return
+        if T > 1:
+            self._write(lane, {k: v[:-1] for k, v in steps.items()})
         self.held[lane] = {k: np.array(v[-1:]) for k, v in steps.items()}
 
     def end(self, lanes: Any = None) -> None:
@@ -93,6 +99,45 @@ class StepWriter:
             if name not in spec.obs_names and name not in spec.action_names:
                 batch[name] = steps[name]
         self.store.extend(batch, lane=lane)
+
+
+def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
+                   shard_rows: int | None = None, overwrite: bool = False,
+                   storage_options: dict[str, Any] | None = None, fsync: bool = True) -> Any:
+    """A writable store at ``url``: opened (spec checked) if one is there, else created.
+
+    ``url`` may also be an open :class:`~expstore.Store`. ``capacity`` (rows) is rounded up
+    to a valid one; ``shard_rows`` defaults to at most 1024 and at least 8 shards per lane.
+    """
+    from .. import create, open
+    from ..storage.layout import round_capacity
+    from ..store import Store
+
+    if isinstance(url, Store):
+        store = url
+        if not store.spec.same_as(spec):
+            raise SpecError(f"{store.url}: store spec differs from the one these spaces need: "
+                            + "; ".join(store.spec.diff(spec)))
+    elif overwrite:
+        store = None
+    else:
+        try:
+            store = open(url, mode="r+", spec=spec, storage_options=storage_options,
+                         fsync=fsync)
+        except FileNotFoundError:
+            store = None
+    if store is None:
+        per_lane = max(-(-int(capacity) // lanes), 2)
+        rows = shard_rows or int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
+        store = create(url, spec, round_capacity(int(capacity), lanes, rows), lanes=lanes,
+                       shard_rows=rows, overwrite=overwrite, storage_options=storage_options,
+                       fsync=fsync)
+    if store.lanes != lanes:
+        raise SpecError(f"{store.url}: store has {store.lanes} lane(s) but {lanes} env(s) write "
+                        "to it (one lane per env); use another url or overwrite=True")
+    if store.mode == "r":
+        raise ValidationError(f"{store.url}: store is open read-only; open it with mode='r+'")
+    return store
 
 
 def _unflatten(spec: Any, prefix: str, steps: Step, pre: str = "") -> Any:

@@ -54,6 +54,8 @@ def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
                k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``t-k+1 .. t`` of each row's episode, clamped at its first row; pad mask; steps."""
     rows = np.asarray(rows, np.int64)
+    if k == 1:  # no frame stack: the rows themselves
+        return rows[:, None], np.zeros((len(rows), 1), bool), np.asarray(steps, np.int64)[:, None]
     back = np.arange(k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
     pos = index.episode_step[rows].astype(np.int64)
     pad = back[None, :] > pos[:, None]
@@ -68,9 +70,9 @@ def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = Non
               spare: int = 0, committed_only: bool = False) -> ReadPlan:
     """Plan for anchors ``rows`` (already checked with ``index.valid``)."""
     rows = np.asarray(rows, np.int64)
-    ends, m = index.horizon(rows, n_step, committed_only)
-    k = history + 1
     steps = index.steps(rows)
+    ends, m = index.horizon(rows, n_step, committed_only, steps)
+    k = history + 1
     obs = stack_rows(index, rows, steps, k)
     nxt = stack_rows(index, ends, steps + m, k)
     w = np.ones(len(rows), np.float32) if weight is None else np.asarray(weight, np.float32)

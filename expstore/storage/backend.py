@@ -11,6 +11,7 @@ Small objects (lane state, leases) also have conditional writes (:meth:`Backend.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -18,6 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
+
+from . import faults
 
 Handle = Any
 
@@ -158,14 +161,21 @@ class LocalBackend(Backend):
         tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if faults.ARMED:
+                faults.hit("put.rename")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a failed write leaves no partial temp file
+                os.remove(tmp)
+            raise
 
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """Conditional write, atomic between processes of this host (``flock`` on the folder)."""

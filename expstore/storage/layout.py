@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import SpecError, StoreCorruptError
 from ..spec import Field, Spec
 from .backend import Backend
-from .shard import make_codec, zarr_codec
+from .shard import Checked, make_codec, zarr_codec
 
 FORMAT_VERSION = 1
 
@@ -41,6 +41,9 @@ class Layout:
     capacity: int
     lanes: int = 1
     shard_rows: int = 4096
+    #: inner chunks end with a crc32c and shard headers carry one (stores made before this
+    #: option existed have none: their attributes lack ``checksum``)
+    checksum: bool = True
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -89,8 +92,10 @@ class Layout:
         return f"{name}/c/{shard}" + "/0" * len(self.fields[name].shape)
 
     def codec(self, name: str) -> Any:
+        """numcodecs codec of one inner chunk of ``name`` (crc32c appended if ``checksum``)."""
         f = self.fields[name]
-        return make_codec(f.resolved_codec(), f.dtype.itemsize)
+        codec = make_codec(f.resolved_codec(), f.dtype.itemsize)
+        return Checked(codec) if self.checksum else codec
 
     def to_attrs(self) -> dict[str, Any]:
         return {
@@ -98,6 +103,7 @@ class Layout:
             "capacity": self.capacity,
             "lanes": self.lanes,
             "shard_rows": self.shard_rows,
+            "checksum": self.checksum,
             "spec": self.spec.to_json(),
         }
 
@@ -108,7 +114,7 @@ class Layout:
             raise StoreCorruptError(f"{where}: store format version {version!r} is not one "
                                     f"this expstore reads (<= {FORMAT_VERSION})")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
-                   int(attrs["shard_rows"]))
+                   int(attrs["shard_rows"]), bool(attrs.get("checksum", False)))
 
 
 def auto_shard_rows(capacity: int, lanes: int = 1) -> int:
@@ -134,11 +140,15 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
                    overwrite: bool) -> None:
     """Create the zarr group and arrays (metadata only; expstore writes the shards)."""
     import zarr
+    from zarr.codecs import Crc32cCodec
 
+    if url.startswith("file://"):
+        url = url[len("file://"):]  # zarr's LocalStore creates folders; fsspec's does not
     kwargs = {"storage_options": storage_options} if storage_options and "://" in url else {}
     group = zarr.open_group(url, mode="w" if overwrite else "w-", zarr_format=3, **kwargs)
     for name, f in layout.fields.items():
         codec = zarr_codec(f.resolved_codec(), f.dtype.itemsize)
+        codecs = [c for c in (codec, Crc32cCodec() if layout.checksum else None) if c is not None]
         fill = -1 if name == "_step_id" else (False if f.dtype == np.bool_ else 0)
         group.create_array(
             name,
@@ -146,7 +156,7 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
             dtype=f.dtype,
             chunks=(layout.chunk_rows(name), *f.shape),
             shards={"shape": (layout.shard_rows, *f.shape), "index_location": "start"},
-            compressors=codec if codec is not None else None,
+            compressors=codecs or None,
             fill_value=fill,
             dimension_names=["row", *(f"{name}_{i}" for i in range(len(f.shape)))],
         )

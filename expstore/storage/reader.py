@@ -58,8 +58,18 @@ class ShardReader:
         self.row_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.row_cache_bytes = row_cache_bytes
         self._row_bytes = 0
-        self.decoders = {n: decoder(layout.fields[n].resolved_codec()) for n in layout.fields}
+        self.decoders = {n: decoder(layout.fields[n].resolved_codec(), layout.checksum)
+                         for n in layout.fields}
         self.stats = ReadStats()
+        # Callers only ask for committed steps, so a lane's largest step asked for so far
+        # (+1) is a committed count. A shard version opened after that count was committed
+        # holds the right bytes for steps below it; steps above may be rows a killed writer
+        # wrote but never committed (its successor writes other bytes there): a cached
+        # version is re-opened before it serves a step at or above the count it was opened
+        # at. ``_opened[(name, shard)] = (version token, trusted count)``.
+        self.known = np.zeros(layout.lanes, np.int64)
+        self._opened: dict[tuple[str, int], tuple[int, int]] = {}
+        self._tokens = 0
 
     def close(self) -> None:
         for h, _ in self.heads.values():
@@ -95,7 +105,7 @@ class ShardReader:
         if not shards:
             return
         n_chunks = self.layout.chunks_per_shard(name)
-        size = index_size(n_chunks) + HEADER_SIZE
+        size = self._head_request(name)
         opened: list[tuple[int, Handle]] = []
         for shard in shards:
             old = self.heads.pop((name, shard), None)
@@ -122,11 +132,45 @@ class ShardReader:
                 bad = e
                 continue
             self.heads[(name, shard)] = (h, head)
+            self._tokens += 1
+            lane = shard // self.layout.shards_per_lane
+            self._opened[(name, shard)] = (self._tokens, int(self.known[lane]))
+            if len(raw) > index_size(n_chunks) + HEADER_SIZE:
+                self._prefill(name, shard, head, raw)
         while len(self.heads) > self.max_open:
             _, (old_h, _) = self.heads.popitem(last=False)
             self.backend.close_object(old_h)
         if bad is not None:
             raise bad
+
+    def _head_request(self, name: str) -> int:
+        """Bytes to fetch when opening a shard of ``name``: header + index; on remote
+        stores, for fields stored in multi-row chunks whose whole shard is small (at most
+        256 KiB raw), the whole object, so header and data cost one round trip."""
+        n_chunks = self.layout.chunks_per_shard(name)
+        size = index_size(n_chunks) + HEADER_SIZE
+        if self.backend.is_local or self.layout.chunk_rows(name) == 1:
+            return size
+        f = self.layout.fields[name]
+        raw = self.layout.shard_rows * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+        bound = raw + 64 * (n_chunks + 1)  # codec frame overhead per chunk
+        return size + bound if raw <= 256 << 10 else size
+
+    def _prefill(self, name: str, shard: int, head: ShardHead, raw: bytes) -> None:
+        """Decode the chunks a shard-opening read already brought into the chunk cache."""
+        f = self.layout.fields[name]
+        R = self.layout.chunk_rows(name)
+        token = self._opened[(name, shard)][0]
+        for c in range(len(head.offsets)):
+            off, n = int(head.offsets[c]), int(head.nbytes[c])
+            if head.offsets[c] == EMPTY or off + n > len(raw):
+                continue
+            arr = np.empty((R, *f.shape), f.dtype)
+            try:
+                self.decoders[name](raw[off : off + n], arr.reshape(-1).view(np.uint8))
+            except Exception:
+                continue  # the normal read path fetches it again and reports errors
+            self._cache_put((name, shard, c, head.first_step, head.n_rows, token), arr)
 
     def _drop(self, name: str, shard: int) -> None:
         entry = self.heads.pop((name, shard), None)
@@ -149,6 +193,8 @@ class ShardReader:
         R = L.chunk_rows(name)
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
+        if not len(rows):
+            return np.zeros(0, bool)
         shards = rows // S
         slots = rows - shards * S
         order = np.argsort(shards, kind="stable")
@@ -198,14 +244,20 @@ class ShardReader:
 
         Cached versions that do not hold a requested step are re-opened (batched) once.
         """
+        spl = self.layout.shards_per_lane
+        newest = {}
+        for shard, sel in parts:
+            newest[shard] = top = int(steps[sel].max())
+            self.known[shard // spl] = max(int(self.known[shard // spl]), top + 1)
         fresh = [shard for shard, _ in parts if (name, shard) not in self.heads]
         self._open_heads(name, fresh)
         fresh_set = set(fresh)
         stale = []
         for shard, sel in parts:
             entry = self.heads.get((name, shard))
-            if entry is not None and shard not in fresh_set and \
-                    not entry[1].holds(slots[sel], steps[sel]).all():
+            if entry is not None and shard not in fresh_set and (
+                    newest[shard] >= self._opened[(name, shard)][1]
+                    or not entry[1].holds(slots[sel], steps[sel]).all()):
                 stale.append(shard)
         self._open_heads(name, stale)
         ok = np.zeros(len(slots), bool)
@@ -323,7 +375,8 @@ class ShardReader:
         for shard, h, head, sel in groups:
             chunk_of = slots[sel] // R
             for c in np.unique(chunk_of).tolist():
-                key = (name, shard, c, head.first_step, head.n_rows)
+                key = (name, shard, c, head.first_step, head.n_rows,
+                       self._opened[(name, shard)][0])
                 uses.append((key, c, sel[chunk_of == c]))
                 if key in self.chunk_cache or key in pending:
                     continue

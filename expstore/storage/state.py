@@ -65,6 +65,17 @@ def read_state(backend: Backend, lane: int) -> LaneState:
     return LaneState.decode(raw, f"{backend.url}/{key}")
 
 
+def read_states(backend: Backend, lanes: list[int]) -> list[LaneState]:
+    """States of several lanes, fetched together (concurrently on remote stores)."""
+    out = []
+    for lane, raw in zip(lanes, backend.get_many([state_key(i) for i in lanes])):
+        where = f"{backend.url}/{state_key(lane)}"
+        if raw is None:
+            raise StoreCorruptError(f"{where}: lane state file is missing")
+        out.append(LaneState.decode(raw, where))
+    return out
+
+
 def write_state(backend: Backend, state: LaneState) -> None:
     state.generation += 1
     backend.put(state_key(state.lane), state.encode())

@@ -1,0 +1,266 @@
+"""Writing a store's complete episodes as a Minari dataset (see ``datasets.minari``)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import BUILTIN, Spec
+from ..storage.layout import FLAG_FIRST, FLAG_LAST
+from ._minari_spaces import spec_space, stack_frames, tree_from_fields
+from ._minari_write import ArrowWriter, Episode, Hdf5Writer, MinariNativeWriter, tree_nbytes
+from .common import Progress
+
+INFO_PREFIX = "info."
+
+
+@dataclass(frozen=True)
+class MinariExport:
+    """What :func:`export_minari` wrote. Sizes in bytes."""
+
+    dataset_id: str
+    path: str  #: the dataset's ``data`` directory (``minari.MinariDataset(path)`` opens it)
+    data_format: str
+    compression: str | None
+    episodes: int
+    steps: int
+    nbytes: int  #: bytes on disk under ``path``
+    raw_nbytes: int  #: the same arrays uncompressed
+    jpeg_nbytes: int | None = None  #: JPEG bytes of the image observations (compare_jpeg)
+    image_nbytes: int | None = None  #: raw bytes of those image observations
+
+    @property
+    def ratio(self) -> float:
+        """Uncompressed / on-disk size."""
+        return self.raw_nbytes / self.nbytes if self.nbytes else float("nan")
+
+
+def check_id(dataset_id: str) -> None:
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"dataset_id {dataset_id!r}: expected '(namespace/)name-v<version>', "
+                         "e.g. 'expstore/pong-v0'") from e
+
+
+def datasets_root(root: str | os.PathLike | None) -> pathlib.Path:
+    if root is not None:
+        return pathlib.Path(root)
+    from minari.storage.datasets_root_dir import get_dataset_path
+
+    return pathlib.Path(get_dataset_path())
+
+
+# -- which rows make complete episodes -------------------------------------------------------
+def store_episodes(store: Any) -> list[tuple[int, int, int]]:
+    """``(lane, first_step, T)`` of every complete episode held, lane by lane, oldest first."""
+    idx = store.index
+    lo = idx.lower_bound(0)
+    out: list[tuple[int, int, int]] = []
+    for lane in range(store.lanes):
+        steps = np.arange(lo[lane], idx.count[lane])
+        if not len(steps):
+            continue
+        fl = idx.flags[idx.lane_rows(lane, steps)]
+        last = steps[(fl & FLAG_LAST) != 0]
+        T = idx.episode_step[idx.lane_rows(lane, last)].astype(np.int64)
+        first = last - T
+        ok = (first >= lo[lane]) & (T >= 1)
+        ok &= (idx.flags[idx.lane_rows(lane, np.maximum(first, 0))] & FLAG_FIRST) != 0
+        out += [(lane, int(f), int(t)) for f, t in zip(first[ok], T[ok], strict=True)]
+    return out
+
+
+def user_fields(spec: Spec) -> list[str]:
+    return [n for n in spec.fields if n not in BUILTIN and n not in spec.obs_names
+            and n not in spec.action_names]
+
+
+def info_tree_of(names: list[str]) -> dict[str, Any]:
+    """Nested ``{key: field name}`` for the infos of user fields (see module doc)."""
+    tree: dict[str, Any] = {}
+    for name in names:
+        parts = (name[len(INFO_PREFIX):] if name.startswith(INFO_PREFIX) else name).split(".")
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise SpecError(f"field {name!r}: info {p!r} is both a value and a dict")
+        if parts[-1] in node:
+            raise SpecError(f"field {name!r}: info {'.'.join(parts)!r} given twice")
+        node[parts[-1]] = name
+    return tree
+
+
+def _fill(tree: dict[str, Any], values: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {k: _fill(v, values) if isinstance(v, dict) else values[v] for k, v in tree.items()}
+
+
+def _env_spec(env: Any) -> Any:
+    if env is None:
+        return None
+    import gymnasium as gym
+    from gymnasium.envs.registration import EnvSpec
+
+    if isinstance(env, EnvSpec):
+        return env
+    if isinstance(env, str):
+        return gym.spec(env)
+    if getattr(env, "spec", None) is not None:
+        return env.spec
+    raise TypeError(f"env: expected a Gymnasium id, EnvSpec or env, got {type(env).__name__}")
+
+
+def _namespaces(parent: pathlib.Path, dataset_id: str) -> None:
+    """Write the ``namespace_metadata.json`` files Minari's ``create_namespace`` writes."""
+    parts = dataset_id.split("/")[:-1]
+    if not parts:
+        return
+    root = parent
+    for _ in parts:
+        root = root.parent
+    path = root
+    for p in parts:
+        path = path / p
+        f = path / "namespace_metadata.json"
+        if not f.exists():
+            f.write_text("{}")
+
+
+def _read_episode(store, spec, lane, first, T, ep_id, obs_space, act_space, stacked, users,
+                  info_tree) -> Episode:
+    rows = store.index.lane_rows(lane, np.arange(first, first + T + 1))
+    flat = {}
+    for name in spec.obs_names:
+        v = store.read(name, rows)
+        f = spec.fields[name]
+        flat[name] = stack_frames(v, f.stack, f.padding) if (stacked and f.stack) else v
+    for name in spec.action_names:
+        flat[name] = store.read(name, rows[:-1])
+    values = {name: store.read(name, rows) for name in users}
+    return Episode(
+        id=ep_id,
+        observations=tree_from_fields(spec, "obs", flat, obs_space),
+        actions=tree_from_fields(spec, "action", flat, act_space),
+        rewards=store.read("reward", rows[:-1]),
+        terminations=store.read("terminated", rows[:-1]),
+        truncations=store.read("truncated", rows[:-1]),
+        infos=_fill(info_tree, values))
+
+
+def _image_leaves(space: Any) -> list[tuple]:
+    from minari.dataset.minari_storage import is_image_space
+
+    kind = type(space).__name__
+    if kind == "Dict":
+        return [(k,) for k, s in space.spaces.items() if is_image_space(s)]
+    if kind == "Tuple":
+        return [(i,) for i, s in enumerate(space.spaces) if is_image_space(s)]
+    return [()] if is_image_space(space) else []
+
+
+def _leaf(tree: Any, path: tuple) -> np.ndarray:
+    for p in path:
+        tree = tree[p]
+    return tree
+
+
+def _jpeg_nbytes(frames: np.ndarray) -> int:
+    from minari.dataset._storages.hdf5_storage import encode_frame
+
+    return int(sum(len(encode_frame(f)) for f in frames))
+
+
+def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
+                  compression: str | None, level: int | None, jpeg_encoding: bool,
+                  stacked: bool, infos: bool, env: Any, metadata: dict[str, Any] | None,
+                  overwrite: bool, compare_jpeg: bool, progress: Any = None) -> MinariExport:
+    """The export behind :func:`expstore.datasets.minari.export_minari` (arguments checked)."""
+    import minari
+    from minari.dataset.minari_storage import MinariStorage
+
+    spec = store.spec
+    episodes = store_episodes(store)
+    if not episodes:
+        raise ValueError(f"{store.url}: no complete episode to export (an episode needs its "
+                         "first and final rows intact)")
+    obs_space = spec_space(spec, "obs", stacked)
+    act_space = spec_space(spec, "action")
+    users = user_fields(spec) if infos else []
+    info_tree = info_tree_of(users)
+    if data_format == "arrow" and compression is not None:
+        nested = [k for k, v in info_tree.items() if isinstance(v, dict)]
+        if nested:
+            raise SpecError(f"infos {nested}: minari's arrow format reads nested info dicts "
+                            "back as arrays of dicts; use data_format='hdf5' or infos=False")
+    env_spec = _env_spec(env)
+    saved_env_spec = spec.structure.get("minari", {}).get("env_spec") if env is None else None
+
+    ds_dir = datasets_root(root) / dataset_id
+    data_dir = ds_dir / "data"
+    if data_dir.exists() and not overwrite:
+        raise FileExistsError(f"{data_dir}: a Minari dataset {dataset_id!r} exists "
+                              "(pass overwrite=True to replace it)")
+    created_dir = not ds_dir.exists()
+    ds_dir.mkdir(parents=True, exist_ok=True)
+    tmp = ds_dir / f".data-tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        storage = MinariStorage.new(tmp, observation_space=obs_space, action_space=act_space,
+                                    env_spec=env_spec, data_format=data_format,
+                                    jpeg_encoding=jpeg_encoding)
+        if compression is None:
+            writer: Any = MinariNativeWriter(storage)
+        elif data_format == "hdf5":
+            writer = Hdf5Writer(tmp, compression, level)
+        else:
+            writer = ArrowWriter(tmp, obs_space, act_space, compression, level)
+        image_leaves = _image_leaves(obs_space) if compare_jpeg else []
+        raw = steps = jpeg = image = 0
+        bar = Progress(sum(T + 1 for _, _, T in episodes), f"minari export {dataset_id}",
+                       progress)
+        try:
+            for i, (lane, first, T) in enumerate(episodes):
+                ep = _read_episode(store, spec, lane, first, T, i, obs_space, act_space,
+                                   stacked, users, info_tree)
+                writer.write(ep)
+                steps += T
+                raw += (tree_nbytes(ep.observations) + tree_nbytes(ep.actions)
+                        + tree_nbytes(ep.infos) + ep.rewards.nbytes + 2 * T)
+                for path in image_leaves:
+                    frames = _leaf(ep.observations, path)
+                    image += frames.nbytes
+                    jpeg += _jpeg_nbytes(frames)
+                bar.update(T + 1, tree_nbytes(ep.observations))
+        finally:
+            bar.close()
+            writer.close()
+        meta: dict[str, Any] = {"dataset_id": dataset_id, "minari_version": minari.__version__,
+                                "total_steps": steps, "total_episodes": len(episodes)}
+        if saved_env_spec:
+            meta["env_spec"] = saved_env_spec
+        for k, v in (metadata or {}).items():
+            meta[k] = {v} if k in ("author", "author_email") and isinstance(v, str) else v
+        storage.update_metadata(meta)
+        storage.update_metadata({"dataset_size": storage.get_size()})
+        _namespaces(ds_dir.parent, dataset_id)
+        if data_dir.exists():
+            shutil.rmtree(data_dir)
+        os.replace(tmp, data_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created_dir and not any(ds_dir.iterdir()):
+            ds_dir.rmdir()
+        raise
+    nbytes = sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file())
+    return MinariExport(dataset_id, str(data_dir), data_format, compression, len(episodes),
+                        steps, nbytes, raw, jpeg if compare_jpeg else None,
+                        image if compare_jpeg else None)

@@ -1,0 +1,345 @@
+"""A Stable-Baselines3 ``ReplayBuffer`` backed by an expstore store.
+
+``DQN(..., replay_buffer_class=ExpstoreReplayBuffer, replay_buffer_kwargs={"url": path})``
+works for DQN, SAC, TD3 (and CleanRL-style scripts that build SB3's buffer themselves).
+Each env of the VecEnv writes one lane. Compared with SB3's own buffer:
+
+- observations are stored once (like ``optimize_memory_usage=True``), and that works with
+  ``handle_timeout_termination=True`` too; ``frame_stack=k`` stores one frame per row;
+- a step whose successor does not continue its episode (env reset between ``learn``
+  calls, CleanRL's ``done=terminations``) is stored as truncated with its real next
+  observation, so it bootstraps instead of learning a wrong transition;
+- ``dones`` returned by :meth:`sample` are *terminations* only (truncated transitions,
+  including SB3 timeouts when ``handle_timeout_termination=True``, bootstrap);
+- ``n_steps``/``gamma`` give n-step returns (``discounts`` = gamma^m, like SB3's
+  ``NStepReplayBuffer``); batches also carry ``weights``, ``index`` and ``step_id``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+
+from ...errors import SpecError, ValidationError
+from ...spec import Field, Spec
+from ...storage.layout import FLAG_LAST
+from ...store import Store
+from .._steps import StepWriter, open_or_create
+
+
+class ExpstoreSamples(NamedTuple):
+    """SB3's ``ReplayBufferSamples`` fields plus importance weights and row ids."""
+
+    observations: Any  # th.Tensor, or dict of tensors for Dict spaces
+    actions: th.Tensor
+    next_observations: Any
+    dones: th.Tensor  # (B, 1) float32, 1 where the transition terminated
+    rewards: th.Tensor  # (B, 1) float32 (n-step discounted sum when n_steps > 1)
+    discounts: th.Tensor | None = None  # (B, 1) gamma^m with n_steps > 1, else None
+    weights: th.Tensor | None = None  # (B, 1) float32 importance weights (1 if uniform)
+    index: np.ndarray | None = None  # (B,) store rows (for update_priorities)
+    step_id: np.ndarray | None = None  # (B,) lane steps of those rows
+
+
+def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space,
+             frame_stack: int | None = None) -> Spec:
+    """The spec an SB3 buffer stores: SB3 keeps Box actions unbounded (SAC/TD3 store the
+    [-1, 1]-scaled action) and float64 actions as float32; VecFrameStack pads with zeros."""
+    if frame_stack:
+        shape = getattr(observation_space, "shape", None) or ()
+        if len(shape) != 3 or shape[0] != frame_stack:
+            raise SpecError(f"frame_stack={frame_stack}: expected a channel-first observation "
+                            f"space of shape ({frame_stack}, H, W) (VecFrameStack + "
+                            f"VecTransposeImage), got {shape}")
+    spec = Spec.from_spaces(observation_space, action_space, frame_stack=frame_stack,
+                            padding="zero")
+    fields = dict(spec.fields)
+    for name in spec.action_names:
+        f = fields[name]
+        if f.dtype.kind == "f":
+            fields[name] = Field(f.shape, np.float32 if f.dtype == np.float64 else f.dtype)
+    return replace(spec, fields=fields)
+
+
+class _DoneMarks:
+    """Stand-in for SB3's ``dones`` array: ``OffPolicyAlgorithm._setup_learn`` sets
+    ``dones[pos] = True`` to cut the last episode; the store detects that break itself."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+class ExpstoreReplayBuffer(ReplayBuffer):
+    """SB3 replay buffer whose transitions live in an expstore store at ``url``.
+
+    ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
+    store there is reused, its rows included), an open :class:`~expstore.Store`, or ``None``
+    for a temporary directory removed with the buffer. Capacity is ``buffer_size`` rows
+    (rounded up; one extra row per finished episode holds its final observation).
+    ``fsync=False``: commits are atomic but not forced to disk (a training buffer).
+    ``seed``: sampling seed (default: drawn from ``np.random``, which SB3 seeds).
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space,
+                 action_space: spaces.Space, device: th.device | str = "auto",
+                 n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, url: Any = None,
+                 n_steps: int = 1, gamma: float = 0.99, frame_stack: int | None = None,
+                 shard_rows: int | None = None, overwrite: bool = False,
+                 storage_options: dict[str, Any] | None = None, fsync: bool = False,
+                 seed: int | None = None) -> None:
+        BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device,
+                            n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = optimize_memory_usage  # always "on"; no restrictions
+        self.handle_timeout_termination = handle_timeout_termination
+        self.n_steps = int(n_steps)
+        self.gamma = float(gamma)
+        self.frame_stack = frame_stack
+        self.spec = sb3_spec(observation_space, action_space, frame_stack)
+        self.dones = _DoneMarks()
+        self._options = dict(capacity=int(buffer_size), lanes=n_envs, shard_rows=shard_rows,
+                             storage_options=storage_options, fsync=fsync)
+        self._tmpdir: str | None = None
+        self._url_arg = url
+        self.url = url.url if isinstance(url, Store) else url
+        self._overwrite = overwrite
+        self._seed = seed
+        self._store: Any = None
+        self.last_batch: dict[str, np.ndarray] | None = None
+        if url is not None and not isinstance(url, Store) and not overwrite:
+            self._check_existing(url)
+
+    # -- store lifecycle -------------------------------------------------------------------
+    # The store opens on first use, not here: SB3's ``load()`` rebuilds the buffer from the
+    # saved kwargs, and a model loaded only to act must not take the store's write lease.
+    @property
+    def store(self) -> Any:
+        """The :class:`~expstore.Store` (opened for writing on first use)."""
+        if self._store is None:
+            self._open()
+        return self._store
+
+    @property
+    def writer(self) -> StepWriter:
+        self.store  # noqa: B018  (opens)
+        return self._writer
+
+    @property
+    def sampler(self) -> Any:
+        self.store  # noqa: B018  (opens)
+        return self._sampler
+
+    def _check_existing(self, url: Any) -> None:
+        """Fail now, naming the differences, if a store at ``url`` cannot serve this buffer."""
+        from ...storage.backend import backend_for
+        from ...storage.layout import read_layout
+
+        try:
+            layout = read_layout(backend_for(os.fspath(url), self._options["storage_options"]))
+        except FileNotFoundError:
+            return
+        if not layout.spec.same_as(self.spec):
+            raise SpecError(f"{url}: store spec differs from the one these spaces need: "
+                            + "; ".join(layout.spec.diff(self.spec)))
+        if layout.lanes != self.n_envs:
+            raise SpecError(f"{url}: store has {layout.lanes} lane(s) but n_envs="
+                            f"{self.n_envs} (one lane per env); use another url or "
+                            "overwrite=True")
+
+    def _open(self) -> None:
+        url = self._url_arg
+        if url is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="expstore-sb3-")
+            url = self._url_arg = self.url = str(Path(self._tmpdir) / "replay.zarr")
+        self._store = open_or_create(url, self.spec, overwrite=self._overwrite, **self._options)
+        self._overwrite = False
+        self._writer = StepWriter(self._store)
+        self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
+                                           self._tmpdir)
+        seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
+        self._sampler = self._make_sampler(seed)
+
+    def _make_sampler(self, seed: int) -> Any:
+        from ...sampling.uniform import UniformSampler
+
+        return UniformSampler(self.store, n_step=self.n_steps, gamma=self.gamma, seed=seed)
+
+    def flush(self) -> None:
+        """Commit written rows to storage (the newest step per env stays held)."""
+        if self._store is not None:
+            self._store.flush()
+
+    def close(self) -> None:
+        """Write held steps (unfinished episodes end truncated), flush, release the store
+        (and its write lease). Using the buffer again reopens it."""
+        if self._store is not None:
+            self._finalizer()
+            self._store = None
+
+    def reset(self) -> None:
+        """Empty the buffer: the store at ``url`` is recreated (on next use)."""
+        if self._store is not None:
+            self._finalizer.detach()
+            if hasattr(self._sampler, "close"):
+                self._sampler.close()
+            _close(None, self._store, None)
+            self._store = None
+        self._overwrite = True
+        self.pos, self.full = 0, False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle (``save_replay_buffer``): the url and settings only. Held steps are written
+        first (their episodes end truncated) and rows flushed, so a loaded copy sees all."""
+        if self._store is not None:
+            self._writer.end()
+            self._store.flush()
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_store", "_writer", "_sampler", "_finalizer", "last_batch")}
+        state["_url_arg"] = self.url
+        state["_tmpdir"] = None  # a temporary store stays owned by the buffer that made it
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._store = None
+        self.last_batch = None
+
+    # -- SB3 contract ----------------------------------------------------------------------
+    def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: Any) -> None:
+        """One step of every env (leading axis ``n_envs``); ``next_obs`` is the real next
+        (terminal) observation, as ``OffPolicyAlgorithm._store_transition`` passes it."""
+        n = self.n_envs
+        done = np.asarray(done).reshape(n).astype(bool)
+        timeout = np.zeros(n, bool)
+        if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
+            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos]) & done
+        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
+        action = self._shape_action(action)
+        if self.frame_stack:
+            self._check_frames(obs, next_obs)
+        steps = self.writer.coerce(obs, action, np.asarray(reward).reshape(n), next_obs,
+                                   done & ~timeout, timeout, lead=(n,))
+        for lane in range(n):
+            self.writer.extend(lane, {k: v[lane:lane + 1] for k, v in steps.items()})
+        self.pos += 1
+        if self.pos == self.buffer_size:
+            self.full = True
+            self.pos = 0
+
+    def sample(self, batch_size: int, env: Any = None) -> ExpstoreSamples:
+        """``batch_size`` transitions as torch tensors on ``self.device``."""
+        batch = self.sampler.sample(batch_size)
+        self.last_batch = batch
+        return self._to_samples(batch, env)
+
+    def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> None:
+        """Feed ``|TD error|`` of sampled rows back (no-op for uniform sampling)."""
+        if getattr(self.sampler, "prioritized", False):
+            self.sampler.update_priorities(index, td_error, step_id)
+
+    def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ExpstoreSamples:
+        """Transitions starting at store rows ``batch_inds``."""
+        return self._to_samples(self.store.transitions(batch_inds, self.n_steps, self.gamma),
+                                env)
+
+    def size(self) -> int:
+        """Transitions held per env (final rows of episodes not counted)."""
+        idx = self.store.index
+        total = 0
+        for lane in range(self.store.lanes):
+            lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
+            rows = idx.lane_rows(lane, np.arange(lo, hi))
+            total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
+        return total // self.n_envs
+
+    # -- conversions -----------------------------------------------------------------------
+    def _shape_obs(self, obs: Any) -> Any:
+        if isinstance(obs, dict):
+            return {k: np.asarray(v).reshape(self.n_envs, *self._field(f"obs.{k}", v))
+                    for k, v in obs.items()}
+        return np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))
+
+    def _field(self, name: str, value: Any) -> tuple[int, ...]:
+        f = self.spec.fields.get(name)
+        if f is None:
+            return np.shape(value)[1:]
+        if f.stack and np.size(value) == self.n_envs * f.stack * int(np.prod(f.shape)):
+            return (f.stack, *f.shape)
+        return f.shape
+
+    def _shape_action(self, action: Any) -> Any:
+        if self.spec.structure["action"]["kind"] != "single":
+            return action
+        return np.asarray(action).reshape(self.n_envs, *self.spec.fields["action"].shape)
+
+    def _check_frames(self, obs: Any, next_obs: Any) -> None:
+        for name, o in self.spec.flatten("obs", obs).items():
+            if not self.spec.fields[name].stack:
+                continue
+            nx = self.spec.flatten("obs", next_obs)[name]
+            if o.ndim >= 2 and not np.array_equal(np.asarray(nx)[:, :-1], np.asarray(o)[:, 1:]):
+                raise ValidationError(
+                    f"{name}: frame_stack={self.frame_stack} expects next_obs[:, :-1] == "
+                    "obs[:, 1:] (a channel-first stack, newest frame last); got stacks that "
+                    "do not shift by one frame")
+
+    def _to_samples(self, b: dict[str, np.ndarray], env: Any) -> ExpstoreSamples:
+        B = len(b["reward"])
+        obs, nxt = self._batch_obs(b, "obs"), self._batch_obs(b, "next_obs")
+        if self.spec.structure["action"]["kind"] == "single":
+            act = b["action"].reshape(B, -1)
+        else:
+            act = np.concatenate([b[n].reshape(B, -1) for n in self.spec.action_names], axis=1)
+        t = self._tensor
+        disc = None
+        if self.n_steps > 1:
+            disc = t((self.gamma ** b["horizon"].astype(np.float64)).astype(np.float32)[:, None])
+        return ExpstoreSamples(
+            observations=_map(t, self._normalize_obs(obs, env)),
+            actions=t(act),
+            next_observations=_map(t, self._normalize_obs(nxt, env)),
+            dones=t(b["terminated"].astype(np.float32).reshape(B, 1)),
+            rewards=t(self._normalize_reward(b["reward"].astype(np.float32).reshape(B, 1), env)),
+            discounts=disc,
+            weights=t(b["weight"].astype(np.float32).reshape(B, 1)),
+            index=b["index"],
+            step_id=b["step_id"],
+        )
+
+    def _batch_obs(self, b: dict[str, np.ndarray], prefix: str) -> Any:
+        st = self.spec.structure["obs"]
+        if st["kind"] == "single":
+            v = b[prefix]
+            return v.reshape(len(v), *self.obs_shape)
+        shapes = self.obs_shape if isinstance(self.obs_shape, dict) else {}
+        return {k: (v := b[f"{prefix}.{k}"]).reshape(len(v), *shapes.get(k, v.shape[1:]))
+                for k in st["keys"]}
+
+    def _tensor(self, a: np.ndarray) -> th.Tensor:
+        return th.as_tensor(np.ascontiguousarray(a), device=self.device)
+
+
+def _map(fn: Any, x: Any) -> Any:
+    return {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
+
+
+def _close(writer: StepWriter | None, store: Any, tmpdir: str | None) -> None:
+    try:
+        if writer is not None and tmpdir is None:
+            writer.end()
+    finally:
+        store.close()
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,0 +1,416 @@
+"""TorchRL bridge: an expstore store as a TorchRL ``Storage``, batches as ``TensorDict``.
+
+>>> from expstore.integrations.torchrl import replay_buffer
+>>> rb = replay_buffer("runs/pong.zarr", env=env, capacity=1_000_000, batch_size=256)
+>>> rb.extend(collector_batch)        # [T] (one env) or [num_envs, T] batches
+>>> td = rb.sample()                   # observation, action, next/{observation, reward, ...}
+
+Pieces, for custom buffers: :class:`ExpstoreStorage` (rows of a store; TorchRL's default
+``RandomSampler`` draws only rows that start a transition), :class:`ExpstoreWriter`
+(collector batches -> store lanes), :class:`ExpstoreSampler` (expstore's uniform or
+prioritized sampling; ``rb.update_priority(td["index"], td["td_error"])``), and
+:func:`to_tensordict` for any expstore batch. Requires ``torchrl`` (and ``tensordict``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data.replay_buffers import storages as _trl_storages
+from torchrl.data.replay_buffers.samplers import Sampler as _TRLSampler
+from torchrl.data.replay_buffers.writers import Writer as _TRLWriter
+
+from ..errors import ValidationError
+from ..spec import Field, Spec
+from ..store import Store
+from ._steps import StepWriter, open_or_create
+
+__all__ = ["ExpstoreSampler", "ExpstoreStorage", "ExpstoreWriter", "replay_buffer",
+           "spec_from_env", "to_tensordict"]
+
+
+# -- names --------------------------------------------------------------------------------
+_BATCH_KEYS = ("reward", "terminated", "truncated", "index", "step_id", "weight", "horizon",
+               "discount")
+
+
+def _obs_key(name: str) -> str:
+    """Store obs field -> TensorDict key: ``obs`` -> ``observation``, ``obs.<k>`` -> ``k``."""
+    return "observation" if name == "obs" else name[4:]
+
+
+def _act_key(name: str) -> Any:
+    return "action" if name == "action" else ("action", name[7:])
+
+
+def to_tensordict(batch: Mapping[str, np.ndarray], device: Any = None,
+                  weights: bool = True) -> TensorDict:
+    """An expstore batch (``store.sample``, ``sampler.sample``, a loader batch) in TorchRL's
+    layout, batch size ``[B]``.
+
+    ``observation`` (or one key per Dict-space key), ``action``, user fields,
+    ``next: {observation, reward, done, terminated, truncated}`` (reward and flags with a
+    trailing 1, as TorchRL envs emit them), plus ``index``, ``step_id`` and
+    ``priority_weight`` (TorchRL losses weight by it); with n-step also ``next/discount``
+    and ``next/horizon``.
+    """
+    B = len(batch["reward"])
+    t = lambda a: torch.as_tensor(np.ascontiguousarray(a))  # noqa: E731
+    td: dict[str, Any] = {}
+    nxt: dict[str, Any] = {}
+    for name, v in batch.items():
+        if name == "obs" or name.startswith("obs."):
+            td[_obs_key(name)] = t(v)
+            nxt[_obs_key(name)] = t(batch["next_" + name])
+        elif name == "action":
+            td["action"] = t(v)
+        elif name.startswith("action."):
+            td.setdefault("action", {})[name[7:]] = t(v)
+        elif not name.startswith("next_obs") and name not in _BATCH_KEYS:
+            td[name] = t(v)  # user fields
+    term = t(batch["terminated"]).reshape(B, 1)
+    trunc = t(batch["truncated"]).reshape(B, 1)
+    nxt.update(reward=t(batch["reward"]).reshape(B, 1), terminated=term, truncated=trunc,
+               done=term | trunc)
+    for extra in ("discount", "horizon"):
+        if extra in batch:
+            nxt[extra] = t(batch[extra]).reshape(B, 1)
+    td["next"] = nxt
+    for key in ("index", "step_id"):
+        if key in batch:
+            td[key] = t(batch[key])
+    if weights and "weight" in batch:
+        td["priority_weight"] = t(batch["weight"])
+    return TensorDict(td, batch_size=[B], device=device)
+
+
+def spec_from_env(env: Any, extras: Mapping[str, Field] | None = None) -> Spec:
+    """A spec from a TorchRL env's specs: every observation key, the action, a scalar reward.
+
+    One observation key named ``observation`` gives a plain ``obs`` field; several keys
+    give ``obs.<key>`` fields (TorchRL keys are kept as they are).
+    """
+    nb = len(env.batch_size)
+    obs_spec = env.observation_spec
+    keys = [k for k in obs_spec.keys(True, True) if isinstance(k, str)]
+    if not keys:
+        raise ValidationError("spec_from_env: the env has no (top-level) observation keys")
+
+    def field(s: Any) -> Field:
+        return Field(tuple(s.shape[nb:]), _np_dtype(s.dtype))
+
+    obs = field(obs_spec["observation"]) if keys == ["observation"] else \
+        {k: field(obs_spec[k]) for k in keys}
+    return Spec.create(obs, field(env.action_spec), extras=extras)
+
+
+def _np_dtype(dt: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=dt).numpy().dtype
+
+
+# -- storage ------------------------------------------------------------------------------
+# TorchRL picks a replay buffer's default collate_fn by storage class; StoreStorage (an
+# external key-value store, TorchRL >= 0.11) gets the identity, which is what batches
+# returned whole by ``get`` need. Every method it defines is overridden below.
+_TRLStorage = getattr(_trl_storages, "StoreStorage", _trl_storages.Storage)
+
+
+class ExpstoreStorage(_TRLStorage):
+    """A TorchRL ``Storage`` over an expstore store (a :class:`~expstore.Store`, or a URL).
+
+    Indices are store rows. ``get(rows)`` returns the transitions starting there as a
+    TensorDict (``n_step``/``gamma``: n-step returns). ``len()`` is the rows held. TorchRL's
+    ``RandomSampler`` works unchanged: its draw is redirected to rows that can start a
+    transition. Writing goes through :class:`ExpstoreWriter` (rows are assigned by the
+    store, one lane per env). A URL opens read-only unless ``writable=True`` (then the
+    store is created if absent from ``spec``/``capacity``/``lanes``).
+    """
+
+    def __init__(self, store: Any, n_step: int = 1, gamma: float = 0.99, device: Any = None,
+                 writable: bool = False, spec: Spec | None = None, capacity: int | None = None,
+                 lanes: int = 1, **store_kwargs: Any) -> None:
+        if not isinstance(store, Store):
+            if writable:
+                if spec is None or capacity is None:
+                    try:
+                        from .. import open as es_open
+
+                        store = es_open(store, mode="r+", **store_kwargs)
+                    except FileNotFoundError as e:
+                        raise ValidationError(f"{os.fspath(store)}: no store here; pass "
+                                              "spec= and capacity= to create one") from e
+                else:
+                    store = open_or_create(store, spec, capacity, lanes, **store_kwargs)
+            else:
+                from .. import open as es_open
+
+                store = es_open(store, mode="r", **store_kwargs)
+        _trl_storages.Storage.__init__(self, max_size=store.capacity)
+        self.store = store
+        self.n_step = int(n_step)
+        self.gamma = float(gamma)
+        self.device = device
+        self.writer = StepWriter(store) if store.mode != "r" else None
+        self._uniform: Any = None
+
+    # reading
+    def get(self, index: Any) -> TensorDict:
+        rows = _rows(index)
+        batch = self.store.transitions(np.atleast_1d(rows), self.n_step, self.gamma)
+        td = to_tensordict(batch, self.device, weights=False)
+        return td[0] if np.ndim(rows) == 0 else td
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        """Uniform rows that can start an ``n_step`` transition (used by RandomSampler)."""
+        from ..sampling.uniform import UniformSampler
+
+        if self._uniform is None:
+            seed = None if self._rng is None else int(
+                torch.randint(2**31 - 1, (), generator=self._rng))
+            self._uniform = UniformSampler(self.store, n_step=self.n_step, gamma=self.gamma,
+                                           seed=seed)
+        rows, _ = self._uniform.sample_rows(batch_size)
+        return torch.as_tensor(rows)
+
+    def contains(self, item: Any) -> Any:
+        rows = np.atleast_1d(_rows(item))
+        ok = self.store.index.valid(rows, self.store.history, self.n_step)
+        return torch.as_tensor(ok if np.ndim(item) else ok[0])
+
+    # writing
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        raise NotImplementedError("ExpstoreStorage: the store assigns rows itself; write "
+                                  "through ExpstoreWriter (replay_buffer(...) sets it up)")
+
+    def write(self, data: TensorDictBase) -> None:
+        """Store collector steps: batch ``[T]`` (one lane) or ``[lanes, T]``."""
+        if self.writer is None:
+            raise ValidationError(f"{self.store.url}: opened read-only; pass writable=True")
+        if data.ndim == 1:
+            if self.store.lanes != 1:
+                raise ValidationError(f"a [T] batch needs a 1-lane store; this one has "
+                                      f"{self.store.lanes} lanes (pass [lanes, T] batches)")
+            data = data.unsqueeze(0)
+        if data.ndim != 2 or data.shape[0] != self.store.lanes:
+            raise ValidationError(f"expected a [T] or [{self.store.lanes}, T] batch, got "
+                                  f"shape {tuple(data.shape)}")
+        for lane in range(data.shape[0]):
+            self.writer.extend(lane, self._steps(data[lane]))
+
+    def _steps(self, td: TensorDictBase) -> dict[str, np.ndarray]:
+        spec = self.store.spec
+        T = td.shape[0]
+
+        def get(key: Any, what: str) -> np.ndarray:
+            v = td.get(key, None)
+            if v is None:
+                raise ValidationError(f"{what}: key {key!r} missing from the TensorDict "
+                                      f"(keys: {sorted(map(str, td.keys(True, True)))})")
+            return v.detach().cpu().numpy()
+
+        if spec.structure["obs"]["kind"] == "single":
+            obs, nxt = get("observation", "obs"), get(("next", "observation"), "next_obs")
+        else:
+            obs = {n[4:]: get(_obs_key(n), n) for n in spec.obs_names}
+            nxt = {n[4:]: get(("next", _obs_key(n)), "next_" + n) for n in spec.obs_names}
+        if spec.structure["action"]["kind"] == "single":
+            act = get("action", "action")
+        else:
+            act = {n[7:]: get(_act_key(n), n) for n in spec.action_names}
+        reward = get(("next", "reward"), "reward").reshape(T)
+        term = td.get(("next", "terminated"), None)
+        done = td.get(("next", "done"), None)
+        if term is None and done is None:
+            raise ValidationError("terminated: neither ('next', 'terminated') nor "
+                                  "('next', 'done') is in the TensorDict")
+        term = (term if term is not None else done).reshape(T).cpu().numpy()
+        trunc = td.get(("next", "truncated"), None)
+        if trunc is None:
+            trunc = done.reshape(T).cpu().numpy() & ~term if done is not None else \
+                np.zeros(T, bool)
+        else:
+            trunc = trunc.reshape(T).cpu().numpy()
+        extras = {n: get(n, n) for n in spec.fields if n not in spec.obs_names
+                  and n not in spec.action_names and n not in ("reward", "terminated",
+                                                                "truncated")}
+        return self.writer.coerce(obs, act, reward, nxt, term, trunc, extras, lead=(T,))
+
+    def flush(self) -> None:
+        self.store.flush()
+
+    def close(self) -> None:
+        """Write held steps (open episodes end truncated) and close the store."""
+        if self.writer is not None:
+            self.writer.end()
+        self.store.close()
+
+    # bookkeeping TorchRL asks for
+    def state_dict(self) -> dict[str, Any]:
+        return {"url": self.store.url, "n_step": self.n_step, "gamma": self.gamma}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.n_step = int(state_dict.get("n_step", self.n_step))
+        self.gamma = float(state_dict.get("gamma", self.gamma))
+
+    def _empty(self) -> None:
+        raise NotImplementedError("ExpstoreStorage: emptying a store is not supported; "
+                                  "create a new one (expstore.create(..., overwrite=True))")
+
+    def dumps(self, path: Any) -> None:
+        self.store.flush()
+
+    def loads(self, path: Any) -> None:
+        self.store.refresh()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("ExpstoreStorage does not pickle; open the store from its url "
+                        f"({self.store.url}) in the other process")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise TypeError("ExpstoreStorage does not unpickle")
+
+    def __repr__(self) -> str:
+        return f"ExpstoreStorage({self.store!r}, n_step={self.n_step})"
+
+
+def _rows(index: Any) -> Any:
+    if isinstance(index, torch.Tensor):
+        return index.detach().cpu().numpy().astype(np.int64)
+    if isinstance(index, (int, np.integer)):
+        return np.int64(index)
+    return np.asarray(index, np.int64)
+
+
+# -- writer -------------------------------------------------------------------------------
+class ExpstoreWriter(_TRLWriter):
+    """Sends ``rb.extend``/``rb.add`` data to :meth:`ExpstoreStorage.write`; returns index -1
+    (rows are assigned by the store, and a step is written once its successor arrives)."""
+
+    def add(self, data: Any) -> torch.Tensor:
+        self._storage.write(data.unsqueeze(0))
+        return torch.tensor(-1)
+
+    def extend(self, data: Any) -> torch.Tensor:
+        self._storage.write(data)
+        return torch.full(tuple(data.shape), -1, dtype=torch.long)
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._storage._empty()
+
+    def dumps(self, path: Any) -> None:
+        self._storage.flush()
+
+    def loads(self, path: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+# -- sampler ------------------------------------------------------------------------------
+class ExpstoreSampler(_TRLSampler):
+    """TorchRL sampler running expstore's sampling on an :class:`ExpstoreStorage`.
+
+    ``prioritized=True``: proportional PER (``alpha``, ``beta``, ``eps``, ``beta_final``,
+    ``beta_steps`` as for :class:`~expstore.PrioritizedSampler`); the batch's
+    ``priority_weight`` holds the importance weights, and
+    ``rb.update_priority(td["index"], td["td_error"])`` feeds priorities back. Other
+    keyword arguments go to the expstore sampler (``cer``, ``seed``...).
+    """
+
+    def __init__(self, prioritized: bool = False, **kwargs: Any) -> None:
+        self.prioritized = prioritized
+        self.kwargs = kwargs
+        self.sampler: Any = None
+
+    def _make(self, storage: ExpstoreStorage) -> Any:
+        if not isinstance(storage, ExpstoreStorage):
+            raise TypeError(f"ExpstoreSampler needs an ExpstoreStorage, got "
+                            f"{type(storage).__name__}")
+        if self.sampler is None or self.sampler.store is not storage.store:
+            from ..sampling.prioritized import PrioritizedSampler
+            from ..sampling.uniform import UniformSampler
+
+            cls = PrioritizedSampler if self.prioritized else UniformSampler
+            self.sampler = cls(storage.store, n_step=storage.n_step, gamma=storage.gamma,
+                               **self.kwargs)
+        return self.sampler
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
+        rows, w = self._make(storage).sample_rows(batch_size)
+        w = np.ones(len(rows), np.float32) if w is None else w
+        return torch.as_tensor(rows), {"priority_weight": torch.as_tensor(w)}
+
+    def _sampleable_count(self, storage: Any, batch_size: int) -> int:
+        return len(storage)
+
+    def update_priority(self, index: Any, priority: Any, *,
+                        storage: Any = None) -> None:
+        if self.sampler is not None and getattr(self.sampler, "prioritized", False):
+            self.sampler.update_priorities(_rows(index), _rows_f(priority))
+
+    @property
+    def default_priority(self) -> float:
+        return 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+    def _empty(self) -> None:
+        pass
+
+    def dumps(self, path: Any) -> None:
+        if self.sampler is not None and hasattr(self.sampler, "save_priorities"):
+            self.sampler.save_priorities()
+
+    def loads(self, path: Any) -> None:
+        pass
+
+
+def _rows_f(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy().reshape(-1)
+    return np.asarray(x, np.float32).reshape(-1)
+
+
+def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
+                  batch_size: int | None = None, prioritized: bool = False,
+                  n_step: int = 1, gamma: float = 0.99, spec: Spec | None = None,
+                  lanes: int | None = None, device: Any = None, **sampler_kwargs: Any) -> Any:
+    """A ``TensorDictReplayBuffer`` on an expstore store, writable and sampleable.
+
+    ``store``: a :class:`~expstore.Store` or URL; created if absent from ``spec`` (or
+    ``spec_from_env(env)``) with ``capacity`` rows and ``lanes`` (default: the env's batch
+    size, one lane per env). ``prioritized``/``sampler_kwargs``: see
+    :class:`ExpstoreSampler`.
+    """
+    from torchrl.data import TensorDictReplayBuffer
+
+    if spec is None and env is not None:
+        spec = spec_from_env(env)
+    if lanes is None:
+        lanes = int(np.prod(tuple(env.batch_size))) if env is not None and \
+            len(env.batch_size) else 1
+    storage = ExpstoreStorage(store, n_step=n_step, gamma=gamma, device=device, writable=True,
+                              spec=spec, capacity=capacity, lanes=lanes)
+    return TensorDictReplayBuffer(storage=storage, writer=ExpstoreWriter(),
+                                  sampler=ExpstoreSampler(prioritized, **sampler_kwargs),
+                                  batch_size=batch_size, collate_fn=_identity)
+
+
+def _identity(x: Any) -> Any:
+    return x

@@ -1,0 +1,214 @@
+"""Make a damaged store usable again, and say exactly what was lost.
+
+:func:`repair_store` runs :func:`~expstore.verify.verify_store`, then
+
+1. rebuilds a lane state file that is missing or unreadable from the shard headers (the
+   rows every field's shards hold contiguously; the newest shard may add rows its writer
+   wrote but had not committed when it died — intact, since every chunk is checksummed);
+2. quarantines the lane steps whose bytes are bad (``_state/quarantine.json``): a store
+   opened afterwards never samples them, nor any transition, frame stack or n-step window
+   that would touch them, and training continues on the rest;
+3. checks the repaired lanes again and reports what is still wrong (``remaining``).
+
+Nothing is deleted or rewritten: the bad shards stay until the writer's next lap replaces
+them. Run it while no writer is active on the lanes being repaired (a live writer keeps
+its own view of its lanes until it is reopened; readers pick the quarantine up on their
+next ``refresh()`` within a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import ExpstoreError, StoreCorruptError
+from .storage.backend import Backend, backend_for
+from .storage.layout import FLAG_LAST, Layout, read_layout
+from .storage.quarantine import Quarantine, read_quarantine, write_quarantine
+from .storage.shard import HEADER_SIZE, ShardHead, index_size, parse_head
+from .storage.state import STATE_VERSION, LaneState, read_state, state_key, write_state
+from .verify import VerifyReport, verify_store
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair_store` found and did. Counts are rows (lane steps)."""
+
+    url: str
+    found: VerifyReport | None = None  # the verify run before repairing
+    newly_lost: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    lost_rows: int = 0  # rows quarantined by this repair
+    quarantined_rows: int = 0  # rows of the stores' current window quarantined in total
+    rebuilt: dict[int, LaneState] = field(default_factory=dict)  # lanes whose state was rebuilt
+    remaining: list[str] = field(default_factory=list)  # problems repair could not fix
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The store opens and samples (every problem left was quarantined)."""
+        return not self.remaining
+
+    def summary(self) -> str:
+        verb = "would quarantine" if self.dry_run else "quarantined"
+        parts = [f"{verb} {self.lost_rows:,} row(s)"]
+        for lane, ranges in sorted(self.newly_lost.items()):
+            parts.append(f"lane {lane}: steps " + ", ".join(
+                f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in ranges))
+        for lane, st in sorted(self.rebuilt.items()):
+            parts.append(f"lane {lane}: state rebuilt (rows {st.valid_from}..{st.count - 1})")
+        parts.append(f"{self.quarantined_rows:,} row(s) of the store are quarantined in all")
+        if self.remaining:
+            parts.append(f"{len(self.remaining)} problem(s) remain")
+        return "; ".join(parts)
+
+
+def repair_store(url: str, storage_options: dict[str, Any] | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 dry_run: bool = False) -> RepairReport:
+    """Quarantine bad rows and rebuild lost lane states of the store at ``url``."""
+    backend = backend_for(url, storage_options, fsync=True)
+    rep = RepairReport(backend.url, dry_run=dry_run)
+    try:
+        try:
+            layout = read_layout(backend)
+        except (ExpstoreError, OSError, ValueError) as e:
+            rep.remaining.append(f"{backend.url}/zarr.json: {e} (cannot repair: the store's "
+                                 "layout is unknown)")
+            return rep
+        for lane in range(layout.lanes):
+            _maybe_rebuild_state(backend, layout, lane, rep, dry_run)
+        if dry_run and rep.rebuilt:
+            rep.remaining.append("dry run: lanes with a rebuilt state were not verified")
+        rep.found = found = verify_store(url, storage_options, progress)
+        try:
+            q = read_quarantine(backend)
+        except StoreCorruptError as e:  # keep going: verify decides what is lost anew
+            rep.remaining.append(f"{e} (replaced)")
+            q = Quarantine()
+        for lane, ranges in found.lost.items():
+            rep.newly_lost[lane] = list(ranges)
+            for a, b in ranges:
+                q.add(lane, a, b)
+                rep.lost_rows += b - a
+        windows = {}
+        for lane in range(layout.lanes):
+            try:
+                st = read_state(backend, lane)
+            except (ExpstoreError, OSError):
+                continue
+            lo = max(st.valid_from, st.count - layout.lane_capacity)
+            windows[lane] = (lo, st.count)
+            q.prune(lane, lo)
+            rep.quarantined_rows += q.count(lane, lo, st.count)
+        if not dry_run and (found.lost or q.lanes != _current(backend)):
+            write_quarantine(backend, q)
+        recheck = sorted(set(found.lost) | set(rep.rebuilt))
+        unrelated = [p for p in found.problems if not _about_rows(p)]
+        if dry_run:
+            rep.remaining += unrelated
+        elif recheck or unrelated:
+            again = verify_store(url, storage_options, lanes=None if unrelated else recheck)
+            rep.remaining += again.problems
+        return rep
+    finally:
+        backend.close()
+
+
+def _current(backend: Backend) -> dict[int, Any]:
+    try:
+        return read_quarantine(backend).lanes
+    except StoreCorruptError:
+        return {}
+
+
+def _about_rows(problem: str) -> bool:
+    """Problems verify attributes to rows (which quarantining resolves)."""
+    return "_state/" not in problem and "zarr.json" not in problem
+
+
+# -- lane states ---------------------------------------------------------------------------
+def _maybe_rebuild_state(backend: Backend, layout: Layout, lane: int, rep: RepairReport,
+                         dry_run: bool) -> None:
+    key = state_key(lane)
+    try:
+        read_state(backend, lane)
+        return
+    except StoreCorruptError as e:
+        raw = backend.get(key)
+        version = _state_version(raw)
+        if version is not None and version > STATE_VERSION:
+            rep.remaining.append(f"{e} (not repaired: written by a newer expstore)")
+            return
+    st = rebuild_state(backend, layout, lane)
+    rep.rebuilt[lane] = st
+    if not dry_run:
+        st.generation = 0
+        write_state(backend, st)
+
+
+def _state_version(raw: bytes | None) -> int | None:
+    try:
+        return int(json.loads(raw)["state"]["version"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def rebuild_state(backend: Backend, layout: Layout, lane: int) -> LaneState:
+    """The lane state the shards of ``lane`` support: the newest run of consecutive steps
+    that every field's shards hold (``episodes`` counts the final rows in it)."""
+    S, spl, Lc = layout.shard_rows, layout.shards_per_lane, layout.lane_capacity
+    held: dict[int, tuple[int, int]] = {}  # first_step -> (slot, rows all fields hold)
+    for k in range(spl):
+        heads = [_head(backend, layout, name, lane * spl + k) for name in layout.fields]
+        if any(h is None for h in heads) or len({h.first_step for h in heads}) != 1:
+            continue  # missing, corrupt, or fields from different laps (a torn flush)
+        held[heads[0].first_step] = (k, min(h.n_rows for h in heads))
+    if not held:
+        return LaneState(lane)
+    newest = max(held)
+    count = newest + held[newest][1]
+    valid_from = newest
+    while valid_from - S in held and held[valid_from - S][1] == S and \
+            valid_from - S >= newest + S - Lc:
+        valid_from -= S
+    st = LaneState(lane, count, valid_from, 0, 0)
+    st.episodes = _count_finals(backend, layout, lane, valid_from, count)
+    return st
+
+
+def _head(backend: Backend, layout: Layout, name: str, shard: int) -> ShardHead | None:
+    key = layout.shard_key(name, shard)
+    h = backend.open_object(key)
+    if h is None:
+        return None
+    n_chunks = layout.chunks_per_shard(name)
+    try:
+        (raw,) = backend.read_ranges([(h, 0, index_size(n_chunks) + HEADER_SIZE)])
+        return parse_head(raw, n_chunks, f"{backend.url}/{key}")
+    except (StoreCorruptError, OSError):
+        return None
+    finally:
+        backend.close_object(h)
+
+
+def _count_finals(backend: Backend, layout: Layout, lane: int, lo: int, hi: int) -> int:
+    """Final rows among steps ``[lo, hi)`` of ``lane`` (0 where ``_flags`` is unreadable)."""
+    from .storage.reader import ShardReader
+
+    if hi <= lo:
+        return 0
+    reader = ShardReader(backend, layout)
+    steps = np.arange(lo, hi, dtype=np.int64)
+    rows = lane * layout.lane_capacity + steps % layout.lane_capacity
+    flags = np.zeros(len(rows), np.uint8)
+    try:
+        ok = reader.read("_flags", rows, steps, flags)
+    except StoreCorruptError:
+        return 0
+    finally:
+        reader.close()
+    return int(np.count_nonzero(flags[ok] & FLAG_LAST))

@@ -1,0 +1,267 @@
+"""Lane leases: one writer per lane, across processes and hosts (no lock server).
+
+A writer of lane ``i`` holds ``_state/lane_<i>.lease``, a small JSON object naming its owner
+(host, pid, boot id, a random id) and an expiry time (wall clock, seconds since the epoch).
+It is taken when a store is opened with ``mode="r+"`` for that lane, renewed whenever
+a third of its ``ttl`` has passed (checked on every add and before every flush) and
+released on ``close()``. Another writer gets :class:`~expstore.errors.StoreLockedError`
+naming the lane, the owner and the expiry. A lease may be taken over when it has
+expired, was released, or belongs to a dead process of the same machine (or to this
+process: the earlier ``Store`` then fails on its next flush).
+
+Every change is a conditional write (:meth:`Backend.put_if`): ``If-None-Match: *`` to
+create, ``If-Match: <tag read>`` to renew or take over, so two racing writers cannot both
+win on S3 (AWS, moto, MinIO), and on local disk (``flock``). Each write is read back.
+
+Limits (documented race windows):
+- Stores without conditional writes (e.g. ``memory://``, or S3-compatible servers that
+  ignore the headers) fall back to read-compare-write + read back: two writers whose
+  read->write round trips overlap can both believe they own a free lane.
+- Expiry compares wall clocks of different hosts: keep them within a small fraction of
+  ``ttl`` (NTP). A writer that stalls longer than its remaining lease (at least 2/3 of
+  ``ttl`` at the start of a flush) while writing can overlap with a new owner; the new
+  owner's state commits win, the stalled writer fails on its next renewal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+from ..errors import StoreLockedError
+from .backend import Backend, PreconditionFailed
+
+DEFAULT_TTL = 60.0  # seconds
+
+
+def lease_key(lane: int) -> str:
+    return f"_state/lane_{lane}.lease"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a lease: host, process, boot of that host, and a random id per holder."""
+
+    host: str
+    pid: int
+    boot: str
+    id: str
+
+    @classmethod
+    def here(cls) -> Owner:
+        return cls(socket.gethostname(), os.getpid(), _boot_id(), uuid.uuid4().hex)
+
+    def describe(self) -> str:
+        return f"{self.host} pid {self.pid} (lease id {self.id[:8]})"
+
+    def same_machine(self, other: Owner) -> bool:
+        return self.host == other.host and self.boot == other.boot and bool(self.boot)
+
+    def alive(self) -> bool:
+        """Whether the process still runs (only meaningful on its own machine); a zombie
+        (killed, not yet reaped by its parent) counts as dead."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            return state not in ("Z", "X")
+        except (OSError, IndexError):
+            return True
+
+
+class LaneLease:
+    """The lease of one lane held (or wanted) by this process's store."""
+
+    def __init__(self, backend: Backend, lane: int, ttl: float = DEFAULT_TTL,
+                 owner: Owner | None = None) -> None:
+        if ttl <= 0:
+            raise ValueError(f"lease_ttl: expected seconds > 0, got {ttl}")
+        self.backend = backend
+        self.lane = lane
+        self.ttl = float(ttl)
+        self.owner = owner or Owner.here()
+        self.key = lease_key(lane)
+        self.tag: str | None = None  # version of the lease object we wrote last
+        self.renewed_at = 0.0  # time.monotonic() of our last successful write
+        self.held = False
+        self._seq = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.backend.url}/{self.key}"
+
+    def _doc(self, expires: float) -> bytes:
+        self._seq += 1
+        o = self.owner
+        return json.dumps({"lane": self.lane, "owner": {"host": o.host, "pid": o.pid,
+                           "boot": o.boot, "id": o.id}, "expires": expires, "ttl": self.ttl,
+                           "seq": self._seq}, sort_keys=True).encode()
+
+    @staticmethod
+    def _parse(raw: bytes) -> tuple[Owner, float] | None:
+        try:
+            d = json.loads(raw)
+            o = d["owner"]
+            return Owner(str(o["host"]), int(o["pid"]), str(o["boot"]), str(o["id"])), \
+                float(d["expires"])
+        except (ValueError, KeyError, TypeError):
+            return None  # unreadable lease: treat as free
+
+    def holder(self) -> tuple[Owner, float] | None:
+        """Current owner and expiry (epoch seconds) on storage, or ``None`` if free."""
+        cur = self.backend.get_tagged(self.key)
+        if cur is None:
+            return None
+        parsed = self._parse(cur[0])
+        if parsed is None or self._free(*parsed):
+            return None
+        return parsed
+
+    def _free(self, owner: Owner, expires: float) -> bool:
+        me = self.owner
+        if owner.id == me.id or expires <= time.time():
+            return True
+        if owner.same_machine(me) and (owner.pid == me.pid or not owner.alive()):
+            return True  # this process (an earlier Store) or a dead one
+        return False
+
+    def acquire(self) -> None:
+        """Take the lease or raise :class:`StoreLockedError` naming the holder."""
+        for _ in range(8):
+            cur = self.backend.get_tagged(self.key)
+            match = None
+            if cur is not None:
+                parsed = self._parse(cur[0])
+                if parsed is not None and not self._free(*parsed):
+                    self._locked(*parsed)
+                match = cur[1]
+            body = self._doc(time.time() + self.ttl)
+            try:
+                self.backend.put_if(self.key, body, match)
+            except PreconditionFailed:
+                continue  # changed since we read it: look again
+            if self._confirm(body):
+                return
+        cur = self.backend.get_tagged(self.key)
+        parsed = self._parse(cur[0]) if cur else None
+        if parsed is not None:
+            self._locked(*parsed)
+        raise StoreLockedError(f"{self.where}: lane {self.lane}: could not take the lease "
+                               "(it kept changing under concurrent writers)")
+
+    def _confirm(self, body: bytes) -> bool:
+        """Read back: ours only if the stored object is exactly what we wrote."""
+        back = self.backend.get_tagged(self.key)
+        if back is None or back[0] != body:
+            return False
+        self.tag = back[1]
+        self.renewed_at = time.monotonic()
+        self.held = True
+        return True
+
+    def _locked(self, owner: Owner, expires: float) -> None:
+        left = expires - time.time()
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+        raise StoreLockedError(
+            f"{self.where}: lane {self.lane} is being written by {owner.describe()}; its "
+            f"lease expires {when} (in {left:.0f} s) unless renewed. Open the store with "
+            f"mode='r', write another lane (lane=...), or wait for the lease to expire")
+
+    def renew(self) -> None:
+        """Extend the lease; :class:`StoreLockedError` if another writer took it over."""
+        body = self._doc(time.time() + self.ttl)
+        try:
+            self.backend.put_if(self.key, body, self.tag)
+        except PreconditionFailed:
+            if self._confirm(body):  # our write landed, its reply was lost
+                return
+            self.held = False
+            cur = self.backend.get_tagged(self.key)
+            parsed = self._parse(cur[0]) if cur else None
+            who = parsed[0].describe() if parsed else "nobody (lease deleted)"
+            raise StoreLockedError(
+                f"{self.where}: lane {self.lane}: this writer lost its lease to {who} "
+                f"(it expired, or the lane was opened for writing elsewhere); rows not "
+                f"flushed by this writer were not committed") from None
+        if not self._confirm(body):
+            self.held = False
+            raise StoreLockedError(f"{self.where}: lane {self.lane}: lease renewal was "
+                                   "overwritten by another writer")
+
+    def ensure(self, fraction: float = 1 / 3) -> None:
+        """Renew when more than ``fraction * ttl`` seconds passed since the last write."""
+        if not self.held:
+            raise StoreLockedError(f"{self.where}: lane {self.lane}: this writer does not "
+                                   "hold the lane's lease (released or lost)")
+        if time.monotonic() - self.renewed_at > fraction * self.ttl:
+            self.renew()
+
+    def release(self) -> None:
+        """Give the lease up (an expired record naming us); no-op if no longer ours."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            self.backend.put_if(self.key, self._doc(0.0), self.tag)
+        except PreconditionFailed:
+            pass
+
+
+class LeasedBackend:
+    """A lane writer's view of the backend: every write first makes sure the lane's lease
+    has at least 2/3 of its ttl left (renewing it), so a writer that lost its lane stops
+    before touching storage."""
+
+    def __init__(self, backend: Backend, lease: LaneLease) -> None:
+        self._backend = backend
+        self.lease = lease
+
+    def put(self, key: str, data: bytes) -> None:
+        self.lease.ensure()
+        self._backend.put(key, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+
+def acquire_all(backend: Backend, lanes: list[int], ttl: float) -> dict[int, LaneLease]:
+    """Leases of ``lanes`` for one holder, all or none (taken ones are released on failure)."""
+    owner = Owner.here()
+    got: dict[int, LaneLease] = {}
+    try:
+        for lane in lanes:
+            lease = LaneLease(backend, lane, ttl, owner)
+            lease.acquire()
+            got[lane] = lease
+    except BaseException:
+        for lease in got.values():
+            lease.release()
+        raise
+    return got
+
+
+def live_holders(backend: Backend, lanes: int) -> list[tuple[int, Owner, float]]:
+    """Lanes whose lease another live writer holds: ``(lane, owner, expires)``."""
+    out = []
+    for lane in range(lanes):
+        h = LaneLease(backend, lane, owner=Owner.here()).holder()
+        if h is not None:
+            out.append((lane, *h))
+    return out

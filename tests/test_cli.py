@@ -1,0 +1,166 @@
+"""The ``expstore`` command line, run as a subprocess (``python -m expstore.cli``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _dopamine_ref import OutOfGraphReplayBuffer, pong_frames, write_repeated_checkpoint
+
+import expstore as es
+from expstore.cli import main
+from expstore.datasets.common import lane_rows
+from expstore.verify import verify_store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, check: int | None = 0, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m expstore.cli ARGS`` in a subprocess (each costs an interpreter start)."""
+    res = subprocess.run([sys.executable, "-m", "expstore.cli", *map(str, args)],
+                         capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if check is not None:
+        assert res.returncode == check, (res.returncode, res.stdout, res.stderr)
+    return res
+
+
+def run(capsys, *args: str, check: int = 0) -> tuple[str, str]:
+    """The same CLI in this process (``expstore.cli.main``): stdout, stderr."""
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:  # argparse / option errors
+        rc = e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    assert rc == check, (rc, out, err)
+    return out, err
+
+
+@pytest.fixture(scope="module")
+def dopamine_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ck")
+    buf = OutOfGraphReplayBuffer((84, 84), 4, 3000)
+    rng = np.random.default_rng(0)
+    frames = pong_frames(2600, 1)
+    i = 0
+    for ep in range(8):
+        n = int(rng.integers(100, 400))
+        for t in range(n):
+            buf.add(frames[i % len(frames)], int(rng.integers(6)), float(t % 50 == 0),
+                    int(t == n - 1 and ep < 7))
+            i += 1
+    buf.save(d, 0, compresslevel=1)
+    return d
+
+
+def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    res = cli("import", "dopamine", dopamine_dir, url, "-o", "stack=4", "--no-progress")
+    assert "episodes" in res.stdout
+    info = json.loads(run(capsys, "info", url, "--json")[0])
+    store = es.open(url)
+    assert info["rows"] == len(store) > 1000 and info["episodes"] == store.episodes == 7
+    assert info["fields"]["obs"]["stack"] == 4 and info["compression_ratio"] > 5
+    assert info["bytes_on_disk"] == store.backend.total_bytes()
+    text, _ = run(capsys, "info", url)
+    assert f"{len(store):,}" in text and "ratio" in text and "stack=4 (zero)" in text
+    assert run(capsys, "verify", url, "-q")[0].strip().endswith("read")
+    # export -> import through npz gives the same rows
+    run(capsys, "export", url, "npz", tmp_path / "s.npz", "--no-progress")
+    run(capsys, "import", "npz", tmp_path / "s.npz", tmp_path / "t.zarr")
+    t_info = json.loads(run(capsys, "info", tmp_path / "t.zarr", "--json")[0])
+    assert t_info["rows"] == info["rows"]
+    run(capsys, "export", url, "dopamine", tmp_path / "out", "-o", "compresslevel=1",
+        "--no-progress")
+    assert (tmp_path / "out" / "$store$_observation_ckpt.0.gz").exists()
+    # errors: clear message, exit 1
+    assert "exists" in run(capsys, "import", "dopamine", dopamine_dir, url, check=1)[1]
+    err = run(capsys, "import", "dopamine", dopamine_dir, tmp_path / "x.zarr", "-o", "bogus=1",
+              check=1)[1]
+    assert "bogus" in err and "stack" in err
+    err = run(capsys, "import", "nosuch", dopamine_dir, tmp_path / "x.zarr", check=1)[1]
+    assert "unknown dataset format 'nosuch'" in err
+    assert "minari" in run(capsys, "formats")[0]
+
+
+def test_verify_reports_every_corrupt_shard(dopamine_dir, tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    run(capsys, "import", "dopamine", dopamine_dir, url, "--no-progress")
+    store = es.open(url)
+    lay = store.layout
+    obs_key = lay.shard_key("obs", 0)
+    flags_key = lay.shard_key("_flags", 1)
+    store.close()
+    p = url / obs_key
+    raw = bytearray(p.read_bytes())
+    raw[-100:] = b"\x00" * 100  # the last inner chunk no longer decodes
+    p.write_bytes(bytes(raw))
+    q = url / flags_key
+    q.write_bytes(q.read_bytes()[:20])  # truncated index
+    res = cli("verify", url, "-q", check=1)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("CORRUPT")]
+    assert len(lines) == 2, res.stdout
+    assert any(obs_key in ln and "decode" in ln for ln in lines)
+    assert any(flags_key in ln and "truncated" in ln for ln in lines)
+    assert "2 problem(s)" in res.stdout
+
+
+def _committed(url: Path) -> int:
+    try:
+        return json.loads((url / "_state" / "lane_0.json").read_text())["state"]["count"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_ctrl_c_leaves_a_store_with_the_rows_flushed(tmp_path):
+    src = tmp_path / "big"
+    src.mkdir()
+    cap = write_repeated_checkpoint(src, 0, repeats=60)
+    url = tmp_path / "s.zarr"
+    proc = subprocess.Popen([sys.executable, "-m", "expstore.cli", "import", "dopamine", src, url],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _committed(url) < 2048 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted" in err
+    store = es.open(url)
+    n = len(store)
+    assert 2048 <= n < cap
+    lr = lane_rows(store, 0)
+    frames = pong_frames(1997, 0)
+    got = store.read("obs", lr.rows, lr.steps)
+    for k in range(0, n, 997):  # each row holds what the source holds there
+        ep, pos = divmod(k, 1998)
+        want = frames[pos] if pos < 1997 else np.zeros((84, 84), np.uint8)
+        np.testing.assert_array_equal(got[k], want)
+    assert verify_store(str(url)).ok
+    # the progress bar was on (stderr): rows and MB/s
+    assert "row" in err and "MB/s" in err
+
+
+def test_bench_runs_scripts(tmp_path, capfd):
+    capsys = capfd  # the scripts run as child processes: capture the file descriptors
+    d = tmp_path / "benchmarks"
+    d.mkdir()
+    (d / "bench_ok.py").write_text("import sys; print('ran ok', sys.argv[1:])\n")
+    (d / "bench_bad.py").write_text("raise SystemExit(3)\n")
+    assert run(capsys, "bench", "--dir", d, "--list")[0].split() == ["bad", "ok"]
+    out, err = run(capsys, "bench", "--dir", d, "--args", "--quick", check=1)
+    assert "ran ok ['--quick']" in out and "failed: bench_bad.py" in err
+    run(capsys, "bench", "nosuch", "--dir", d, check=2)
+    assert "datasets" in run(capsys, "bench", "--list", "--dir", ROOT / "benchmarks")[0].split()

@@ -1,0 +1,110 @@
+"""npz round trip of a whole store (rows, lanes, episodes) and D4RL-style npz import."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import expstore as es
+from expstore.datasets.common import DatasetFormatError, lane_rows
+from expstore.datasets.npz import export_npz, import_npz
+
+
+def spec() -> es.Spec:
+    return es.Spec.create(
+        obs={"pixels": es.Field((6, 6), np.uint8, stack=3), "vec": es.Field((2,), np.float32)},
+        action={"move": es.Field((), np.int64, low=0, high=3), "force": es.Field((2,))},
+        extras={"obstacle": es.Field((), np.int32), "logp": es.Field((), np.float32)})
+
+
+def write(store: es.Store, lane: int, steps: int, rng: np.random.Generator,
+          end_every: int = 7, finish_last: bool = False) -> None:
+    for t in range(steps):
+        end = (t + 1) % end_every == 0 or (finish_last and t == steps - 1)
+        obs = {"pixels": rng.integers(0, 256, (6, 6), np.uint8), "vec": rng.normal(size=2)}
+        nxt = {"pixels": rng.integers(0, 256, (6, 6), np.uint8), "vec": rng.normal(size=2)}
+        store.add(obs, {"move": int(rng.integers(4)), "force": rng.normal(size=2)},
+                  float(rng.normal()), nxt, end and t % 2 == 0, end and t % 2 == 1, lane=lane,
+                  obstacle=int(rng.integers(100)), logp=float(rng.normal()))
+
+
+def same_rows(a: es.Store, b: es.Store) -> None:
+    assert a.lanes == b.lanes and a.spec.same_as(b.spec)
+    for lane in range(a.lanes):
+        ra, rb = lane_rows(a, lane), lane_rows(b, lane)
+        np.testing.assert_array_equal(ra.flags, rb.flags)
+        np.testing.assert_array_equal(ra.episode_step, rb.episode_step)
+        for name in a.spec.fields:
+            np.testing.assert_array_equal(a.read(name, ra.rows, ra.steps),
+                                          b.read(name, rb.rows, rb.steps), err_msg=name)
+        ok = a.index.valid(ra.rows, a.history, 1)
+        assert (ok == b.index.valid(rb.rows, b.history, 1)).all()
+        ta, tb = a.transitions(ra.rows[ok]), b.transitions(rb.rows[ok])
+        for k in ta:
+            if k not in ("index", "step_id"):
+                np.testing.assert_array_equal(ta[k], tb[k], err_msg=k)
+
+
+def test_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    url = tmp_path / "s.zarr"
+    with es.create(url, spec(), capacity=256, lanes=2, shard_rows=64) as st:
+        write(st, 0, 300, rng, end_every=5)  # lane 0 wraps: its oldest episode is cut
+        write(st, 1, 40, rng, end_every=9)  # leaves an open episode ...
+    with es.open(url, "r+", lane=1) as st:
+        write(st, 1, 30, rng, end_every=11)  # ... interrupted by a new one after reopening
+    src = es.open(url)
+    lr0, lr1 = lane_rows(src, 0), lane_rows(src, 1)
+    assert lr0.episode_step[0] > 0  # a continued episode at the head of lane 0
+    assert ((lr1.flags & 1) != 0).sum() > ((lr1.flags & 2) != 0).sum()  # an interrupted one
+    out = export_npz(url, tmp_path / "s.npz")
+    assert out.rows == len(src)
+    with np.load(tmp_path / "s.npz") as z:
+        assert {"obs.pixels", "obs.vec", "action.move", "action.force", "obstacle", "logp",
+                "lane", "flags", "episode_step", "__spec__"} <= set(z.files)
+        assert len(z["obs.pixels"]) == len(src)
+    import_npz(tmp_path / "s.npz", tmp_path / "back.zarr")
+    same_rows(src, es.open(tmp_path / "back.zarr"))
+
+
+def test_d4rl_style_npz(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 50
+    obs = rng.normal(size=(n + 1, 3)).astype(np.float32)
+    term = np.zeros(n, bool)
+    term[19] = True
+    nxt = obs[1:].copy()
+    np.savez(tmp_path / "d.npz", observations=obs[:n], next_observations=nxt,
+             actions=rng.normal(size=(n, 2)).astype(np.float32),
+             rewards=rng.normal(size=n).astype(np.float32), terminals=term,
+             timeouts=np.zeros(n, bool))
+    s = import_npz(tmp_path / "d.npz", tmp_path / "s.zarr")
+    assert s.steps == n and s.episodes == 2  # the terminal and the file's unfinished end
+    store = es.open(tmp_path / "s.zarr")
+    lr = lane_rows(store, 0)
+    tr = store.transitions(lr.rows[store.index.valid(lr.rows, 0, 1)])
+    np.testing.assert_array_equal(tr["obs"], obs[:n])
+    np.testing.assert_array_equal(tr["next_obs"], nxt)
+
+
+def test_bad_npz(tmp_path):
+    (tmp_path / "junk.npz").write_bytes(b"PK nonsense")
+    with pytest.raises(DatasetFormatError, match=r"junk\.npz: not a readable"):
+        import_npz(tmp_path / "junk.npz", tmp_path / "s.zarr")
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(DatasetFormatError, match=r"other\.npz: neither"):
+        import_npz(tmp_path / "other.npz", tmp_path / "s.zarr")
+    rng = np.random.default_rng(2)
+    with es.create(tmp_path / "a.zarr", spec(), capacity=256, shard_rows=64) as st:
+        write(st, 0, 20, rng)
+    export_npz(tmp_path / "a.zarr", tmp_path / "a.npz")
+    with np.load(tmp_path / "a.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != "logp"}
+    np.savez(tmp_path / "cut.npz", **arrays)
+    with pytest.raises(DatasetFormatError, match=r"cut\.npz: missing arrays \['logp'\]"):
+        import_npz(tmp_path / "cut.npz", tmp_path / "s.zarr")
+    arrays["logp"] = np.zeros(3, np.float32)
+    np.savez(tmp_path / "short.npz", **arrays)
+    with pytest.raises(DatasetFormatError, match=r"short\.npz: array 'logp' has shape \(3,\)"):
+        import_npz(tmp_path / "short.npz", tmp_path / "s.zarr")
+    assert not (tmp_path / "s.zarr").exists()

@@ -1,0 +1,239 @@
+"""Prioritized sampling: frequencies, importance weights, the index events, step-checked
+updates, persistence with the store, beta schedules, CER."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import expstore as es
+from expstore.errors import ReadOnlyError, StoreCorruptError
+from expstore.testing.episodes import EpisodeWriter, ident_spec, ref_transition
+
+
+def _writer(tmp_path, name="s.zarr", capacity=512, shard_rows=32, lanes=1, seed=0):
+    store = es.create(tmp_path / name, ident_spec(), capacity=capacity, lanes=lanes,
+                      shard_rows=shard_rows, fsync=False)
+    return EpisodeWriter(store, np.random.default_rng(seed))
+
+
+def _leaves(sampler):
+    return sampler.priorities.tree.state().astype(np.float64)
+
+
+def _chi2(counts, probs):
+    exp = probs * counts.sum()
+    return float(((counts - exp) ** 2 / exp).sum())
+
+
+def test_frequencies_and_weights_match_priorities(tmp_path):
+    w = _writer(tmp_path)
+    for _ in range(30):
+        w.segment(0, 11, "terminated")  # 360 rows, 330 transitions, no wrap
+    store = w.store
+    alpha, beta, eps = 0.7, 0.5, 1e-3
+    s = es.PrioritizedSampler(store, alpha=alpha, beta=beta, eps=eps, seed=1, persist=False)
+    rows = np.arange(store.capacity)
+    valid = store.index.valid(rows, 0, 1)
+    live = np.flatnonzero(_leaves(s) > 0)
+    np.testing.assert_array_equal(live, rows[valid])  # exactly the sampleable rows
+    td = np.random.default_rng(2).exponential(1.0, size=len(live)) + 0.05
+    assert s.update_priorities(live, -td) == len(live)  # sign of td is ignored
+    p = (td + eps) ** alpha
+    np.testing.assert_allclose(_leaves(s)[live], p, rtol=1e-6)
+    probs = p / p.sum()
+
+    counts = np.zeros(store.capacity)
+    n_batches = 400  # 102,400 draws
+    for _ in range(n_batches):
+        got, weight = s.sample_rows(256)
+        np.add.at(counts, got, 1)
+        # (N P(i))^-beta / max_w with N live rows and P the normalized priorities
+        N = len(live)
+        pi = _leaves(s)[got] / p.sum()
+        expect = (N * pi) ** -beta / (N * p.min() / p.sum()) ** -beta
+        np.testing.assert_allclose(weight, expect, rtol=1e-5)
+    assert counts[~valid].sum() == 0
+    dof = len(live) - 1
+    bound = stats.chi2.ppf(0.9999, dof)
+    assert _chi2(counts[live], probs) < bound
+    # the test has power: the frequencies do not fit alpha = 1 or uniform sampling
+    wrong = (td + eps) / (td + eps).sum()
+    assert _chi2(counts[live], wrong) > 5 * bound
+    assert _chi2(counts[live], np.full(len(live), 1 / len(live))) > 5 * bound
+
+
+def test_new_rows_get_max_priority_and_dropped_rows_zero(tmp_path):
+    w = _writer(tmp_path, capacity=128, shard_rows=16)
+    w.segment(0, 20, "terminated")
+    s = es.PrioritizedSampler(w.store, alpha=1.0, eps=0.0, seed=0, persist=False)
+    b = s.sample(8)
+    s.update_priorities(b["index"][:4], np.array([0.5, 7.0, 2.0, 1.0]), b["step_id"][:4])
+    assert s.priorities.max_priority == pytest.approx(7.0)
+    w.segment(0, 5, "open")
+    new = w.store.index.lane_rows(0, np.arange(21, 26))
+    np.testing.assert_allclose(_leaves(s)[new[:4]], 7.0)
+    assert _leaves(s)[new[4]] == 0  # the newest row waits for its next row
+    w.segment(0, 1, "open")
+    assert _leaves(s)[new[4]] == 7.0
+    for _ in range(20):  # several laps
+        w.segment(0, 9, "truncated")
+    store = w.store
+    rows = np.arange(store.capacity)
+    steps = store.index.steps(rows)
+    lo = store.index.lower_bound(0)[0]
+    live = (steps >= lo) & ((store.index.flags & 2) == 0)
+    assert (_leaves(s)[~live] == 0).all()
+    assert (_leaves(s)[live] > 0).all()
+
+
+def test_update_skips_rows_overwritten_since_sampling(tmp_path):
+    w = _writer(tmp_path, capacity=64, shard_rows=16)
+    w.segment(0, 40, "open")
+    s = es.PrioritizedSampler(w.store, seed=3, persist=False, alpha=1.0, eps=0.0)
+    b = s.sample(32)
+    w.segment(0, 40, "open")
+    w.segment(0, 40, "open")  # every row sampled above is overwritten by now
+    before = _leaves(s)
+    assert s.update_priorities(b["index"], np.full(32, 100.0), b["step_id"]) == 0
+    np.testing.assert_array_equal(_leaves(s), before)
+    b = s.sample(8)
+    assert s.update_priorities(b["index"], np.full(8, 100.0), b["step_id"]) == 8
+    assert (_leaves(s)[b["index"]] == 100.0).all()
+    with pytest.raises(ValueError, match="td_error"):
+        s.update_priorities(b["index"], np.full(8, np.nan))
+    with pytest.raises(ValueError, match="td_error"):
+        s.update_priorities(b["index"], np.ones(3))
+
+
+def test_priorities_persist_with_the_store(tmp_path):
+    w = _writer(tmp_path, capacity=128, shard_rows=16)
+    for _ in range(6):
+        w.segment(0, 9, "terminated")
+    store = w.store
+    s = es.PrioritizedSampler(store, alpha=0.5, eps=0.0, seed=0)
+    b = s.sample(32)
+    s.update_priorities(b["index"], np.arange(32) + 1.0, b["step_id"])
+    saved = _leaves(s)
+    max_p = s.priorities.max_priority
+    store.flush()
+    assert (tmp_path / "s.zarr" / "_index" / "priorities.bin").exists()
+    store.close()
+
+    # another process appends without a sampler: its rows are new to the saved file
+    other = es.open(tmp_path / "s.zarr", mode="r+")
+    w2 = EpisodeWriter(other, np.random.default_rng(5))
+    w2.segment(0, 30, "terminated")  # wraps over the oldest shard
+    other.close()
+
+    store = es.open(tmp_path / "s.zarr", mode="r+")
+    s2 = es.PrioritizedSampler(store, alpha=0.5, eps=0.0, seed=0)
+    idx = store.index
+    rows = np.arange(store.capacity)
+    steps = idx.steps(rows)
+    live = (steps >= idx.lower_bound(0)[0]) & ((idx.flags & 2) == 0)
+    kept = live & (steps < 60)  # written before the save and still intact
+    new = live & (steps >= 60)
+    assert kept.sum() > 20 and new.sum() == 30
+    np.testing.assert_allclose(_leaves(s2)[kept], saved[kept], rtol=1e-6)
+    np.testing.assert_allclose(_leaves(s2)[new], max_p, rtol=1e-6)
+    assert (_leaves(s2)[~live] == 0).all()
+    s2.close()
+    # a sampler with another alpha converts p**0.5 -> p**1.0
+    s3 = es.PrioritizedSampler(store, alpha=1.0, eps=0.0)
+    np.testing.assert_allclose(_leaves(s3)[kept], saved[kept] ** 2, rtol=1e-5)
+    s3.close()
+    store.close()
+
+    ro = es.open(tmp_path / "s.zarr", mode="r")
+    s4 = es.PrioritizedSampler(ro, alpha=0.5)
+    ro.flush()  # no error: a read-only store does not persist
+    with pytest.raises(ReadOnlyError):
+        s4.save_priorities()
+    ro.close()
+    key = tmp_path / "s.zarr" / "_index" / "priorities.bin"
+    raw = bytearray(key.read_bytes())
+    raw[-5] ^= 0xFF
+    key.write_bytes(bytes(raw))
+    with pytest.raises(StoreCorruptError, match="priorities.bin"):
+        es.PrioritizedSampler(es.open(tmp_path / "s.zarr"))
+
+
+def test_beta_schedules(tmp_path):
+    w = _writer(tmp_path)
+    w.segment(0, 50, "terminated")
+    s = es.PrioritizedSampler(w.store, beta=0.4, beta_steps=10, persist=False)
+    betas = []
+    for _ in range(12):
+        betas.append(s.beta)
+        s.sample_rows(4)
+    np.testing.assert_allclose(betas[:11], np.linspace(0.4, 1.0, 11))
+    assert betas[11] == 1.0
+    s = es.PrioritizedSampler(w.store, beta_schedule=lambda n: 0.1 * (n % 3), persist=False)
+    assert [s.beta for _ in range(1)] == [0.0]
+    s.sample_rows(2)
+    s.sample_rows(2)
+    assert s.beta == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="beta"):
+        es.PrioritizedSampler(w.store, beta=1.5)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_cer_puts_newest_transition_in_every_batch(tmp_path, kind):
+    w = _writer(tmp_path, capacity=64, shard_rows=8, lanes=2, seed=4)
+    w.segment(0, 5, "terminated")
+    w.segment(1, 5, "open")
+    s = (es.UniformSampler(w.store, cer=True, seed=0) if kind == "uniform" else
+         es.PrioritizedSampler(w.store, cer=True, seed=0, persist=False))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        lane = int(rng.integers(2))
+        w.segment(lane, int(rng.integers(1, 4)), ["open", "terminated", "truncated"][
+            int(rng.integers(3))])
+        newest = None
+        for step in range(w.count(lane) - 1, -1, -1):
+            row = w.store.index.lane_rows(lane, np.array([step]))[0]
+            if ref_transition(w, row, 0, 1, 0.9) is not None:
+                newest = row
+                break
+        b = s.sample(8)
+        assert b["index"][-1] == newest
+        assert b["weight"][-1] == 1.0
+        assert b["obs"][-1][1] == w.step_of(newest)[1]
+
+
+def test_permanently_invalid_rows_are_pruned(tmp_path):
+    w = _writer(tmp_path, capacity=128, shard_rows=16)
+    w.segment(0, 10, "open")
+    w.interrupt()  # the open episode is cut off: its last row has no next step
+    w.segment(0, 10, "terminated")
+    s = es.PrioritizedSampler(w.store, n_step=1, seed=0, persist=False, alpha=1.0, eps=0.0)
+    stuck = w.store.index.lane_rows(0, np.array([9]))
+    assert not w.store.index.valid(stuck, 0, 1)[0]
+    s.priorities.tree.update(stuck, 1e6)  # would take nearly every draw
+    for _ in range(3):
+        b = s.sample(16)
+        assert stuck[0] not in b["index"]
+    assert _leaves(s)[stuck[0]] == 0
+
+
+def test_reader_process_priorities_follow_refresh(tmp_path):
+    w = _writer(tmp_path, capacity=128, shard_rows=16)
+    w.segment(0, 10, "open")
+    w.store.flush()
+    reader = es.open(tmp_path / "s.zarr", mode="r")
+    s = es.PrioritizedSampler(reader, seed=0, alpha=1.0, eps=0.0)
+    rows = reader.index.lane_rows(0, np.arange(10))
+    assert (_leaves(s)[rows[:9]] == 1.0).all() and _leaves(s)[rows[9]] == 0
+    b = s.sample(16)
+    assert 9 not in reader.index.steps(b["index"])
+    w.segment(0, 3, "terminated")  # steps 10..12 + final 13
+    w.store.flush()
+    reader.refresh()
+    rows = reader.index.lane_rows(0, np.arange(14))
+    assert (_leaves(s)[rows[:13]] > 0).all() and _leaves(s)[rows[13]] == 0
+    for _ in range(20):
+        b = s.sample(16)
+        assert b["obs"][:, 1].tolist() == reader.index.steps(b["index"]).tolist()
+    reader.close()

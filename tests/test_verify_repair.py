@@ -1,0 +1,253 @@
+"""``verify`` finds every corrupted shard; ``repair`` quarantines the rows and training goes on.
+
+Stores are written by the crash harness's writer (deterministic bytes), then bytes are
+flipped on disk. Every chunk carries a crc32c and every shard header and index one too, so
+a flipped bit anywhere in a shard is found, named, and mapped to the lane steps it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import expstore as es
+from expstore import cli
+from expstore import store as store_mod
+from expstore.errors import StoreCorruptError
+from expstore.index.rows import FLAG_BAD
+from expstore.repair import repair_store
+from expstore.storage.quarantine import Quarantine, read_quarantine, write_quarantine
+from expstore.testing import crash, data, scratch_dir
+from expstore.verify import verify_store
+
+
+@pytest.fixture
+def written(tmp_path):
+    """A closed 3-lane store (wrapped) written by the crash writer, and its log."""
+    with scratch_dir(str(tmp_path)) as d:
+        url, log = os.path.join(d, "s.zarr"), os.path.join(d, "log")
+        crash.create_store(url)
+        crash.writer(url, log, 0, seed=11, ops=160)
+        yield url, log
+
+
+def _shard_files(url: str) -> list[str]:
+    out = []
+    for folder, _, files in os.walk(url):
+        rel = os.path.relpath(folder, url)
+        if "/c" in "/" + rel.replace(os.sep, "/") + "/" and rel.split(os.sep)[0] != "_state":
+            out += [os.path.join(folder, f) for f in files if not f.startswith(".")]
+    return sorted(out)
+
+
+def _flip(path: str, pos: int, bit: int = 0) -> tuple[int, int]:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        old = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([old ^ (1 << bit)]))
+    return pos, old
+
+
+def _restore(path: str, pos: int, old: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(bytes([old]))
+
+
+def _key(url: str, path: str) -> str:
+    return os.path.relpath(path, url).replace(os.sep, "/")
+
+
+def test_verify_finds_every_flipped_bit(written):
+    url, _ = written
+    assert verify_store(url).ok
+    files = _shard_files(url)
+    rng = np.random.default_rng(5)
+    found = 0
+    trials = 80
+    for _ in range(trials):
+        path = files[int(rng.integers(len(files)))]
+        size = os.path.getsize(path)
+        pos, old = _flip(path, int(rng.integers(size)), int(rng.integers(8)))
+        try:
+            rep = verify_store(url)
+            assert not rep.ok, f"flipped bit at byte {pos} of {_key(url, path)} not found"
+            assert any(_key(url, path) in p for p in rep.problems), rep.problems
+            assert rep.lost, "a corrupted shard must map to lost rows"
+            found += 1
+        finally:
+            _restore(path, pos, old)
+    assert found == trials and verify_store(url).ok
+
+
+def test_verify_lists_every_corrupted_shard_at_once(written):
+    url, _ = written
+    files = _shard_files(url)
+    rng = np.random.default_rng(6)
+    picked = [files[i] for i in rng.choice(len(files), 8, replace=False)]
+    for path in picked:
+        _flip(path, int(rng.integers(os.path.getsize(path))))
+    rep = verify_store(url)
+    named = {_key(url, p) for p in picked if any(_key(url, p) in q for q in rep.problems)}
+    assert named == {_key(url, p) for p in picked}
+    assert cli.main(["verify", "-q", url]) == 1
+
+
+def _corrupt_three(url: str) -> dict[str, str]:
+    """An image chunk (lane 0), a metadata shard (lane 1) and the header of lane 2's
+    newest, partly filled shard."""
+    store = es.open(url)
+    lay, idx = store.layout, store.index
+    newest = int(idx.count[2]) - 1
+    store.close()
+    spl = lay.shards_per_lane
+    keys = {"image": lay.shard_key("obs.pixels", 1), "meta": lay.shard_key("_flags", spl + 1),
+            "header": lay.shard_key("reward", 2 * spl + (newest % lay.lane_capacity)
+                                    // lay.shard_rows)}
+    for what, key in keys.items():
+        path = os.path.join(url, key)
+        n_chunks = lay.chunks_per_shard(key.split("/")[0])
+        pos = {"image": os.path.getsize(path) - 50, "meta": os.path.getsize(path) - 2,
+               "header": 16 * n_chunks + 4 + 10}[what]
+        _flip(path, pos, 3)
+    return keys
+
+
+def test_repair_quarantines_bad_rows_and_sampling_goes_on(written):
+    url, log = written
+    keys = _corrupt_three(url)
+    found = verify_store(url)
+    assert {k for k in keys.values() if any(k in p for p in found.problems)} == set(keys.values())
+    with pytest.raises(StoreCorruptError, match="_flags"):  # the index cannot load
+        es.open(url)
+    assert cli.main(["repair", "-q", "--dry-run", url]) == 0
+    assert read_quarantine(es.storage.backend.backend_for(url)).lanes == {}  # dry run
+    rep = repair_store(url)
+    assert rep.ok and rep.newly_lost == found.lost
+    assert rep.lost_rows == sum(b - a for r in found.lost.values() for a, b in r) > 0
+    assert set(rep.newly_lost) == {0, 1, 2}
+    after = verify_store(url)
+    assert after.ok and after.quarantined == rep.lost_rows
+    assert cli.main(["verify", "-q", url]) == 0
+
+    store = es.open(url)
+    bad_rows = np.flatnonzero(store.index.flags & FLAG_BAD)
+    assert len(bad_rows) == rep.lost_rows
+    sessions = crash.Log.read(log, 3).session_of
+    uniform = es.UniformSampler(store, seed=0, n_step=3)
+    prio = es.PrioritizedSampler(store, seed=1, persist=False)
+    checked = 0
+    for _ in range(60):
+        for sampler in (uniform, prio):
+            plan = sampler.plan(64)  # (with n_step 3, the 4-frame next stack covers t..t+3)
+            used = np.concatenate([plan.obs_rows.ravel(), plan.next_rows.ravel()])
+            steps = np.concatenate([plan.obs_steps.ravel(), plan.next_steps.ravel()])
+            assert not (store.index.flags[used] & FLAG_BAD).any()
+            lanes = used // store.layout.lane_capacity
+            for lane, ranges in rep.newly_lost.items():
+                for a, b in ranges:
+                    assert not ((lanes == lane) & (steps >= a) & (steps < b)).any()
+        checked += data.check_batch(store.sample(64), store.index, sessions)
+    store.close()
+    assert checked == 60 * 64
+    # the writer takes over again (its newest shard had a corrupt header) and keeps going
+    crash.writer(url, log, 1, seed=12, ops=120)
+    res = crash.check_store(url, log)
+    assert res.rows > 0 and verify_store(url).ok
+
+
+def test_a_live_reader_picks_up_the_quarantine_on_refresh(written, monkeypatch):
+    url, log = written
+    reader = es.open(url)
+    lay = reader.layout
+    path = os.path.join(url, lay.shard_key("obs.pixels", 2))  # lane 0: rows it may sample
+    _flip(path, os.path.getsize(path) - 30)
+    rep = repair_store(url)
+    assert rep.lost_rows == 1
+    monkeypatch.setattr(store_mod, "QUARANTINE_RELOAD", 0.0)
+    reader.refresh()
+    assert np.count_nonzero(reader.index.flags & FLAG_BAD) == 1
+    sessions = crash.Log.read(log, 3).session_of
+    for _ in range(100):  # would raise StoreCorruptError on the corrupt frame
+        data.check_batch(reader.sample(64), reader.index, sessions)
+    reader.close()
+
+
+def test_repair_rebuilds_a_missing_lane_state(written):
+    url, log = written
+    before = es.open(url)
+    count, lo = int(before.index.count[1]), int(before.index.lower_bound()[1])
+    before.close()
+    os.remove(os.path.join(url, "_state", "lane_1.json"))
+    with pytest.raises(StoreCorruptError, match="lane_1.json: lane state file is missing"):
+        es.open(url)
+    rep = repair_store(url)
+    assert rep.ok and set(rep.rebuilt) == {1}
+    st = rep.rebuilt[1]
+    assert st.count == count and st.valid_from <= lo  # nothing committed was lost
+    store = es.open(url)
+    log_ = crash.Log.read(log, 3)
+    assert data.check_lane(store, 1, log_.session_of, log_.start_counts(1)) == count - \
+        int(store.index.lower_bound()[1])
+    store.close()
+
+
+def _newer_state(path: str) -> None:
+    body = {"version": 99, "lane": 0, "count": 5, "valid_from": 0, "episodes": 0,
+            "generation": 1, "something_new": [1, 2]}
+    crc = zlib.crc32(json.dumps(body, sort_keys=True).encode())
+    with open(path, "w") as f:
+        json.dump({"state": body, "crc32": crc}, f)
+
+
+def test_repair_leaves_a_newer_state_alone(written):
+    url, _ = written
+    path = os.path.join(url, "_state", "lane_0.json")
+    _newer_state(path)
+    with pytest.raises(StoreCorruptError, match="lane_0.json.*newer"):
+        es.open(url)
+    rep = repair_store(url)
+    assert not rep.ok and any("newer" in p for p in rep.remaining)
+    assert not rep.rebuilt
+    with open(path) as f:
+        assert json.load(f)["state"]["version"] == 99  # untouched
+
+
+def test_lost_rows_split_episodes_for_every_need(tmp_path):
+    """Exhaustively: no valid anchor's frame stack or n-step window, and no sequence
+    window, touches a quarantined row; rows on both sides of it still serve."""
+    with scratch_dir(str(tmp_path)) as d:
+        url = os.path.join(d, "s.zarr")
+        crash.create_store(url, lanes=1, shard_rows=64, shards_per_lane=4)
+        with es.open(url, "r+") as store:
+            batch, _ = data.make_steps(0, 0, 200, session=0)
+            store.extend(batch)
+        q = Quarantine()
+        q.add(0, 100, 104)
+        write_quarantine(es.storage.backend.backend_for(url), q)
+        store = es.open(url)
+        idx = store.index
+        rows = np.arange(int(idx.count[0]))
+        lost = (rows >= 100) & (rows < 104)
+        assert ((idx.flags[rows] & FLAG_BAD) != 0).tolist() == lost.tolist()
+        for history, horizon in ((3, 1), (3, 3), (0, 5)):
+            ok = idx.valid(rows, history, horizon)
+            ends, m = idx.horizon(rows[ok], horizon)
+            pos = idx.episode_step[rows[ok]]
+            for r, e, p in zip(rows[ok], ends, pos):
+                window = np.arange(r - min(p, history), e + 1)
+                assert not lost[window].any(), (r, window)
+            assert ok[:100].sum() > 50 and ok[104:].sum() > 50
+        seq = es.SequenceSampler(store, length=8, burn_in=2, persist=False, seed=0)
+        for _ in range(30):
+            plan = seq.plan(32)
+            B, W = plan.win_rows.shape
+            used = np.concatenate([plan.win_rows[plan.mask],
+                                   plan.stack_rows.reshape(B, W, -1)[plan.mask].ravel()])
+            assert not lost[used].any()
+        store.close()
