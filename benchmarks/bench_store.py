@@ -71,6 +71,9 @@ def main() -> None:
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     a = p.parse_args()
 
+    import torch
+
+    torch.set_num_threads(1)  # as in bench_baselines: 2 threads collapse under load here
     data = load_atari_frames(a.n, game=a.game)
     wanted = a.cases.split(",")
     results: list[dict[str, Any]] = []

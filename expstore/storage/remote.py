@@ -223,7 +223,7 @@ class FsspecBackend(Backend):
             except Exception as e:
                 if is_precondition(e):
                     raise PreconditionFailed(key) from e
-                if isinstance(e, FileNotFoundError) or not is_transient(e):
+                if not is_transient(e):
                     raise self._fail(what, key, e, None, t0) from e
                 wait = self.retry.delay(attempt)
                 if attempt >= self.retry.attempts or \
