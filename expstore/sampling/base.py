@@ -97,6 +97,11 @@ class Sampler:
                 f"guard={self.guard}); store holds {len(self.store)} rows")
         rows = np.concatenate(rows_out)
         weights = np.concatenate(w_out) if w_out else None
+        return self.with_newest(rows, weights)
+
+    def with_newest(self, rows: np.ndarray,
+                    weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """CER: the last sample becomes the newest transition (weight 1) when ``cer``."""
         if self.cer:
             newest = self.newest_row()
             if newest is not None:

@@ -105,12 +105,7 @@ class PrioritizedSampler(Sampler):
         rows = draw_valid(self, self.priorities, batch_size, self._prune)
         weights = self.priorities.weights(rows, self.beta)
         self.batches_drawn += 1
-        if self.cer:
-            newest = self.newest_row()
-            if newest is not None:
-                rows[-1] = newest
-                weights[-1] = 1.0
-        return rows, weights
+        return self.with_newest(rows, weights)
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:
         """Priorities ``(|td_error| + eps) ** alpha`` for rows ``index``; returns rows set.

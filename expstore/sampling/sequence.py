@@ -242,12 +242,7 @@ class SequenceSampler(Sampler):
         rows = draw_valid(self, self.priorities, batch_size, self._prune)
         weights = self.priorities.weights(rows, self.beta)
         self.batches_drawn += 1
-        if self.cer:
-            newest = self.newest_row()
-            if newest is not None:
-                rows[-1] = newest
-                weights[-1] = 1.0
-        return rows, weights
+        return self.with_newest(rows, weights)
 
     def _prune(self, rows: np.ndarray) -> None:
         """Zero start rows whose window is complete yet invalid: they never become valid."""
