@@ -74,8 +74,7 @@ def stream(url: str, batches: int, batch_size: int, workers: int) -> tuple[float
 
 
 def make_sampler(store: es.Store) -> es.Sampler:
-    per = getattr(es, "PrioritizedSampler", None)
-    return per(store, alpha=0.6, beta=0.4) if per else es.UniformSampler(store)
+    return es.PrioritizedSampler(store, alpha=0.6, beta=0.4)
 
 
 def main() -> None:
@@ -103,7 +102,7 @@ def main() -> None:
         ("bytes on disk / transition", f"{on_disk / max(transitions, 1):,.0f} B"),
         ("raw stacked obs+next_obs / transition", f"{raw:,} B "
                                                   f"({raw * transitions / on_disk:,.0f}x more)"),
-        ("sampler", type(make_sampler(store)).__name__),
+        ("sampler", "PrioritizedSampler (alpha 0.6, beta 0.4)"),
         ("DataLoader", f"{a.workers} workers, batch {a.batch_size}"),
         ("batches/s", f"{rate:,.0f} ({rate * a.batch_size:,.0f} transitions/s)"),
         ("stale rows replaced", f"{stats['stale_replaced']:.0f}"),
