@@ -102,9 +102,11 @@ def main() -> None:
                      "no checksum": f"{b:,.0f}", "crc32c / none": f"{a / b:.3f}"})
     print(markdown_table(rows))
     save_json("checksum", {"args": vars(args), "runs": runs, "medians": med})
+    cfg = spec_for_frames().fields["obs"].resolved_codec()
+    codec = f"{cfg.get('name')}-{cfg.get('cname', '')}-{cfg.get('clevel', cfg.get('level'))}"
     body = (markdown_table(rows) + f"\n\nMedians of {args.repeats} interleaved repeats "
-            f"({args.seconds:.0f} s each for reads), {args.n:,} {args.game} frames, warm page "
-            "cache, one process, lz4hc-5 frames. The checksum adds 4 bytes per inner chunk "
+            f"({args.seconds:g} s each for reads), {args.n:,} {args.game} frames, warm page "
+            f"cache, one process, frames coded {codec}. The checksum adds 4 bytes per inner chunk "
             "and one crc32c per chunk read (hardware crc32c, ~1 µs per frame).")
     write_section("Checksum cost", body, command=command_line())
 

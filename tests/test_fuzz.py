@@ -31,7 +31,7 @@ K = 3  # frame stack
 SPEC = es.Spec.create(obs=es.Field((2,), np.int16, stack=K),
                       action=es.Field((), np.int64, low=0, high=3),
                       extras={"tag": es.Field((), np.int32)})
-MAX_EXAMPLES = int(os.environ.get("EXPSTORE_FUZZ_EXAMPLES", "60"))
+MAX_EXAMPLES = int(os.environ.get("EXPSTORE_FUZZ_EXAMPLES", "120"))
 STEPS = int(os.environ.get("EXPSTORE_FUZZ_STEPS", "40"))
 STATS = {"examples": 0, "rules": 0, "steps": 0, "rows_checked": 0, "samples_checked": 0}
 

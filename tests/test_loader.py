@@ -141,14 +141,21 @@ def test_worker_crash_surfaces_as_error(tmp_path):
     next(it)
     workers = multiprocessing.active_children()
     assert len(workers) >= 2
-    # torch's SIGCHLD handler raises as soon as a worker dies: kill inside the raises block
-    with pytest.raises(RuntimeError, match="worker .* killed|exited unexpectedly"):
+    # torch's SIGCHLD handler raises as soon as a worker dies, or the next read finds the
+    # connection reset: kill inside the raises block, and expect either error
+    with pytest.raises((RuntimeError, ConnectionError)) as err:
         for w in workers:
             os.kill(w.pid, signal.SIGKILL)
         for _ in range(20):
             next(it)
-    it.close()
-    loader.close()  # shuts the dead workers' iterator down and unregisters their pids
+    assert isinstance(err.value, ConnectionError) or "worker" in str(err.value)
+    for _ in range(3):  # shut the dead workers' iterator down, unregistering their pids
+        try:
+            it.close()
+            loader.close()
+            break
+        except (RuntimeError, ConnectionError):
+            continue
     del it, loader
     gc.collect()
 
