@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${EXPSTORE_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-"$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" 2>&1 \
+"$PY" -m pip install -q --disable-pip-version-check "${TORCH_PIN:-torch==2.13.0}" -e ".[test]" 2>&1 \
   | grep -v "^WARNING: Location" || true
 "$PY" -c "import torch, zarr, expstore; print('torch', torch.__version__, 'zarr', zarr.__version__)"
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

@@ -30,6 +30,7 @@ from .base import NotEnoughData, Sampler
 from .plan import stack_rows
 from .priorities import BetaSchedule, PriorityIndex, to_numpy
 from .prioritized import draw_valid
+from .uniform import uniform_rows
 
 
 @dataclass
@@ -207,21 +208,11 @@ class SequenceSampler(Sampler):
     def draw(self, n: int) -> tuple[np.ndarray, None]:
         """``n`` uniform start-position rows (rejection over uniform intact rows)."""
         idx = self.index
-        present = idx.present(self.guard, self.committed_only)
-        total = int(present.sum())
-        if total == 0:
-            raise NotEnoughData(f"the store holds no sampleable rows yet "
-                                f"(rows={len(self.store)}, guard={self.guard})")
-        bounds = np.cumsum(present)
-        lo = idx.lower_bound(self.guard)
         out: list[np.ndarray] = []
         got = 0
         for _ in range(64):
             m = int(min(1.25 * (n - got) / max(self._accept_rate, 1e-3) + 64, 1 << 20))
-            k = self.rng.integers(0, total, size=m)
-            lane = np.searchsorted(bounds, k, side="right")
-            steps = lo[lane] + k - (bounds[lane] - present[lane])
-            rows = lane * idx.lane_capacity + steps % idx.lane_capacity
+            rows = uniform_rows(self, m)
             ok = self.is_start(rows) & ((idx.flags[rows] & NO_ANCHOR) == 0)
             self._accept_rate = 0.8 * self._accept_rate + 0.2 * max(ok.mean(), 1e-4)
             out.append(rows[ok])
