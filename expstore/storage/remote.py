@@ -188,6 +188,19 @@ class FsspecBackend(Backend):
         return StorageError(f"{self.url}/{key}: {what} failed {tried}: "
                             f"{type(exc).__name__}: {exc}")
 
+    def _backoff(self, what: str, key: str, exc: Exception, attempt: int, t0: float) -> float:
+        """Seconds to wait before retrying after ``exc``; raises when it must not be retried."""
+        if is_precondition(exc):
+            raise PreconditionFailed(key) from exc
+        if not is_transient(exc):
+            raise self._fail(what, key, exc, None, t0) from exc
+        wait = self.retry.delay(attempt)
+        if attempt >= self.retry.attempts or \
+                time.monotonic() - t0 + wait > self.retry.deadline:
+            raise self._fail(what, key, exc, attempt, t0) from exc
+        self.requests["retried"] += 1
+        return wait
+
     def _retry(self, what: str, key: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with retries; FileNotFoundError/PreconditionFailed pass through."""
         t0 = time.monotonic()
@@ -199,16 +212,7 @@ class FsspecBackend(Backend):
             except (FileNotFoundError, PreconditionFailed, ObjectChanged):
                 raise
             except Exception as e:
-                if is_precondition(e):
-                    raise PreconditionFailed(key) from e
-                if not is_transient(e):
-                    raise self._fail(what, key, e, None, t0) from e
-                wait = self.retry.delay(attempt)
-                if attempt >= self.retry.attempts or \
-                        time.monotonic() - t0 + wait > self.retry.deadline:
-                    raise self._fail(what, key, e, attempt, t0) from e
-                self.requests["retried"] += 1
-                time.sleep(wait)
+                time.sleep(self._backoff(what, key, e, attempt, t0))
 
     async def _aretry(self, what: str, key: str,
                       fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -221,16 +225,7 @@ class FsspecBackend(Backend):
             except (FileNotFoundError, PreconditionFailed):
                 raise
             except Exception as e:
-                if is_precondition(e):
-                    raise PreconditionFailed(key) from e
-                if not is_transient(e):
-                    raise self._fail(what, key, e, None, t0) from e
-                wait = self.retry.delay(attempt)
-                if attempt >= self.retry.attempts or \
-                        time.monotonic() - t0 + wait > self.retry.deadline:
-                    raise self._fail(what, key, e, attempt, t0) from e
-                self.requests["retried"] += 1
-                await asyncio.sleep(wait)
+                await asyncio.sleep(self._backoff(what, key, e, attempt, t0))
 
     def _sync(self, coro_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         from fsspec.asyn import sync
