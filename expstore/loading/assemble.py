@@ -8,6 +8,8 @@ out, by a copy of a delivered sample) and counted in ``stale``. Nothing stale is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -26,12 +28,43 @@ class StaleBatchError(ExpstoreError):
     """Every sample of a batch was overwritten before it could be read."""
 
 
+#: ``alloc({key: (shape, dtype)}) -> {key: empty array}``: where a batch is written
+Allocator = Callable[[dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
+
+
+def numpy_alloc(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
+    return {k: np.empty(shape, dtype) for k, (shape, dtype) in specs.items()}
+
+
+@dataclass
+class Gathered:
+    """A column left as ``values[index]`` until the batch's samples are chosen, so frame
+    stacks are gathered once, straight into the batch's memory. ``zero``: positions
+    (same shape as ``index``) to zero-fill (padding before an episode's start)."""
+
+    values: np.ndarray  # (U, *shape) distinct rows
+    index: np.ndarray  # (N, ...) positions in values per sample
+    zero: np.ndarray | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.index.shape[1:]) + tuple(self.values.shape[1:])
+
+    def take(self, sel: np.ndarray | slice, out: np.ndarray) -> None:
+        np.take(self.values, self.index[sel], axis=0, out=out)
+        if self.zero is not None:
+            zero = self.zero[sel]
+            if zero.any():
+                out[zero] = 0
+
+
 def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
-                 steps: np.ndarray, split: int | None = None):
+                 steps: np.ndarray, split: int | None = None, lazy: bool = False):
     """Read each distinct row once; return values and ok, both aligned to ``rows``.
 
     Within one plan a row maps to one step (plans come from one index state). With
-    ``split=k`` the values come back as two contiguous arrays: columns ``:k`` and ``k:``.
+    ``split=k`` the values come back as two arrays: columns ``:k`` and ``k:``; with
+    ``lazy`` as :class:`Gathered` columns (gathered when the batch is written).
     """
     f = layout.fields[name]
     flat_r, flat_s = rows.ravel(), steps.ravel()
@@ -40,25 +73,38 @@ def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     good = source.read(name, uniq, flat_s[first], buf)[inv].reshape(rows.shape)
     inv = inv.reshape(rows.shape)
     if split is None:
-        return buf[inv], good
+        return (Gathered(buf, inv) if lazy else buf[inv]), good
+    if lazy:
+        return Gathered(buf, inv[:, :split]), Gathered(buf, inv[:, split:]), good
     return buf[inv[:, :split]], buf[inv[:, split:]], good
 
 
-def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
+def assemble(plan: ReadPlan, layout: Layout, source: RowSource,
+             alloc: Allocator = numpy_alloc) -> tuple[dict, int]:
     """Batch dict of numpy arrays for ``plan`` and the number of stale samples replaced.
 
-    Plans of other shapes (sequences, hindsight relabeling) carry their own ``assemble``
-    method, which is called instead.
+    ``alloc`` gives the arrays the batch is written into (a DataLoader worker passes views
+    of one shared-memory buffer). Plans of other shapes (sequences, hindsight relabeling)
+    carry their own ``assemble`` method, which is called instead and copied into ``alloc``.
     """
     own = getattr(plan, "assemble", None)
     if own is not None:
-        return own(layout, source)
-    return _finish(plan, *read_columns(plan, layout, source))
+        batch, stale = own(layout, source)
+        if alloc is numpy_alloc:
+            return batch, stale
+        out = alloc({k: (v.shape, v.dtype) for k, v in batch.items()})
+        for k, v in batch.items():
+            out[k][...] = v
+        return out, stale
+    return _finish(plan, *read_columns(plan, layout, source, lazy=True), alloc=alloc)
 
 
-def read_columns(plan: ReadPlan, layout: Layout,
-                 source: RowSource) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Every column of every sample of ``plan`` (spares included) and which are intact."""
+def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
+                 lazy: bool = False) -> tuple[dict[str, np.ndarray | Gathered], np.ndarray]:
+    """Every column of every sample of ``plan`` (spares included) and which are intact.
+
+    ``lazy``: observation columns come back as :class:`Gathered` (see :func:`_finish`).
+    """
     spec = layout.spec
     n_all = len(plan.rows)
     ok = np.ones(n_all, bool)
@@ -70,13 +116,19 @@ def read_columns(plan: ReadPlan, layout: Layout,
         cols = slice(K - k, K)
         rows = np.concatenate([plan.obs_rows[:, cols], plan.next_rows[:, cols]], axis=1)
         steps = np.concatenate([plan.obs_steps[:, cols], plan.next_steps[:, cols]], axis=1)
-        obs, nxt, good = _read_unique(source, layout, name, rows, steps, split=k)
+        obs, nxt, good = _read_unique(source, layout, name, rows, steps, split=k, lazy=lazy)
         ok &= good.all(axis=1)
         if f.padding == "zero" and f.stack:
-            obs[plan.obs_pad[:, cols]] = 0
-            nxt[plan.next_pad[:, cols]] = 0
+            if lazy:
+                obs.zero, nxt.zero = plan.obs_pad[:, cols], plan.next_pad[:, cols]
+            else:
+                obs[plan.obs_pad[:, cols]] = 0
+                nxt[plan.next_pad[:, cols]] = 0
         if not f.stack:
-            obs, nxt = obs[:, 0], nxt[:, 0]
+            if lazy:
+                obs.index, nxt.index = obs.index[:, 0], nxt.index[:, 0]
+            else:
+                obs, nxt = obs[:, 0], nxt[:, 0]
         suffix = name[3:]
         out["obs" + suffix] = obs
         out["next_obs" + suffix] = nxt
@@ -121,7 +173,13 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
                                plan.gamma ** plan.horizon.astype(np.float64)).astype(np.float32)
 
 
-def _finish(plan: ReadPlan, out: dict, ok: np.ndarray) -> tuple[dict, int]:
+def _finish(plan: ReadPlan, out: dict, ok: np.ndarray,
+            alloc: Allocator | None = None) -> tuple[dict, int]:
+    """The batch: the first ``B`` intact samples (spares stand in for stale ones).
+
+    Without ``alloc``, columns are returned as slices (views when nothing was stale);
+    with it, every column is written once into the arrays it gives.
+    """
     B = plan.batch_size
     good = np.flatnonzero(ok)
     stale = int((~ok[:B]).sum())
@@ -132,8 +190,17 @@ def _finish(plan: ReadPlan, out: dict, ok: np.ndarray) -> tuple[dict, int]:
     if len(chosen) < B:  # spares ran out: repeat delivered samples
         chosen = np.resize(chosen, B)
     sel = chosen if stale else slice(0, B)  # no stale sample: the first B, as views
-    batch = {k: v[sel] for k, v in out.items()}
-    batch["index"] = plan.rows[sel]
-    batch["step_id"] = plan.steps[sel]
-    batch["weight"] = plan.weight[sel]
+    out = {**out, "index": plan.rows, "step_id": plan.steps, "weight": plan.weight}
+    if alloc is None and not any(isinstance(v, Gathered) for v in out.values()):
+        return {k: v[sel] for k, v in out.items()}, stale
+    specs = {k: ((B, *v.sample_shape), v.values.dtype) if isinstance(v, Gathered)
+             else ((B, *v.shape[1:]), v.dtype) for k, v in out.items()}
+    batch = (alloc or numpy_alloc)(specs)
+    if not stale:
+        sel = np.arange(B)
+    for k, v in out.items():
+        if isinstance(v, Gathered):
+            v.take(sel, batch[k])
+        else:
+            np.take(v, sel, axis=0, out=batch[k])
     return batch, stale

@@ -4,7 +4,9 @@
 ``batch_sampler`` is an expstore sampler. Each item the sampler yields is a read plan
 (``sampling.plan``): rows and the lane steps expected there. A worker executes the whole
 plan in one ``__getitems__`` call against storage only (no index, no IPC back), checks every
-row's step, replaces overwritten samples with spares, and returns torch tensors.
+row's step, replaces overwritten samples with spares, and writes the whole batch into one
+shared-memory buffer: frame stacks are gathered straight into it, and it crosses to the
+main process as a single storage (one file descriptor), where the fields become views.
 
 Priority updates (``sampler.update_priorities``) happen in the main process and affect the
 next plan drawn; batches already planned are at most ``prefetch_factor * num_workers`` behind.
@@ -24,10 +26,13 @@ from torch.utils.data import DataLoader
 from ..sampling.base import Sampler
 from ..sampling.plan import ReadPlan
 from ..storage.layout import Layout
-from .assemble import StaleBatchError, assemble
+from .assemble import StaleBatchError, assemble, numpy_alloc
+from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
+_STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
+               "read_seconds", "cache_hits", "cache_misses", "stale_replaced")
 
 
 @dataclass
@@ -63,18 +68,23 @@ class StoreDataset(torch.utils.data.Dataset):
     """Picklable reader of a store: opens it read-only, lazily, once per worker process."""
 
     def __init__(self, url: str, layout: Layout, storage_options: dict | None = None,
-                 cache_bytes: int = 256 << 20, local_source: Any = None) -> None:
+                 cache_bytes: int = 256 << 20, local_source: Any = None,
+                 pack: bool = False, n_slots: int = 8) -> None:
         self.url = url
         self.layout = layout
         self.storage_options = storage_options
         self.cache_bytes = cache_bytes
+        self.pack = pack  # write batches into shared slots (worker processes, see transport)
+        self.n_slots = n_slots
+        self.token = int.from_bytes(os.urandom(6), "little")
+        self._writer: SlotWriter | None = None
         self._local_source = local_source  # num_workers=0: read staged rows too
         self._reader = None
         self._pid = -1
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
-        d["_reader"], d["_local_source"], d["_pid"] = None, None, -1
+        d["_reader"], d["_local_source"], d["_pid"], d["_writer"] = None, None, -1, None
         return d
 
     def _source(self) -> Any:
@@ -98,22 +108,44 @@ class StoreDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, plans: list[ReadPlan]) -> dict[str, Any]:
         (plan,) = plans
+        return self.read(plan, self.pack)
+
+    def read(self, plan: ReadPlan, pack: bool) -> Any:
+        """One batch: a dict of tensors, or (``pack``) a :class:`transport.Message`."""
         source = self._source()
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
         t0 = _now()
+        if pack:
+            writer = self._slots()
+            held: dict[str, np.ndarray] = {}
+
+            def alloc(specs: dict) -> dict[str, np.ndarray]:
+                arrays = writer({**specs, _STATS_KEY: ((len(_STAT_NAMES),), np.float64)})
+                held["stats"] = arrays.pop(_STATS_KEY)
+                return arrays
+        else:
+            alloc = numpy_alloc
         try:
-            batch, stale = assemble(plan, self.layout, source)
+            batch, stale = assemble(plan, self.layout, source, alloc)
         except StaleBatchError:  # every sample overwritten: the main process plans anew
-            batch, stale = {_ALL_STALE: np.ones(1)}, len(plan.rows) - plan.spare
+            batch, stale = alloc({_ALL_STALE: ((1,), np.dtype(np.float64))}), \
+                len(plan.rows) - plan.spare
+        after = _snapshot(stats)
+        counts = [1, *(a - b for a, b in zip(after[:4], before[:4])), _now() - t0,
+                  after[4] - before[4], after[5] - before[5], stale]
+        if pack:
+            held["stats"][:] = counts
+            return writer.message()
         out: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(v))
                                for k, v in batch.items()}
-        after = _snapshot(stats)
-        out[_STATS_KEY] = torch.tensor([
-            1, after[0] - before[0], after[1] - before[1], after[2] - before[2],
-            after[3] - before[3], _now() - t0, after[4] - before[4], after[5] - before[5],
-            stale], dtype=torch.float64)
+        out[_STATS_KEY] = torch.tensor(counts, dtype=torch.float64)
         return out
+
+    def _slots(self) -> SlotWriter:
+        if self._writer is None or self._writer.key[1] != os.getpid():
+            self._writer = SlotWriter(self.token, self.n_slots)
+        return self._writer
 
 
 def _now() -> float:
@@ -143,12 +175,13 @@ class StoreLoader(DataLoader):
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
         self._iterator = None
+        forget_worker(self.dataset.token)
 
     def _replan(self, attempts: int = 8) -> dict[str, torch.Tensor]:
         """A whole batch was overwritten in flight (the writer lapped the guard band):
         plan again and read it here, in the main process."""
         for _ in range(attempts):
-            out = self.dataset.__getitems__([self.batch_sampler.plan()])
+            out = self.dataset.read(self.batch_sampler.plan(), pack=False)
             s = out.pop(_STATS_KEY).tolist()
             self.stats.stale_replaced += s[-1]
             if _ALL_STALE not in out:
@@ -163,16 +196,25 @@ class StoreLoader(DataLoader):
         self.stats = LoaderStats()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        names = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
-                 "read_seconds", "cache_hits", "cache_misses", "stale_replaced")
-        for batch in super().__iter__():
-            s = batch.pop(_STATS_KEY).tolist()
-            self.stats.add(dict(zip(names, s)))
-            if _ALL_STALE in batch:
+        device = self.device if self.device is not None and self.device.type != "cpu" else None
+        for message in super().__iter__():
+            if isinstance(message, Message):
+                batch, host = open_message(message, device, host=(_STATS_KEY, _ALL_STALE))
+                s = host[_STATS_KEY].tolist()
+            else:
+                batch = message
+                s = batch.pop(_STATS_KEY).tolist()
+                if device is not None:
+                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            self.stats.add(dict(zip(_STAT_NAMES, s)))
+            if _ALL_STALE in batch or (isinstance(message, Message) and _ALL_STALE in host):
                 batch = self._replan()
-            if self.device is not None and self.device.type != "cpu":
-                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                if device is not None:
+                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             yield batch
+
+    def __del__(self) -> None:
+        forget_worker(self.dataset.token)
 
 
 def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32,
@@ -206,7 +248,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     elif guard is not None:
         sampler.guard = guard
     local = store._source if num_workers == 0 else None
-    dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local)
+    dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
+                           pack=num_workers > 0, n_slots=prefetch_factor + 4)
     kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
                                   timeout=timeout)
     if num_workers > 0:

@@ -10,6 +10,13 @@ When a caller passes the lane steps it expects, a cached version that does not h
 is re-opened once; rows still missing were overwritten meanwhile and are reported as
 stale instead of being returned. Inner chunks holding many rows (scalar fields) are
 decoded once and kept in a small LRU cache bounded in bytes.
+
+On local stores a batch path runs first (:meth:`ShardReader._read_batch`): cached shard
+versions are mirrored as arrays (:class:`~expstore.storage.table.ShardTable`), so checking a
+batch's rows and finding their bytes takes a few numpy operations, and the C kernel
+(``_kernels.decode_pread``) reads and decodes all frames of a batch in one call without the
+GIL. Rows it cannot serve (shard not cached, or not yet trusted for that step, or any
+read error) go through the general path above, which re-opens, re-checks and reports.
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ from ..errors import StoreCorruptError
 from .backend import Backend, Handle, ObjectChanged
 from .layout import Layout
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
+from .table import RowCache, ShardTable
+
+try:  # the C batch decoder (setup.py builds it; optional)
+    from . import _kernels
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _kernels = None
 
 
 @dataclass
@@ -43,10 +56,16 @@ class ReadStats:
 
 
 class ShardReader:
-    """Reads rows of any field; one per process (handles are not shareable)."""
+    """Reads rows of any field; one per process (handles are not shareable).
+
+    ``chunk_cache_bytes``: decoded multi-row chunks (LRU); ``row_cache_bytes``: decoded
+    single-row chunks (frames), split over the fields stored that way; ``values_budget``:
+    decoded multi-row shards held for the batch path, per field (bytes each).
+    """
 
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
-                 chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0) -> None:
+                 chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
+                 values_budget: int = 256 << 20) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -54,12 +73,19 @@ class ShardReader:
         self.chunk_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self.chunk_cache_bytes = chunk_cache_bytes
         self._cached_bytes = 0
-        #: decoded single-row chunks (frames) by (field, row, step); 0 bytes = off
-        self.row_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
-        self.row_cache_bytes = row_cache_bytes
-        self._row_bytes = 0
         self.decoders = {n: decoder(layout.fields[n].resolved_codec(), layout.checksum)
                          for n in layout.fields}
+        #: decoded single-row chunks (frames) per field, keyed by (row, step); 0 bytes = off
+        self.row_caches = self._row_caches(row_cache_bytes)
+        #: per-field arrays mirroring ``heads`` for the batch path (local stores only)
+        self.tables: dict[str, ShardTable] = {}
+        if backend.is_local and backend.pins_versions:
+            n_shards = layout.capacity // layout.shard_rows
+            for n, f in layout.fields.items():
+                self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
+                                            f.shape, f.dtype, values_budget)
+        self.kernel_ok = {n: _kernels is not None and self._kernel_codec(n)
+                          for n in layout.fields}
         self.stats = ReadStats()
         # Callers only ask for committed steps, so a lane's largest step asked for so far
         # (+1) is a committed count. A shard version opened after that count was committed
@@ -71,19 +97,47 @@ class ShardReader:
         self._opened: dict[tuple[str, int], tuple[int, int]] = {}
         self._tokens = 0
 
+    def _row_caches(self, budget: int) -> dict[str, RowCache]:
+        per_row = {n: f for n, f in self.layout.fields.items() if self.layout.chunk_rows(n) == 1}
+        sizes = {n: f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+                 for n, f in per_row.items()}
+        total = sum(sizes.values()) or 1
+        return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
+
+    def _kernel_codec(self, name: str) -> bool:
+        """Whether the C kernel decodes ``name``'s chunks (blosc with LZ4 or LZ4HC)."""
+        cfg = self.layout.fields[name].resolved_codec()
+        return cfg.get("name", "blosc") == "blosc" and cfg.get("cname", "lz4") in ("lz4", "lz4hc")
+
+    def _put_head(self, name: str, shard: int, handle: Handle, head: ShardHead,
+                  values: np.ndarray | None = None) -> None:
+        self.heads[(name, shard)] = (handle, head)
+        table = self.tables.get(name)
+        if table is not None:
+            table.bind(shard, handle, head, self._opened[(name, shard)][1], values)
+
+    def _pop_head(self, name: str, shard: int) -> tuple[Handle, ShardHead] | None:
+        entry = self.heads.pop((name, shard), None)
+        table = self.tables.get(name)
+        if table is not None:
+            table.unbind(shard)
+        return entry
+
     def close(self) -> None:
         for h, _ in self.heads.values():
             self.backend.close_object(h)
         self.heads.clear()
+        for table in self.tables.values():
+            table.clear()
         self.chunk_cache.clear()
         self._cached_bytes = 0
-        self.row_cache.clear()
-        self._row_bytes = 0
+        for cache in self.row_caches.values():
+            cache.clear()
 
     def forget(self, shard: int) -> None:
         """Drop cached versions of ``shard`` (all fields), e.g. after this process wrote it."""
         for name in self.layout.fields:
-            entry = self.heads.pop((name, shard), None)
+            entry = self._pop_head(name, shard)
             if entry is not None:
                 self.backend.close_object(entry[0])
 
@@ -108,7 +162,7 @@ class ShardReader:
         size = self._head_request(name)
         opened: list[tuple[int, Handle]] = []
         for shard in shards:
-            old = self.heads.pop((name, shard), None)
+            old = self._pop_head(name, shard)
             if old is not None:
                 self.backend.close_object(old[0])
                 self.stats.reopened += 1
@@ -131,49 +185,61 @@ class ShardReader:
                 self.backend.close_object(h)
                 bad = e
                 continue
-            self.heads[(name, shard)] = (h, head)
             self._tokens += 1
             lane = shard // self.layout.shards_per_lane
             self._opened[(name, shard)] = (self._tokens, int(self.known[lane]))
+            values = None
             if len(raw) > index_size(n_chunks) + HEADER_SIZE:
-                self._prefill(name, shard, head, raw)
+                values = self._prefill(name, shard, head, raw)
+            self._put_head(name, shard, h, head, values)
         while len(self.heads) > self.max_open:
-            _, (old_h, _) = self.heads.popitem(last=False)
+            old_name, old_shard = next(iter(self.heads))
+            old_h, _ = self._pop_head(old_name, old_shard)
             self.backend.close_object(old_h)
         if bad is not None:
             raise bad
 
     def _head_request(self, name: str) -> int:
-        """Bytes to fetch when opening a shard of ``name``: header + index; on remote
-        stores, for fields stored in multi-row chunks whose whole shard is small (at most
-        256 KiB raw), the whole object, so header and data cost one round trip."""
+        """Bytes to fetch when opening a shard of ``name``: header + index; for fields
+        stored in multi-row chunks whose whole shard is small (at most 256 KiB raw), the
+        whole object, so header and data cost one request and the batch path can keep
+        the decoded shard."""
         n_chunks = self.layout.chunks_per_shard(name)
         size = index_size(n_chunks) + HEADER_SIZE
-        if self.backend.is_local or self.layout.chunk_rows(name) == 1:
+        if self.layout.chunk_rows(name) == 1:
             return size
         f = self.layout.fields[name]
         raw = self.layout.shard_rows * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
         bound = raw + 64 * (n_chunks + 1)  # codec frame overhead per chunk
         return size + bound if raw <= 256 << 10 else size
 
-    def _prefill(self, name: str, shard: int, head: ShardHead, raw: bytes) -> None:
-        """Decode the chunks a shard-opening read already brought into the chunk cache."""
+    def _prefill(self, name: str, shard: int, head: ShardHead, raw: bytes) -> np.ndarray | None:
+        """Decode the chunks a shard-opening read already brought into the chunk cache.
+
+        Returns the whole shard's decoded rows when every chunk holding its ``n_rows``
+        rows came with the read and decoded (for the batch path), else ``None``.
+        """
         f = self.layout.fields[name]
         R = self.layout.chunk_rows(name)
         token = self._opened[(name, shard)][0]
+        shard_values = np.zeros((self.layout.shard_rows, *f.shape), f.dtype)
+        complete = True
         for c in range(len(head.offsets)):
             off, n = int(head.offsets[c]), int(head.nbytes[c])
             if head.offsets[c] == EMPTY or off + n > len(raw):
+                complete &= c * R >= head.n_rows
                 continue
-            arr = np.empty((R, *f.shape), f.dtype)
+            arr = shard_values[c * R : (c + 1) * R]
             try:
                 self.decoders[name](raw[off : off + n], arr.reshape(-1).view(np.uint8))
             except Exception:
+                complete = False
                 continue  # the normal read path fetches it again and reports errors
             self._cache_put((name, shard, c, head.first_step, head.n_rows, token), arr)
+        return shard_values if complete else None
 
     def _drop(self, name: str, shard: int) -> None:
-        entry = self.heads.pop((name, shard), None)
+        entry = self._pop_head(name, shard)
         if entry is not None:
             self.backend.close_object(entry[0])
 
@@ -188,13 +254,80 @@ class ShardReader:
         headers on stores that cannot pin versions) is re-opened and read again; a shard
         that keeps changing has its rows reported as not delivered.
         """
-        L = self.layout
-        S = L.shard_rows
-        R = L.chunk_rows(name)
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
         if not len(rows):
             return np.zeros(0, bool)
+        table = self.tables.get(name)
+        if table is None:
+            return self._read_general(name, rows, steps, out)
+        done = self._read_batch(name, table, rows, steps, out)
+        if done.all():
+            return done
+        rest = np.flatnonzero(~done)
+        part = np.empty((len(rest), *out.shape[1:]), out.dtype)
+        ok = done.copy()
+        ok[rest] = self._read_general(name, rows[rest], steps[rest], part)
+        out[rest] = part
+        return ok
+
+    def _read_batch(self, name: str, table: ShardTable, rows: np.ndarray, steps: np.ndarray,
+                    out: np.ndarray) -> np.ndarray:
+        """Serve rows whose shard versions are cached and trusted, with array operations
+        and one kernel call; a mask of rows served (the rest take the general path)."""
+        S = self.layout.shard_rows
+        shards = rows // S
+        slots = rows - shards * S
+        lanes = shards // self.layout.shards_per_lane
+        if self.layout.lanes == 1:
+            self.known[0] = max(int(self.known[0]), int(steps.max()) + 1)
+        else:
+            np.maximum.at(self.known, lanes, steps + 1)
+        ready = table.ready(shards, slots, steps)
+        if not table.per_row:
+            if ready.any():
+                out[ready] = table.values[table.slot[shards[ready]], slots[ready]]
+                self.stats.chunk_cache_hits += int(ready.sum())
+            self.stats.rows += int(ready.sum())
+            return ready
+        flat = out.reshape(len(out), -1).view(np.uint8)
+        done = np.zeros(len(rows), bool)
+        cache = self.row_caches.get(name)
+        if cache:
+            done = cache.lookup(rows, steps, flat)
+            hits = int(done.sum())
+            self.stats.row_cache_hits += hits
+            self.stats.row_cache_misses += len(rows) - hits
+        if not self.kernel_ok[name]:
+            self.stats.rows += int(done.sum())
+            return done
+        todo = np.flatnonzero(ready & ~done)
+        if len(todo):
+            slot = table.slot[shards[todo]]
+            sizes = table.sizes[slot, slots[todo]]
+            todo, slot, sizes = todo[sizes >= 0], slot[sizes >= 0], sizes[sizes >= 0]
+            starts = table.starts[slot, slots[todo]]
+            status, bad, nbytes = _kernels.decode_pread(
+                table.fd[shards[todo]], starts, sizes, todo, flat, flat.shape[1],
+                self.layout.checksum)
+            if status == _kernels.STATUS_UNSUPPORTED:
+                self.kernel_ok[name] = False
+            served = todo if status == _kernels.STATUS_OK else todo[:bad]
+            done[served] = True
+            self.stats.requests += len(served)
+            self.stats.chunks += len(served)
+            self.stats.bytes += int(nbytes)
+            if cache:
+                cache.insert(rows[served], steps[served], flat[served])
+        self.stats.rows += int(done.sum())
+        return done
+
+    def _read_general(self, name: str, rows: np.ndarray, steps: np.ndarray,
+                      out: np.ndarray) -> np.ndarray:
+        """Any backend, any state of the caches: locate, (re)open, read, re-check."""
+        L = self.layout
+        S = L.shard_rows
+        R = L.chunk_rows(name)
         shards = rows // S
         slots = rows - shards * S
         order = np.argsort(shards, kind="stable")
@@ -306,51 +439,56 @@ class ShardReader:
         for key in [k for k in self.chunk_cache if k[0] == name and k[1] == shard
                     and k[3] == head.first_step and k[4] == head.n_rows]:
             self._cached_bytes -= self.chunk_cache.pop(key).nbytes
-        if self.row_cache:
-            for r, st in zip(rows.tolist(), steps.tolist()):
-                arr = self.row_cache.pop((name, r, st), None)
-                if arr is not None:
-                    self._row_bytes -= arr.nbytes
+        cache = self.row_caches.get(name)
+        if cache:
+            cache.forget(rows, steps)
 
     def _read_single(self, name, groups, rows, steps, slots, out) -> None:
-        cache = self.row_cache if self.row_cache_bytes else None
+        cache = self.row_caches.get(name)
+        flat = out.reshape(len(out), -1).view(np.uint8)
+        hit = cache.lookup(rows, steps, flat) if cache else np.zeros(len(rows), bool)
         reqs: list[tuple[Handle, int, int]] = []
         targets: list[tuple[int, int]] = []
         for shard, h, head, sel in groups:
-            sl = slots[sel]
-            offs = head.offsets[sl]
+            need = sel[~hit[sel]]
+            self.stats.row_cache_hits += len(sel) - len(need)
+            self.stats.row_cache_misses += len(need)
+            offs = head.offsets[slots[need]]
             if (offs == EMPTY).any():
                 raise StoreCorruptError(f"{self.backend.url}/{self.layout.shard_key(name, shard)}"
                                         ": a row its header counts has no chunk")
-            ends = offs + head.nbytes[sl]
-            for i, o, e in zip(sel.tolist(), offs.tolist(), ends.tolist()):
-                if cache is not None:
-                    key = (name, int(rows[i]), int(steps[i]))
-                    hit = cache.get(key)
-                    if hit is not None:
-                        cache.move_to_end(key)
-                        out[i] = hit
-                        self.stats.row_cache_hits += 1
-                        continue
-                    self.stats.row_cache_misses += 1
-                reqs.append((h, o, e))
-                targets.append((i, shard))
+            ends = offs + head.nbytes[slots[need]]
+            reqs.extend(zip([h] * len(need), offs.tolist(), ends.tolist()))
+            targets.extend((i, shard) for i in need.tolist())
+        if not reqs:
+            return
         blobs = self.backend.read_ranges(reqs)
         self.stats.requests += len(reqs)
         self.stats.chunks += len(reqs)
-        flat = out.reshape(len(out), -1).view(np.uint8)
-        decode_into = self.decoders[name]
-        try:
-            for (i, _), blob in zip(targets, blobs):
-                decode_into(blob, flat[i])
-        except Exception as e:  # numcodecs raises RuntimeError/ValueError variants
-            bad = self._first_bad(name, targets, blobs, flat)
-            raise StoreCorruptError(f"{self.backend.url}/{self.layout.shard_key(name, bad)}: "
-                                    f"a chunk does not decode ({e})") from e
+        dst = np.fromiter((i for i, _ in targets), np.int64, len(targets))
+        if not self._decode_kernel(name, blobs, dst, flat):
+            decode_into = self.decoders[name]
+            try:
+                for (i, _), blob in zip(targets, blobs):
+                    decode_into(blob, flat[i])
+            except Exception as e:  # numcodecs raises RuntimeError/ValueError variants
+                bad = self._first_bad(name, targets, blobs, flat)
+                raise StoreCorruptError(f"{self.backend.url}/"
+                                        f"{self.layout.shard_key(name, bad)}: "
+                                        f"a chunk does not decode ({e})") from e
         self.stats.bytes += sum(len(b) for b in blobs)
-        if cache is not None:
-            for i, _ in targets:
-                self._row_put((name, int(rows[i]), int(steps[i])), out[i].copy())
+        if cache:
+            cache.insert(rows[dst], steps[dst], flat[dst])
+
+    def _decode_kernel(self, name: str, blobs: list, dst: np.ndarray, flat: np.ndarray) -> bool:
+        """Decode ``blobs`` into rows ``dst`` of ``flat`` with the C kernel; False when it
+        cannot (no kernel, another codec, or a chunk fails: the caller's loop reports it)."""
+        if not self.kernel_ok[name]:
+            return False
+        status, _ = _kernels.decode_blobs(blobs, dst, flat, flat.shape[1], self.layout.checksum)
+        if status == _kernels.STATUS_UNSUPPORTED:
+            self.kernel_ok[name] = False
+        return status == _kernels.STATUS_OK
 
     def _first_bad(self, name, targets, blobs, flat) -> int:
         decode_into = self.decoders[name]
@@ -361,24 +499,24 @@ class ShardReader:
                 return shard
         return targets[0][1]
 
-    def _row_put(self, key: tuple, arr: np.ndarray) -> None:
-        self.row_cache[key] = arr
-        self._row_bytes += arr.nbytes
-        while self._row_bytes > self.row_cache_bytes and self.row_cache:
-            _, old = self.row_cache.popitem(last=False)
-            self._row_bytes -= old.nbytes
-
     def _read_grouped(self, name, groups, slots, R, out) -> None:
         f = self.layout.fields[name]
         uses = []
         pending: dict[tuple, tuple[Handle, int, int, int]] = {}
+        got: dict[tuple, np.ndarray] = {}  # held here: reads below may evict cache entries
         for shard, h, head, sel in groups:
             chunk_of = slots[sel] // R
             for c in np.unique(chunk_of).tolist():
                 key = (name, shard, c, head.first_step, head.n_rows,
                        self._opened[(name, shard)][0])
                 uses.append((key, c, sel[chunk_of == c]))
-                if key in self.chunk_cache or key in pending:
+                if key in got or key in pending:
+                    continue
+                hit = self.chunk_cache.get(key)
+                if hit is not None:
+                    self.chunk_cache.move_to_end(key)
+                    self.stats.chunk_cache_hits += 1
+                    got[key] = hit
                     continue
                 if head.offsets[c] == EMPTY:
                     raise StoreCorruptError(f"{self.backend.url}/"
@@ -386,7 +524,6 @@ class ShardReader:
                                             f"chunk {c} is missing")
                 off, n = int(head.offsets[c]), int(head.nbytes[c])
                 pending[key] = (h, off, off + n, shard)
-        got: dict[tuple, np.ndarray] = {}
         if pending:
             blobs = self.backend.read_ranges([v[:3] for v in pending.values()])
             self.stats.requests += len(pending)
@@ -404,12 +541,7 @@ class ShardReader:
                 got[key] = arr
                 self._cache_put(key, arr)
         for key, c, pick in uses:
-            arr = got.get(key)
-            if arr is None:
-                arr = self.chunk_cache[key]
-                self.chunk_cache.move_to_end(key)
-                self.stats.chunk_cache_hits += 1
-            out[pick] = arr[slots[pick] - c * R]
+            out[pick] = got[key][slots[pick] - c * R]
 
     def _cache_put(self, key: tuple, arr: np.ndarray) -> None:
         self.chunk_cache[key] = arr

@@ -1,0 +1,157 @@
+"""Vectorized lookups for the batch read path: no Python per row or per shard.
+
+:class:`ShardTable` mirrors, as flat numpy arrays indexed by shard, what a
+:class:`~expstore.storage.reader.ShardReader` holds for one field: the version of each
+cached shard (first step, rows, the committed count it is trusted for, its file
+descriptor), and per shard either the byte range of every inner chunk (fields stored one
+row per chunk: frames) or the decoded values of the whole shard (fields stored many rows
+per chunk: scalars, small vectors). Checking which rows of a batch a cached version
+holds, and finding their bytes or values, is then a handful of array operations.
+
+:class:`RowCache` keeps decoded rows of one field, direct-mapped by row: a lookup is an
+array comparison, an insert an array assignment. Entries are keyed by (row, lane step),
+and only rows read through a trusted version are inserted, so a hit is always the data
+the writer committed for that step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .shard import EMPTY, ShardHead
+
+
+class ShardTable:
+    """Cached shard versions of one field, as arrays over shards (see module docstring).
+
+    ``values_budget``: bytes of decoded values kept for multi-row-chunk fields; beyond it
+    a random slot is evicted (its rows then take the general path until re-opened).
+    """
+
+    def __init__(self, n_shards: int, shard_rows: int, chunk_rows: int, shape: tuple,
+                 dtype: np.dtype, values_budget: int) -> None:
+        self.shard_rows = shard_rows
+        self.chunk_rows = chunk_rows
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.first = np.full(n_shards, -1, np.int64)  # first lane step, -1: none cached
+        self.n_rows = np.zeros(n_shards, np.int64)
+        self.trusted = np.zeros(n_shards, np.int64)  # serves steps below this count
+        self.fd = np.full(n_shards, -1, np.int32)
+        self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
+        self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
+        n_chunks = shard_rows // chunk_rows
+        if chunk_rows == 1:
+            self.starts = np.zeros((0, n_chunks), np.int64)
+            self.sizes = np.zeros((0, n_chunks), np.int64)
+            self.max_slots = n_shards
+        else:
+            self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
+            per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
+            self.max_slots = int(min(n_shards, max(1, values_budget // per_slot)))
+        self._rng = np.random.default_rng(0)
+
+    @property
+    def per_row(self) -> bool:
+        """Whether each inner chunk holds one row (its bytes are read and decoded per row)."""
+        return self.chunk_rows == 1
+
+    def bind(self, shard: int, fd: int, head: ShardHead, trusted: int,
+             values: np.ndarray | None = None) -> None:
+        """Record the version of ``shard`` just cached (``values``: its decoded rows)."""
+        self.unbind(shard)
+        if not self.per_row and values is None:
+            return  # rows of this shard take the general path (chunk cache)
+        s = self._take_slot(shard)
+        self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
+        self.trusted[shard], self.fd[shard] = trusted, fd
+        if self.per_row:
+            empty = head.offsets == EMPTY
+            self.starts[s] = np.where(empty, 0, head.offsets).astype(np.int64)
+            self.sizes[s] = np.where(empty, -1, head.nbytes).astype(np.int64)
+        else:
+            self.values[s] = values
+
+    def unbind(self, shard: int) -> None:
+        s = int(self.slot[shard])
+        if s >= 0:
+            self.owner[s] = -1
+        self.slot[shard] = -1
+        self.first[shard] = -1
+        self.fd[shard] = -1
+
+    def clear(self) -> None:
+        for shard in np.flatnonzero(self.slot >= 0).tolist():
+            self.unbind(shard)
+
+    def _take_slot(self, shard: int) -> int:
+        free = np.flatnonzero(self.owner < 0)
+        if len(free):
+            s = int(free[0])
+        elif len(self.owner) < self.max_slots:
+            s = len(self.owner)
+            self._grow(min(self.max_slots, max(8, 2 * len(self.owner))))
+        else:  # full: evict a random slot (no per-access bookkeeping needed)
+            s = int(self._rng.integers(len(self.owner)))
+            self.unbind(int(self.owner[s]))
+        self.owner[s] = shard
+        self.slot[shard] = s
+        return s
+
+    def _grow(self, n: int) -> None:
+        old = len(self.owner)
+        self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
+        if self.per_row:
+            pad = ((0, n - old), (0, 0))
+            self.starts = np.pad(self.starts, pad)
+            self.sizes = np.pad(self.sizes, pad, constant_values=-1)
+        else:
+            grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
+            grown[:old] = self.values
+            self.values = grown
+
+    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Rows the cached versions hold and are trusted for (step < trusted count)."""
+        first = self.first[shards]
+        ok = (first >= 0) & (first + slots == steps) & (slots < self.n_rows[shards])
+        ok &= steps < self.trusted[shards]
+        ok &= self.slot[shards] >= 0
+        return ok
+
+
+class RowCache:
+    """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes."""
+
+    def __init__(self, row_bytes: int, budget: int) -> None:
+        self.n = max(0, budget // max(1, row_bytes))
+        self.row = np.full(self.n, -1, np.int64)
+        self.step = np.full(self.n, -1, np.int64)
+        self.data = np.zeros((self.n, row_bytes), np.uint8) if self.n else None
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def lookup(self, rows: np.ndarray, steps: np.ndarray, flat_out: np.ndarray) -> np.ndarray:
+        """Copy cached rows into ``flat_out`` (``(len(rows), row_bytes)`` uint8); hit mask."""
+        at = rows % self.n
+        hit = (self.row[at] == rows) & (self.step[at] == steps)
+        if hit.any():
+            flat_out[hit] = self.data[at[hit]]
+        return hit
+
+    def insert(self, rows: np.ndarray, steps: np.ndarray, flat_rows: np.ndarray) -> None:
+        """Keep decoded ``flat_rows`` (one per row) for (row, step)."""
+        if not len(rows):
+            return
+        at, first = np.unique(rows % self.n, return_index=True)
+        self.row[at] = rows[first]
+        self.step[at] = steps[first]
+        self.data[at] = flat_rows[first]
+
+    def forget(self, rows: np.ndarray, steps: np.ndarray) -> None:
+        at = rows % self.n
+        drop = (self.row[at] == rows) & (self.step[at] == steps)
+        self.row[at[drop]] = -1
+
+    def clear(self) -> None:
+        self.row[:] = -1
