@@ -48,6 +48,9 @@ class LoaderStats:
     cache_hits: int = 0
     cache_misses: int = 0
     stale_replaced: int = 0
+    #: shared-memory buffers workers had to create (slots filled or grown at the start,
+    #: later only when the consumer still holds every slot's batch; see ``transport``)
+    new_buffers: int = 0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -56,7 +59,9 @@ class LoaderStats:
 
     def add(self, d: dict[str, float]) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + type(getattr(self, f.name))(d[f.name]))
+            if f.name in d:
+                old = getattr(self, f.name)
+                setattr(self, f.name, old + type(old)(d[f.name]))
 
     def as_dict(self) -> dict[str, float]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -199,6 +204,7 @@ class StoreLoader(DataLoader):
         device = self.device if self.device is not None and self.device.type != "cpu" else None
         for message in super().__iter__():
             if isinstance(message, Message):
+                self.stats.new_buffers += message.buffer is not None
                 batch, host = open_message(message, device, host=(_STATS_KEY, _ALL_STALE))
                 s = host[_STATS_KEY].tolist()
             else:

@@ -293,8 +293,8 @@ class ShardReader:
         flat = out.reshape(len(out), -1).view(np.uint8)
         done = np.zeros(len(rows), bool)
         cache = self.row_caches.get(name)
-        if cache:
-            done = cache.lookup(rows, steps, flat)
+        if cache:  # only rows the current version still holds (else: stale, as uncached)
+            done = cache.lookup(rows, steps, flat) & ready
             hits = int(done.sum())
             self.stats.row_cache_hits += hits
             self.stats.row_cache_misses += len(rows) - hits

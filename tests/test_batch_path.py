@@ -1,0 +1,239 @@
+"""The batch read path (shard tables, row cache, C kernel) and the shared-slot transport.
+
+The batch path must return exactly what the general path returns, never serve a row
+from a cache once it was overwritten, and fall back for what it cannot do. Batches from
+loader workers arrive through reusable shared slots: a slot is reused only once nothing
+the consumer holds refers to it.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import expstore as es
+from expstore.storage.backend import backend_for
+from expstore.storage.reader import ShardReader
+
+from test_loader import decode_frame
+
+FRAME = (32, 32)  # 1 KiB: stored one row per inner chunk, like Atari frames
+
+
+def frame(lane: int, step: int) -> np.ndarray:
+    a = np.zeros(FRAME, np.uint8)
+    a[0, :4] = np.frombuffer(np.int32(step).tobytes(), np.uint8)
+    a[1, 0] = lane
+    a[2:, :] = step % 7  # compressible, and different per step
+    return a
+
+
+def make_store(path, capacity=256, lanes=1, shard_rows=16):
+    spec = es.Spec.create(obs=es.Field(FRAME, np.uint8, stack=4), action=es.Field((), np.int64),
+                          extras={"step": es.Field((), np.int64)})
+    store = es.create(path, spec, capacity=capacity, lanes=lanes, shard_rows=shard_rows)
+    assert store.layout.chunk_rows("obs") == 1
+    return store
+
+
+def write(store, lane, start, n, episode_len=37):
+    step = int(store.index.count[lane])
+    for t in range(start, start + n):
+        end = (t + 1) % episode_len == 0
+        store.add(frame(lane, step), t % 5, float(step), frame(lane, step + 1), end, False,
+                  lane=lane, step=step)
+        step += 2 if end else 1
+
+
+def check_batch(batch) -> None:
+    steps = batch["step_id"].numpy()
+    assert np.array_equal(batch["step"].numpy(), steps)
+    obs = batch["obs"].numpy()
+    for i, s in enumerate(steps):
+        assert decode_frame(obs[i, -1])[1] == s
+        assert (obs[i, -1, 2:] == s % 7).all()
+
+
+def _readers(store, **kw):
+    backend = backend_for(store.url)
+    fast = ShardReader(backend, store.layout, row_cache_bytes=1 << 20, **kw)
+    general = ShardReader(backend, store.layout, row_cache_bytes=0, **kw)
+    general.tables = {}  # the general path only
+    return fast, general
+
+
+def _committed(store):
+    idx = store.index
+    lanes = np.repeat(np.arange(store.lanes), idx.lane_capacity)
+    rows = np.arange(store.capacity)
+    steps = idx.steps(rows)
+    return rows, steps, lanes
+
+
+def test_batch_path_matches_general_path(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=256, lanes=2, shard_rows=16)
+    for lane in (0, 1):
+        write(store, lane, 0, 300 + 50 * lane)  # both lanes wrap
+    store.flush()
+    fast, general = _readers(store)
+    rows, steps, _ = _committed(store)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        pick = rng.choice(len(rows), 40, replace=False)
+        for name in ("obs", "action", "reward", "step"):
+            f = store.layout.fields[name]
+            a = np.zeros((40, *f.shape), f.dtype)
+            b = np.zeros((40, *f.shape), f.dtype)
+            ok_a = fast.read(name, rows[pick], steps[pick], a)
+            ok_b = general.read(name, rows[pick], steps[pick], b)
+            assert np.array_equal(ok_a, ok_b)
+            assert np.array_equal(a[ok_a], b[ok_b])
+    # the second pass was served by the batch path: frames from the kernel or the cache
+    assert fast.stats.row_cache_hits > 0 and fast.stats.requests > 0
+    wrong = steps[:8] + 1  # steps a row does not hold are never delivered
+    out = np.zeros((8, *FRAME), np.uint8)
+    assert not fast.read("obs", rows[:8], wrong, out).any()
+    store.close()
+
+
+def test_overwritten_rows_are_never_served_from_cache(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=64, shard_rows=16)
+    write(store, 0, 0, 60)
+    store.flush()
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=1 << 20)
+    rows, old_steps, _ = _committed(store)
+    keep = (old_steps >= 0) & (old_steps < store.index.count[0])
+    rows, old_steps = rows[keep], old_steps[keep]
+    out = np.zeros((len(rows), *FRAME), np.uint8)
+    assert reader.read("obs", rows, old_steps, out).all()  # now in the row cache
+    write(store, 0, 60, 64)  # one whole lap: every row now holds a newer step
+    store.flush()
+    new_steps = store.index.steps(rows)
+    assert (new_steps > old_steps).all()
+    fresh = np.zeros_like(out)
+    assert reader.read("obs", rows, new_steps, fresh).all()  # re-opens the new versions
+    for i in range(len(rows)):
+        assert decode_frame(fresh[i])[1] == new_steps[i]
+    # the cache still holds the old frames under their old steps, but the versions the
+    # reader now holds do not: asked for the old steps, nothing is delivered
+    again = np.zeros_like(out)
+    assert not reader.read("obs", rows, old_steps, again).any()
+    store.close()
+
+
+def test_codec_the_kernel_does_not_decode_falls_back(tmp_path) -> None:
+    spec = es.Spec.create(obs=es.Field(FRAME, np.uint8, stack=2,
+                                       codec={"name": "zstd", "level": 1}),
+                          action=es.Field((), np.int64))
+    store = es.create(tmp_path / "z.zarr", spec, capacity=64, shard_rows=16)
+    frames = np.stack([frame(0, i) for i in range(40)])
+    store.extend(dict(obs=frames[:-1], action=np.zeros(39, np.int64),
+                      reward=np.zeros(39, np.float32), terminated=np.zeros(39, bool),
+                      truncated=np.zeros(39, bool), next_obs=frames[1:]))
+    store.flush()
+    reader = ShardReader(backend_for(store.url), store.layout)
+    assert not reader.kernel_ok["obs"]
+    out = np.zeros((39, *FRAME), np.uint8)
+    assert reader.read("obs", np.arange(39), np.arange(39), out).all()
+    assert np.array_equal(out, frames[:-1])
+    store.close()
+
+
+def test_corrupt_frame_through_the_batch_path_names_the_shard(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=64, shard_rows=16)
+    write(store, 0, 0, 40)
+    store.flush()
+    reader = ShardReader(backend_for(store.url), store.layout)
+    rows, steps, _ = _committed(store)
+    out = np.zeros((16, *FRAME), np.uint8)
+    assert reader.read("obs", rows[:16], steps[:16], out).all()  # shard 0 is now cached
+    key = store.layout.shard_key("obs", 0)
+    path = tmp_path / "s.zarr" / key
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # a bit flip in the last chunk, rewritten in place (same inode)
+    with open(path, "r+b") as fh:
+        fh.write(bytes(data))
+    with pytest.raises(es.StoreCorruptError, match=key.replace("/", ".")):
+        reader.read("obs", rows[:16], steps[:16], out)
+    store.close()
+
+
+def _loader(store, **kw):
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("prefetch_factor", 2)
+    return es.make_loader(store, batch_size=16, multiprocessing_context="fork", **kw)
+
+
+def test_slots_are_reused_once_batches_are_dropped(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store)
+    it = iter(loader)
+    for _ in range(200):
+        check_batch(next(it))
+    # each worker fills its prefetch_factor + 4 slots once, then reuses them
+    assert loader.stats.new_buffers <= 2 * (2 + 4)
+    assert loader.stats.batches == 200
+    del it
+    loader.close()
+    store.close()
+
+
+def test_batches_held_by_the_consumer_are_never_overwritten(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store)
+    it = iter(loader)
+    held = []
+    for _ in range(40):  # more batches than all slots of both workers together
+        b = next(it)
+        held.append((b, {k: v.clone() for k, v in b.items()}))
+    views = [b["obs"][:4] for b, _ in held[:5]]  # views of views keep the slot too
+    for b, _ in held[:5]:
+        b.clear()
+    for _ in range(60):
+        next(it)
+    for b, copy in held[5:]:
+        for k, v in b.items():
+            assert torch.equal(v, copy[k]), k
+    for v, (_, copy) in zip(views, held[:5]):
+        assert torch.equal(v, copy["obs"][:4])
+    assert loader.stats.new_buffers > 2 * (2 + 4)  # held slots forced one-off buffers
+    held.clear()
+    views.clear()
+    gc.collect()
+    for _ in range(2 * 2):  # batches already in flight were written to one-off buffers
+        next(it)
+    before = loader.stats.new_buffers
+    for _ in range(100):
+        next(it)
+    assert loader.stats.new_buffers == before  # released slots are used again
+    del it
+    loader.close()
+    store.close()
+
+
+def test_iterator_dropped_with_batches_in_flight_frees_their_slots(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store, persistent_workers=True)
+    for _ in range(5):  # each new iterator drains what the old one had prefetched
+        it = iter(loader)
+        for _ in range(3):
+            check_batch(next(it))
+        del it
+        gc.collect()
+    it = iter(loader)
+    before = loader.stats.new_buffers
+    for _ in range(100):
+        check_batch(next(it))
+    assert loader.stats.new_buffers == before
+    del it
+    loader.close()
+    store.close()
