@@ -143,7 +143,7 @@ def main() -> None:
     grad_steps = priority_rows = 0
     wait_s = compute_s = env_s = flush_s = 0.0
     returns: deque[float] = deque(maxlen=10)
-    episodes, ep_return, solved, mean10 = 0, 0.0, False, float("nan")
+    episodes, ep_return, solved, mean10 = 0, 0.0, False, None
     obs, _ = env.reset(seed=args.seed)
     t_start = time.perf_counter()
     last_log = (t_start, 0, 0)
@@ -201,7 +201,8 @@ def main() -> None:
             if step % args.log_every == 0:
                 now = time.perf_counter()
                 t_prev, s_prev, g_prev = last_log
-                print(f"step {step:>7,}  episodes {episodes:>4}  mean10 {mean10:6.1f}  "
+                mean = "   n/a" if mean10 is None else f"{mean10:6.1f}"
+                print(f"step {step:>7,}  episodes {episodes:>4}  mean10 {mean}  "
                       f"eps {epsilon(step, args):.3f}  SPS {(step - s_prev) / (now - t_prev):6.0f}"
                       f"  grad/s {(grad_steps - g_prev) / (now - t_prev):5.0f}  learner wait "
                       f"{100 * wait_s / max(wait_s + compute_s, 1e-9):4.1f}%", flush=True)

@@ -164,7 +164,25 @@ def test_corrupt_frame_through_the_batch_path_names_the_shard(tmp_path) -> None:
 def _loader(store, **kw):
     kw.setdefault("num_workers", 2)
     kw.setdefault("prefetch_factor", 2)
+    kw.setdefault("batches_per_message", 1)
     return es.make_loader(store, batch_size=16, multiprocessing_context="fork", **kw)
+
+
+def test_batches_grouped_per_message_count_and_check(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store, batches_per_message=4, num_batches=10)
+    assert len(loader) == 10
+    batches = list(loader)  # 4 + 4 + 2 batches in three messages
+    assert len(batches) == 10 and loader.stats.batches == 10
+    for b in batches:
+        check_batch(b)
+        assert b["obs"].shape == (16, 4, *FRAME)
+    # each batch is its own draw: no two batches are the same sample set
+    assert len({tuple(b["index"].tolist()) for b in batches}) == 10
+    loader.close()
+    store.close()
 
 
 def test_slots_are_reused_once_batches_are_dropped(tmp_path) -> None:

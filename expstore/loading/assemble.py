@@ -28,12 +28,14 @@ class StaleBatchError(ExpstoreError):
     """Every sample of a batch was overwritten before it could be read."""
 
 
-#: ``alloc({key: (shape, dtype)}) -> {key: empty array}``: where a batch is written
-Allocator = Callable[[dict[str, tuple[tuple[int, ...], np.dtype]]], dict[str, np.ndarray]]
+Specs = dict[str, tuple[tuple[int, ...], np.dtype]]  # field -> (shape, dtype) of a batch
+#: ``alloc([specs of batch 0, specs of batch 1, ...]) -> [{field: empty array}, ...]``:
+#: where batches are written, all of a plan's batches in one call
+Allocator = Callable[[list[Specs]], list[dict[str, np.ndarray]]]
 
 
-def numpy_alloc(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
-    return {k: np.empty(shape, dtype) for k, (shape, dtype) in specs.items()}
+def numpy_alloc(specs: list[Specs]) -> list[dict[str, np.ndarray]]:
+    return [{k: np.empty(shape, dtype) for k, (shape, dtype) in d.items()} for d in specs]
 
 
 @dataclass
@@ -62,15 +64,17 @@ def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
                  steps: np.ndarray, split: int | None = None, lazy: bool = False):
     """Read each distinct row once; return values and ok, both aligned to ``rows``.
 
-    Within one plan a row maps to one step (plans come from one index state). With
+    "Distinct" is per (row, step): batches planned at different times, read together,
+    may expect a row to hold different steps (the writer moved on in between). With
     ``split=k`` the values come back as two arrays: columns ``:k`` and ``k:``; with
     ``lazy`` as :class:`Gathered` columns (gathered when the batch is written).
     """
     f = layout.fields[name]
     flat_r, flat_s = rows.ravel(), steps.ravel()
-    uniq, first, inv = np.unique(flat_r, return_index=True, return_inverse=True)
+    key = flat_s * layout.lanes + flat_r // layout.lane_capacity  # (lane, step) <-> (row, step)
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
     buf = np.empty((len(uniq), *f.shape), f.dtype)
-    good = source.read(name, uniq, flat_s[first], buf)[inv].reshape(rows.shape)
+    good = source.read(name, flat_r[first], flat_s[first], buf)[inv].reshape(rows.shape)
     inv = inv.reshape(rows.shape)
     if split is None:
         return (Gathered(buf, inv) if lazy else buf[inv]), good
@@ -79,24 +83,40 @@ def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     return buf[inv[:, :split]], buf[inv[:, split:]], good
 
 
-def assemble(plan: ReadPlan, layout: Layout, source: RowSource,
-             alloc: Allocator = numpy_alloc) -> tuple[dict, int]:
+def assemble(plan: ReadPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
     """Batch dict of numpy arrays for ``plan`` and the number of stale samples replaced.
 
-    ``alloc`` gives the arrays the batch is written into (a DataLoader worker passes views
-    of one shared-memory buffer). Plans of other shapes (sequences, hindsight relabeling)
-    carry their own ``assemble`` method, which is called instead and copied into ``alloc``.
+    Plans of other shapes (sequences, hindsight relabeling) carry their own ``assemble``
+    method, which is called instead.
     """
     own = getattr(plan, "assemble", None)
     if own is not None:
+        return own(layout, source)
+    ((batch, stale),) = assemble_batches(plan, layout, source)
+    if batch is None:
+        raise StaleBatchError("every sampled row was overwritten before it was read; "
+                              "increase the sampler's guard band")
+    return batch, stale
+
+
+def assemble_batches(plan: ReadPlan, layout: Layout, source: RowSource,
+                     alloc: Allocator = numpy_alloc) -> list[tuple[dict | None, int]]:
+    """``(batch, stale)`` for each of ``plan.batches`` batches, all read together and
+    written into the arrays of one ``alloc`` call (a DataLoader worker passes views of a
+    shared-memory slot). A batch every sample of which was overwritten is ``None``.
+    """
+    own = getattr(plan, "assemble", None)
+    if own is None:
+        return _finish_many(plan, *read_columns(plan, layout, source, lazy=True), alloc)
+    try:
         batch, stale = own(layout, source)
-        if alloc is numpy_alloc:
-            return batch, stale
-        out = alloc({k: (v.shape, v.dtype) for k, v in batch.items()})
-        for k, v in batch.items():
-            out[k][...] = v
-        return out, stale
-    return _finish(plan, *read_columns(plan, layout, source, lazy=True), alloc=alloc)
+    except StaleBatchError:
+        alloc([{}])
+        return [(None, plan.batch_size)]
+    (out,) = alloc([{k: (v.shape, v.dtype) for k, v in batch.items()}])
+    for k, v in batch.items():
+        out[k][...] = v
+    return [(out, stale)]
 
 
 def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
@@ -173,34 +193,56 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
                                plan.gamma ** plan.horizon.astype(np.float64)).astype(np.float32)
 
 
-def _finish(plan: ReadPlan, out: dict, ok: np.ndarray,
-            alloc: Allocator | None = None) -> tuple[dict, int]:
-    """The batch: the first ``B`` intact samples (spares stand in for stale ones).
-
-    Without ``alloc``, columns are returned as slices (views when nothing was stale);
-    with it, every column is written once into the arrays it gives.
-    """
-    B = plan.batch_size
+def _choose(ok: np.ndarray, B: int) -> tuple[np.ndarray | None, int]:
+    """The first ``B`` intact samples (spares stand in for stale ones) and the stale count."""
     good = np.flatnonzero(ok)
     stale = int((~ok[:B]).sum())
     if len(good) == 0:
-        raise StaleBatchError("every sampled row was overwritten before it was read; "
-                              "increase the sampler's guard band")
+        return None, stale
     chosen = good[:B]
     if len(chosen) < B:  # spares ran out: repeat delivered samples
         chosen = np.resize(chosen, B)
-    sel = chosen if stale else slice(0, B)  # no stale sample: the first B, as views
+    return chosen, stale
+
+
+def _finish(plan: ReadPlan, out: dict, ok: np.ndarray) -> tuple[dict, int]:
+    """One batch of numpy columns (views when nothing was stale) and its stale count."""
+    sel, stale = _choose(ok, plan.batch_size)
+    if sel is None:
+        raise StaleBatchError("every sampled row was overwritten before it was read; "
+                              "increase the sampler's guard band")
+    if not stale:
+        sel = slice(0, plan.batch_size)
+    batch = {k: v[sel] for k, v in out.items()}
+    batch["index"] = plan.rows[sel]
+    batch["step_id"] = plan.steps[sel]
+    batch["weight"] = plan.weight[sel]
+    return batch, stale
+
+
+def _finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
+                 alloc: Allocator) -> list[tuple[dict | None, int]]:
+    """Every batch of ``plan``: columns (frame stacks gathered here) written once into
+    the arrays of one ``alloc`` call."""
+    per = len(plan.rows) // plan.batches
+    B = per - plan.spare
     out = {**out, "index": plan.rows, "step_id": plan.steps, "weight": plan.weight}
-    if alloc is None and not any(isinstance(v, Gathered) for v in out.values()):
-        return {k: v[sel] for k, v in out.items()}, stale
     specs = {k: ((B, *v.sample_shape), v.values.dtype) if isinstance(v, Gathered)
              else ((B, *v.shape[1:]), v.dtype) for k, v in out.items()}
-    batch = (alloc or numpy_alloc)(specs)
-    if not stale:
-        sel = np.arange(B)
-    for k, v in out.items():
-        if isinstance(v, Gathered):
-            v.take(sel, batch[k])
-        else:
-            np.take(v, sel, axis=0, out=batch[k])
-    return batch, stale
+    chosen = []
+    for i in range(plan.batches):
+        sel, stale = _choose(ok[i * per : (i + 1) * per], B)
+        chosen.append((None if sel is None else sel + i * per, stale))
+    arrays = alloc([{} if sel is None else specs for sel, _ in chosen])
+    results: list[tuple[dict | None, int]] = []
+    for (sel, stale), batch in zip(chosen, arrays):
+        if sel is None:
+            results.append((None, stale))
+            continue
+        for k, v in out.items():
+            if isinstance(v, Gathered):
+                v.take(sel, batch[k])
+            else:
+                np.take(v, sel, axis=0, out=batch[k])
+        results.append((batch, stale))
+    return results

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from ..sampling.base import Sampler
 from ..sampling.plan import ReadPlan
 from ..storage.layout import Layout
-from .assemble import StaleBatchError, assemble, numpy_alloc
+from .assemble import StaleBatchError, assemble_batches, numpy_alloc
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
@@ -108,49 +108,83 @@ class StoreDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.layout.capacity
 
-    def __getitem__(self, plan: ReadPlan) -> dict[str, Any]:
+    def __getitem__(self, plan: ReadPlan) -> Any:
         return self.__getitems__([plan])
 
-    def __getitems__(self, plans: list[ReadPlan]) -> dict[str, Any]:
-        (plan,) = plans
-        return self.read(plan, self.pack)
+    def __getitems__(self, plans: list[ReadPlan]) -> Any:
+        return self.read(plans, self.pack)
 
-    def read(self, plan: ReadPlan, pack: bool) -> Any:
-        """One batch: a dict of tensors, or (``pack``) a :class:`transport.Message`."""
+    def read(self, plans: list[ReadPlan], pack: bool) -> Message | LocalBatches:
+        """Every batch of ``plans``; ``pack``: written into a shared slot (a worker)."""
         source = self._source()
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
         t0 = _now()
-        if pack:
-            writer = self._slots()
-            held: dict[str, np.ndarray] = {}
+        n = sum(getattr(p, "batches", 1) for p in plans)
+        host_specs = {_STATS_KEY: ((len(_STAT_NAMES),), np.dtype(np.float64)),
+                      _ALL_STALE: ((n,), np.dtype(bool))}
+        host: dict[str, np.ndarray] = {}
+        writer = self._slots() if pack else None
 
-            def alloc(specs: dict) -> dict[str, np.ndarray]:
-                arrays = writer({**specs, _STATS_KEY: ((len(_STAT_NAMES),), np.float64)})
-                held["stats"] = arrays.pop(_STATS_KEY)
-                return arrays
-        else:
-            alloc = numpy_alloc
-        try:
-            batch, stale = assemble(plan, self.layout, source, alloc)
-        except StaleBatchError:  # every sample overwritten: the main process plans anew
-            batch, stale = alloc({_ALL_STALE: ((1,), np.dtype(np.float64))}), \
-                len(plan.rows) - plan.spare
+        def alloc(specs: list) -> list[dict[str, np.ndarray]]:
+            arrays = writer([*specs, host_specs]) if pack else numpy_alloc([*specs, host_specs])
+            host.update(arrays.pop())
+            return arrays
+
+        if len(plans) == 1:  # one plan of one or more batches: written in place
+            results = assemble_batches(plans[0], self.layout, source, alloc)
+        else:  # plans of their own kind (sequences, ...): assembled, then copied in
+            results = [r for p in plans for r in assemble_batches(p, self.layout, source)]
+            arrays = alloc([{} if b is None else {k: (v.shape, v.dtype) for k, v in b.items()}
+                            for b, _ in results])
+            for (b, _), out in zip(results, arrays):
+                for k, v in (b or {}).items():
+                    out[k][...] = v
+            results = [(None if b is None else out, st) for (b, st), out in zip(results, arrays)]
         after = _snapshot(stats)
-        counts = [1, *(a - b for a, b in zip(after[:4], before[:4])), _now() - t0,
-                  after[4] - before[4], after[5] - before[5], stale]
+        host[_ALL_STALE][:] = [b is None for b, _ in results]
+        host[_STATS_KEY][:] = [len(results), *(a - b for a, b in zip(after[:4], before[:4])),
+                               _now() - t0, after[4] - before[4], after[5] - before[5],
+                               sum(st for _, st in results)]
         if pack:
-            held["stats"][:] = counts
             return writer.message()
-        out: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(v))
-                               for k, v in batch.items()}
-        out[_STATS_KEY] = torch.tensor(counts, dtype=torch.float64)
-        return out
+        return LocalBatches([{k: torch.from_numpy(v) for k, v in b.items()} if b is not None
+                             else {} for b, _ in results], host)
 
     def _slots(self) -> SlotWriter:
         if self._writer is None or self._writer.key[1] != os.getpid():
             self._writer = SlotWriter(self.token, self.n_slots)
         return self._writer
+
+
+@dataclass
+class LocalBatches:
+    """What :meth:`StoreDataset.read` returns without workers: tensors and host counts."""
+
+    batches: list[dict[str, torch.Tensor]]
+    host: dict[str, np.ndarray]
+
+
+class PlanGroups:
+    """The loader's ``batch_sampler``: ``group`` plans of ``sampler`` per DataLoader item,
+    so a worker reads several batches in one call and sends them in one message."""
+
+    def __init__(self, sampler: Sampler, group: int) -> None:
+        self.sampler = sampler
+        self.group = max(1, int(group))
+
+    def __iter__(self) -> Iterator[list[ReadPlan]]:
+        total, done = self.sampler.num_batches, 0
+        while total is None or done < total:
+            k = self.group if total is None else min(self.group, total - done)
+            plans = [self.sampler.plan() for _ in range(k)]
+            if all(type(p) is ReadPlan for p in plans):
+                plans = [ReadPlan.concat(plans)]
+            yield plans
+            done += k
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.group)
 
 
 def _now() -> float:
@@ -186,38 +220,42 @@ class StoreLoader(DataLoader):
         """A whole batch was overwritten in flight (the writer lapped the guard band):
         plan again and read it here, in the main process."""
         for _ in range(attempts):
-            out = self.dataset.read(self.batch_sampler.plan(), pack=False)
-            s = out.pop(_STATS_KEY).tolist()
-            self.stats.stale_replaced += s[-1]
-            if _ALL_STALE not in out:
-                return out
+            got = self.dataset.read([self.plan_sampler.plan()], pack=False)
+            self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
+            if not got.host[_ALL_STALE][0]:
+                return got.batches[0]
         raise StaleBatchError(f"{attempts} fresh batches in a row were overwritten before "
                               "they could be read; the writer outruns the guard band")
 
     def __init__(self, dataset: StoreDataset, sampler: Sampler, device: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(dataset, batch_sampler=sampler, collate_fn=_identity, **kwargs)
+                 group: int = 1, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_sampler=PlanGroups(sampler, group),
+                         collate_fn=_identity, **kwargs)
+        self.plan_sampler = sampler
         self.device = torch.device(device) if device is not None else None
         self.stats = LoaderStats()
+
+    def __len__(self) -> int:
+        return len(self.plan_sampler)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         device = self.device if self.device is not None and self.device.type != "cpu" else None
         for message in super().__iter__():
             if isinstance(message, Message):
                 self.stats.new_buffers += message.buffer is not None
-                batch, host = open_message(message, device, host=(_STATS_KEY, _ALL_STALE))
-                s = host[_STATS_KEY].tolist()
+                batches, host = open_message(message, device)
             else:
-                batch = message
-                s = batch.pop(_STATS_KEY).tolist()
+                batches, host = message.batches, message.host
                 if device is not None:
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            self.stats.add(dict(zip(_STAT_NAMES, s)))
-            if _ALL_STALE in batch or (isinstance(message, Message) and _ALL_STALE in host):
-                batch = self._replan()
-                if device is not None:
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            yield batch
+                    batches = [{k: v.to(device, non_blocking=True) for k, v in b.items()}
+                               for b in batches]
+            self.stats.add(dict(zip(_STAT_NAMES, host[_STATS_KEY].tolist())))
+            for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
+                if all_stale:
+                    batch = self._replan()
+                    if device is not None:
+                        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                yield batch
 
     def __del__(self) -> None:
         forget_worker(self.dataset.token)
@@ -228,7 +266,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                 persistent_workers: bool = True, device: str | None = None,
                 multiprocessing_context: str | None = None, num_batches: int | None = None,
                 guard: int | None = None, spare: int | None = None,
-                cache_bytes: int = 256 << 20, timeout: float = 0) -> StoreLoader:
+                cache_bytes: int = 256 << 20, timeout: float = 0,
+                batches_per_message: int | None = None) -> StoreLoader:
     """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
 
     ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
@@ -237,6 +276,10 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     ``spare`` extra samples per batch (default ``max(2, batch_size // 16)``) replace rows
     overwritten between planning and reading. ``cache_bytes``: per-worker decoded-chunk
     cache. ``device="cuda"`` copies batches with ``non_blocking=True`` (use pin_memory).
+    ``batches_per_message``: batches a worker reads in one call and sends at once (default
+    ``max(1, 128 // batch_size)``: small batches share the per-message cost); priorities
+    reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
+    later.
     """
     if sampler is None:
         from ..sampling.uniform import UniformSampler
@@ -261,4 +304,6 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     if num_workers > 0:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
-    return StoreLoader(dataset, sampler, device=device, **kwargs)
+    group = 1 if num_workers == 0 else (
+        max(1, 128 // batch_size) if batches_per_message is None else batches_per_message)
+    return StoreLoader(dataset, sampler, device=device, group=group, **kwargs)

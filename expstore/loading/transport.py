@@ -33,16 +33,27 @@ def _shared(nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-def _layout(specs: dict[str, tuple[tuple[int, ...], np.dtype]]
-            ) -> tuple[list[tuple[str, str, tuple[int, ...], int, int]], int]:
+Field = tuple[int, str, str, tuple[int, ...], int, int]  # batch, name, dtype, shape, offset, n
+
+
+def _layout(specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
+            ) -> tuple[list[Field], int]:
     fields, total = [], 0
-    for name, (shape, dtype) in specs.items():
-        total = -(-total // _ALIGN) * _ALIGN
-        dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        fields.append((name, dtype.str, tuple(int(x) for x in shape), total, n))
-        total += n
+    for i, batch in enumerate(specs):
+        for name, (shape, dtype) in batch.items():
+            total = -(-total // _ALIGN) * _ALIGN
+            dtype = np.dtype(dtype)
+            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            fields.append((i, name, dtype.str, tuple(int(x) for x in shape), total, n))
+            total += n
     return fields, total
+
+
+def _views(raw: np.ndarray, fields: list[Field], n_batches: int) -> list[dict[str, np.ndarray]]:
+    out: list[dict[str, np.ndarray]] = [{} for _ in range(n_batches)]
+    for i, name, dtype, shape, off, n in fields:
+        out[i][name] = raw[off : off + n].view(dtype).reshape(shape)
+    return out
 
 
 @dataclass
@@ -51,7 +62,8 @@ class Message:
 
     key: tuple[int, int]  # (loader token, worker pid)
     slot: int  # -1: a one-off buffer, carried in ``buffer``
-    fields: tuple  # (name, numpy dtype str, shape, offset, nbytes) per field
+    fields: tuple  # (batch, name, numpy dtype str, shape, offset, nbytes) per field
+    n_batches: int
     nbytes: int
     buffer: torch.Tensor | None = None  # the slot's buffer when new (or grown), or one-off
     control: torch.Tensor | None = None  # the worker's slot table, sent with its first batch
@@ -77,7 +89,7 @@ class Message:
         pinned.copy_(src[: self.nbytes])
         self._opened = True
         _release(self)
-        return Message(self.key, -1, self.fields, self.nbytes, pinned=pinned)
+        return Message(self.key, -1, self.fields, self.n_batches, self.nbytes, pinned=pinned)
 
 
 class SlotWriter:
@@ -91,8 +103,8 @@ class SlotWriter:
         self._state = self.control.numpy()
         self._current: tuple[int, list, int, torch.Tensor | None] | None = None
 
-    def __call__(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]]
-                 ) -> dict[str, np.ndarray]:
+    def __call__(self, specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
+                 ) -> list[dict[str, np.ndarray]]:
         fields, total = _layout(specs)
         free = np.flatnonzero(self._state == FREE)
         new = None
@@ -105,17 +117,15 @@ class SlotWriter:
         else:  # every slot is still held by the consumer: a one-off buffer
             slot, buf = -1, None
             buf = new = _shared(total)
-        self._current = (slot, fields, total, new)
-        raw = buf.numpy()
-        return {name: raw[off : off + n].view(dtype).reshape(shape)
-                for name, dtype, shape, off, n in fields}
+        self._current = (slot, fields, len(specs), total, new)
+        return _views(buf.numpy(), fields, len(specs))
 
     def message(self) -> Message:
-        slot, fields, total, new = self._current
+        slot, fields, n_batches, total, new = self._current
         control = None
         if not self._control_sent:
             control, self._control_sent = self.control, True
-        return Message(self.key, slot, tuple(fields), total, new, control)
+        return Message(self.key, slot, tuple(fields), n_batches, total, new, control)
 
 
 # main process: the slot buffers and tables of every live worker, by Message.key
@@ -146,31 +156,33 @@ def _release(msg: Message) -> None:
             entry["control"][msg.slot] = FREE
 
 
-def open_message(msg: Message, device: torch.device | None = None,
-                 host: tuple[str, ...] = ()) -> tuple[dict[str, torch.Tensor], dict]:
-    """The batch's tensors, and the ``host`` fields as numpy copies.
+def open_message(msg: Message, device: torch.device | None = None
+                 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, np.ndarray]]:
+    """The tensors of each batch but the last, and the last batch's fields as numpy copies
+    (the writer's own bookkeeping, read on the host).
 
     On the CPU the tensors are views of the slot, which is freed once none of them is
-    referenced any more. With ``device``, the whole batch is copied in one transfer
+    referenced any more. With ``device``, the whole message is copied in one transfer
     (``non_blocking``: asynchronous from pinned memory) and the slot freed at once.
     """
     src = _resolve_buffer(msg)
     msg._opened = True
+    last = msg.n_batches - 1
     raw = src.numpy()
-    extra = {}
-    for name, dtype, shape, off, n in msg.fields:
-        if name in host:
-            extra[name] = raw[off : off + n].view(dtype).reshape(shape).copy()
+    host = {name: raw[off : off + n].view(dtype).reshape(shape).copy()
+            for i, name, dtype, shape, off, n in msg.fields if i == last}
     if device is not None:
         src = src[: msg.nbytes].to(device, non_blocking=True)
         _release(msg)  # a pageable source is consumed before ``to`` returns
     elif msg.slot >= 0 and msg.pinned is None:
-        lease = raw[: msg.nbytes]  # one new object per batch, kept alive by the views
+        lease = raw[: msg.nbytes]  # one new object per message, kept alive by the views
         weakref.finalize(lease, _release, msg)
         src = torch.frombuffer(lease, dtype=torch.uint8) if msg.nbytes else src[:0]
-    batch = {name: src[off : off + n].view(_torch_dtype(dtype)).view(shape)
-             for name, dtype, shape, off, n in msg.fields if name not in host}
-    return batch, extra
+    batches: list[dict[str, torch.Tensor]] = [{} for _ in range(last)]
+    for i, name, dtype, shape, off, n in msg.fields:
+        if i < last:
+            batches[i][name] = src[off : off + n].view(_torch_dtype(dtype)).view(shape)
+    return batches, host
 
 
 def forget_worker(token: int) -> None:

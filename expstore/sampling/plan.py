@@ -36,11 +36,24 @@ class ReadPlan:
     horizon: np.ndarray  # (B,) m
     n_step: int
     gamma: float
-    spare: int = 0  # trailing samples that only replace stale ones
+    spare: int = 0  # trailing samples of each batch that only replace stale ones
+    batches: int = 1  # consecutive batches of batch_size + spare samples each
 
     @property
     def batch_size(self) -> int:
-        return len(self.rows) - self.spare
+        return len(self.rows) // self.batches - self.spare
+
+    @classmethod
+    def concat(cls, plans: list[ReadPlan]) -> ReadPlan:
+        """One plan reading several batches at once (same sampler settings)."""
+        if len(plans) == 1:
+            return plans[0]
+        p0 = plans[0]
+        arrays = ("rows", "steps", "weight", "obs_rows", "obs_pad", "obs_steps", "next_rows",
+                  "next_pad", "next_steps", "horizon")
+        cat = {k: np.concatenate([getattr(p, k) for p in plans]) for k in arrays}
+        return cls(**cat, history=p0.history, n_step=p0.n_step, gamma=p0.gamma,
+                   spare=p0.spare, batches=sum(p.batches for p in plans))
 
     def take(self, sel: np.ndarray) -> ReadPlan:
         """Plan restricted to samples ``sel``."""
