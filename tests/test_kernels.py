@@ -138,3 +138,21 @@ def test_argument_errors_are_clear() -> None:
         K.decode_blobs([b"x", b"y"], np.zeros(1, np.int64), out, 8, False)
     with pytest.raises(BufferError):
         K.decode_blobs([b"x"], np.zeros(1, np.int64), b"read-only", 8, False)
+
+
+def test_copy_rows_gathers_and_scatters_with_bounds_checks() -> None:
+    from expstore.storage.kernels import copy_rows
+
+    src = np.arange(5 * 3 * 4, dtype=np.float32).reshape(5, 3, 4)
+    out = np.zeros((4, 3, 4), np.float32)
+    copy_rows(src, np.array([4, 0, 4, 2]), out)  # gather: out[i] = src[rows[i]]
+    assert np.array_equal(out, src[[4, 0, 4, 2]])
+    dst = np.zeros((6, 3, 4), np.float32)
+    copy_rows(src, np.array([1, 3]), dst, np.array([5, 0]))  # scatter into chosen rows
+    assert np.array_equal(dst[5], src[1]) and np.array_equal(dst[0], src[3])
+    assert not dst[1:5].any()
+    with pytest.raises(IndexError):
+        K.copy_rows(src, np.array([5], np.int64), out, None, 48)
+    with pytest.raises(IndexError):
+        K.copy_rows(src, np.array([0], np.int64), out, np.array([4], np.int64), 48)
+    assert not dst[1:5].any()

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ExpstoreError
 from ..sampling.plan import ReadPlan
+from ..storage.kernels import copy_rows
 from ..storage.layout import Layout
 
 
@@ -53,7 +54,8 @@ class Gathered:
         return tuple(self.index.shape[1:]) + tuple(self.values.shape[1:])
 
     def take(self, sel: np.ndarray | slice, out: np.ndarray) -> None:
-        np.take(self.values, self.index[sel], axis=0, out=out)
+        rows = self.index[sel].ravel()
+        copy_rows(self.values, rows, out.reshape(len(rows), *self.values.shape[1:]))
         if self.zero is not None:
             zero = self.zero[sel]
             if zero.any():
@@ -243,6 +245,6 @@ def _finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
             if isinstance(v, Gathered):
                 v.take(sel, batch[k])
             else:
-                np.take(v, sel, axis=0, out=batch[k])
+                copy_rows(v, sel, batch[k])
         results.append((batch, stale))
     return results

@@ -12,7 +12,11 @@
  *   decode_blobs(blobs, dst, out, row_bytes, checksum)
  *       the same for chunks already in memory (remote stores).
  *
- * Both return (status, index): status 0 when every chunk decoded, else the kind of the
+ *   copy_rows(src, src_rows, dst, dst_rows, row_bytes)
+ *       gather/scatter whole rows (frame stacks into a batch) with one memcpy each:
+ *       numpy's take moves 84x84 rows at ~2.5 GB/s here, memcpy at ~7.
+ *
+ * The decoders return (status, index): status 0 when every chunk decoded, else the kind of the
  * first failure and its position. The caller then falls back to the general path, which
  * reports the failure with the object's name. Supported: blosc1 frames (the format zarr's
  * blosc codec writes) holding LZ4 or LZ4HC data, or stored raw (memcpyed), with no or
@@ -364,6 +368,50 @@ done:
     return result;
 }
 
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
+    PyObject *src_o, *src_rows_o, *dst_o, *dst_rows_o;
+    Py_ssize_t row_bytes;
+    if (!PyArg_ParseTuple(args, "OOOOn", &src_o, &src_rows_o, &dst_o, &dst_rows_o, &row_bytes))
+        return NULL;
+    held_buffer src = {0}, sr = {0}, dst = {0}, dr = {0};
+    PyObject *result = NULL;
+    if (take(src_o, &src, 0, 0, "src") || take(src_rows_o, &sr, 8, 0, "src_rows") ||
+        take(dst_o, &dst, 0, 1, "dst"))
+        goto done;
+    int sequential = dst_rows_o == Py_None;
+    if (!sequential && take(dst_rows_o, &dr, 8, 0, "dst_rows")) goto done;
+    Py_ssize_t n = sr.view.len / 8;
+    if (row_bytes <= 0 || (!sequential && dr.view.len / 8 != n)) {
+        PyErr_SetString(PyExc_ValueError, "src_rows and dst_rows must have one entry per "
+                                          "row; row_bytes must be positive");
+        goto done;
+    }
+    const int64_t *si = sr.view.buf, *di = sequential ? NULL : dr.view.buf;
+    Py_ssize_t src_n = src.view.len / row_bytes, dst_n = dst.view.len / row_bytes;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t d = sequential ? i : di[i];
+        if (si[i] < 0 || si[i] >= src_n || d < 0 || d >= dst_n) {
+            PyErr_Format(PyExc_IndexError, "copy_rows: row %zd out of range", i);
+            goto done;
+        }
+    }
+    const uint8_t *s = src.view.buf;
+    uint8_t *o = dst.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(o + (sequential ? i : di[i]) * row_bytes, s + si[i] * row_bytes,
+               (size_t)row_bytes);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&src);
+    release(&sr);
+    release(&dst);
+    release(&dr);
+    return result;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     held_buffer b = {0};
     if (take(arg, &b, 0, 0, "data")) {
@@ -383,6 +431,10 @@ static PyMethodDef methods[] = {
     {"decode_blobs", decode_blobs, METH_VARARGS,
      "decode_blobs(blobs, dst, out, row_bytes, checksum) -> (status, index)\n\nDecode "
      "in-memory chunk i into row dst[i] of out. Runs without the GIL."},
+    {"copy_rows", copy_rows, METH_VARARGS,
+     "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
+     "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
+     "then copied without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
     {NULL, NULL, 0, NULL},
 };

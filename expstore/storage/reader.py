@@ -28,14 +28,10 @@ import numpy as np
 
 from ..errors import StoreCorruptError
 from .backend import Backend, Handle, ObjectChanged
+from .kernels import native as _kernels
 from .layout import Layout
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
 from .table import RowCache, ShardTable
-
-try:  # the C batch decoder (setup.py builds it; optional)
-    from . import _kernels
-except ImportError:  # pragma: no cover - exercised where no compiler was available
-    _kernels = None
 
 
 @dataclass

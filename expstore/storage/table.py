@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels import copy_rows
 from .shard import EMPTY, ShardHead
 
 
@@ -136,7 +137,7 @@ class RowCache:
         at = rows % self.n
         hit = (self.row[at] == rows) & (self.step[at] == steps)
         if hit.any():
-            flat_out[hit] = self.data[at[hit]]
+            copy_rows(self.data, at[hit], flat_out, np.flatnonzero(hit))
         return hit
 
     def insert(self, rows: np.ndarray, steps: np.ndarray, flat_rows: np.ndarray) -> None:
@@ -146,7 +147,7 @@ class RowCache:
         at, first = np.unique(rows % self.n, return_index=True)
         self.row[at] = rows[first]
         self.step[at] = steps[first]
-        self.data[at] = flat_rows[first]
+        copy_rows(flat_rows, first, self.data, at)
 
     def forget(self, rows: np.ndarray, steps: np.ndarray) -> None:
         at = rows % self.n

@@ -1,0 +1,34 @@
+"""The optional C kernels (``_kernels.c``) and their numpy fallbacks.
+
+``native`` is the compiled module, or ``None`` where it was not built (no C compiler at
+install time): everything still works, slower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from . import _kernels as native
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    native = None
+
+
+def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray,
+              dst_rows: np.ndarray | None = None) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` (``dst[i]`` when ``dst_rows`` is None).
+
+    ``src`` and ``dst``: C-contiguous, same row size in bytes (first axis = rows).
+    """
+    src_rows = np.ascontiguousarray(src_rows, np.int64)
+    if native is not None and src.flags.c_contiguous and dst.flags.c_contiguous:
+        row_bytes = src.nbytes // max(len(src), 1)
+        if dst_rows is not None:
+            dst_rows = np.ascontiguousarray(dst_rows, np.int64)
+        if row_bytes and len(dst) and dst.nbytes // len(dst) == row_bytes:
+            native.copy_rows(src, src_rows, dst, dst_rows, row_bytes)
+            return
+    if dst_rows is None:
+        np.take(src, src_rows, axis=0, out=dst)
+    else:
+        dst[dst_rows] = src[src_rows]
