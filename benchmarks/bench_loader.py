@@ -77,9 +77,8 @@ def expstore_rate(case: ExpstoreCase, batch_size: int, seconds: float) -> dict[s
     for _ in range(20):  # workers started, slots and caches filled
         next(it)
     pids = [os.getpid()] + [w.pid for w in loader._iterator._workers]
-    r = _timed(lambda: next(it), (("obs",), ("next_obs",)), seconds, pids)
+    r = _timed(it.__next__, (("obs",), ("next_obs",)), seconds, pids)
     r["cache_hit_rate"] = loader.stats.cache_hit_rate
-    del it
     loader.close()
     return r
 
@@ -89,7 +88,7 @@ def torchrl_rate(case: Any, batch_size: int, seconds: float) -> dict[str, float]
     it = iter(rb)
     for _ in range(5):
         next(it)
-    r = _timed(lambda: next(it), (("observation",), ("next", "observation")), seconds,
+    r = _timed(it.__next__, (("observation",), ("next", "observation")), seconds,
                [os.getpid()])
     getattr(rb, "_prefetch_executor", None) and rb._prefetch_executor.shutdown(wait=True)
     return r

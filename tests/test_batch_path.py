@@ -13,12 +13,11 @@ import gc
 import numpy as np
 import pytest
 import torch
+from test_loader import decode_frame
 
 import expstore as es
 from expstore.storage.backend import backend_for
 from expstore.storage.reader import ShardReader
-
-from test_loader import decode_frame
 
 FRAME = (32, 32)  # 1 KiB: stored one row per inner chunk, like Atari frames
 
@@ -253,5 +252,47 @@ def test_iterator_dropped_with_batches_in_flight_frees_their_slots(tmp_path) -> 
         check_batch(next(it))
     assert loader.stats.new_buffers == before
     del it
+    loader.close()
+    store.close()
+
+
+def _messages(loader, n):
+    """Raw worker messages, as DataLoader's pin-memory thread sees them."""
+    from torch.utils.data import DataLoader
+
+    return [m for _, m in zip(range(n), DataLoader.__iter__(loader))]
+
+
+def test_copied_out_messages_free_their_slot_at_once(tmp_path) -> None:
+    """What ``pin_memory=True`` does per message (the copy is page-locked where CUDA is)."""
+    from expstore.loading.transport import FREE, _workers, open_message
+
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store, batches_per_message=2)
+    msgs = _messages(loader, 6)
+    for m in msgs:
+        slot_table = _workers[m.key]["control"]
+        assert slot_table[m.slot] != FREE
+        copied = m.copy_out(pin=False)
+        assert slot_table[m.slot] == FREE  # released before the batch is even opened
+        batches, host = open_message(copied)
+        assert len(batches) == 2 and host["_expstore_stats"][0] == 2
+        for b in batches:
+            check_batch(b)
+    loader.close()
+    store.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine)")
+def test_pinned_batches_to_the_gpu(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    loader = _loader(store, pin_memory=True, device="cuda", num_batches=20)
+    for b in loader:
+        assert b["obs"].is_cuda
+        check_batch({k: v.cpu() for k, v in b.items()})
     loader.close()
     store.close()

@@ -1,15 +1,18 @@
 """Streaming batches into PyTorch: the sampler in the main process, workers read and decode.
 
-``make_loader`` returns a :class:`StoreLoader`, a real ``torch.utils.data.DataLoader`` whose
-``batch_sampler`` is an expstore sampler. Each item the sampler yields is a read plan
-(``sampling.plan``): rows and the lane steps expected there. A worker executes the whole
-plan in one ``__getitems__`` call against storage only (no index, no IPC back), checks every
-row's step, replaces overwritten samples with spares, and writes the whole batch into one
-shared-memory buffer: frame stacks are gathered straight into it, and it crosses to the
-main process as a single storage (one file descriptor), where the fields become views.
+``make_loader`` returns a :class:`StoreLoader`, a real ``torch.utils.data.DataLoader``.
+Its ``batch_sampler`` (:class:`PlanGroups`) draws read plans from an expstore sampler in
+the main process: rows and the lane steps expected there, a few integers per sample. One
+DataLoader item is ``batches_per_message`` plans (default: about 128 samples' worth), so
+the per-item cost of DataLoader's queues is shared by small batches. A worker executes
+the item in one ``__getitems__`` call against storage only (no index, no IPC back):
+checks every row's step, replaces overwritten samples with spares, and writes the
+batches into one of its shared-memory slots (``transport``): frame stacks are gathered
+straight into the slot, and the main process receives only the slot's number.
 
 Priority updates (``sampler.update_priorities``) happen in the main process and affect the
-next plan drawn; batches already planned are at most ``prefetch_factor * num_workers`` behind.
+next plan drawn; plans already drawn are at most ``num_workers * prefetch_factor *
+batches_per_message`` batches ahead.
 """
 
 from __future__ import annotations

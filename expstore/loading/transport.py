@@ -67,7 +67,7 @@ class Message:
     nbytes: int
     buffer: torch.Tensor | None = None  # the slot's buffer when new (or grown), or one-off
     control: torch.Tensor | None = None  # the worker's slot table, sent with its first batch
-    pinned: torch.Tensor | None = field(default=None, repr=False)
+    pinned: torch.Tensor | None = field(default=None, repr=False)  # copy_out's own buffer
     #: set where a message is unpickled (the main process): a message dropped unopened
     #: (e.g. prefetched when an iterator is shut down) frees its slot
     _received: bool = field(default=False, repr=False, compare=False)
@@ -84,12 +84,17 @@ class Message:
 
     def pin_memory(self, device: Any = None) -> Message:
         """Called by DataLoader's pin-memory thread: copy into pinned memory, free the slot."""
+        return self.copy_out(pin=True)
+
+    def copy_out(self, pin: bool = False) -> Message:
+        """A message holding its own copy of the batches (page-locked with ``pin``); the
+        slot is free again at once."""
         src = _resolve_buffer(self)
-        pinned = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
-        pinned.copy_(src[: self.nbytes])
+        copy = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        copy.copy_(src[: self.nbytes])
         self._opened = True
         _release(self)
-        return Message(self.key, -1, self.fields, self.n_batches, self.nbytes, pinned=pinned)
+        return Message(self.key, -1, self.fields, self.n_batches, self.nbytes, pinned=copy)
 
 
 class SlotWriter:
