@@ -51,17 +51,22 @@ class ReadStats:
     extra: dict = field(default_factory=dict)
 
 
+def _row_bytes(f) -> int:
+    return f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+
+
 class ShardReader:
     """Reads rows of any field; one per process (handles are not shareable).
 
     ``chunk_cache_bytes``: decoded multi-row chunks (LRU); ``row_cache_bytes``: decoded
     single-row chunks (frames), split over the fields stored that way; ``values_budget``:
-    decoded multi-row shards held for the batch path, per field (bytes each).
+    decoded multi-row shards held for the batch path (scalars: 14 B/row for action, reward
+    and flags), split over the fields stored that way.
     """
 
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
-                 values_budget: int = 256 << 20) -> None:
+                 values_budget: int = 128 << 20) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -77,9 +82,12 @@ class ShardReader:
         self.tables: dict[str, ShardTable] = {}
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
+            multi = {n: _row_bytes(f) for n, f in layout.spec.fields.items()  # what batches read
+                     if layout.chunk_rows(n) > 1}
             for n, f in layout.fields.items():
+                budget = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
-                                            f.shape, f.dtype, values_budget)
+                                            f.shape, f.dtype, budget)
         self.kernel_ok = {n: _kernels is not None and self._kernel_codec(n)
                           for n in layout.fields}
         self.stats = ReadStats()
@@ -94,9 +102,8 @@ class ShardReader:
         self._tokens = 0
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
-        per_row = {n: f for n, f in self.layout.fields.items() if self.layout.chunk_rows(n) == 1}
-        sizes = {n: f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
-                 for n, f in per_row.items()}
+        sizes = {n: _row_bytes(f) for n, f in self.layout.fields.items()
+                 if self.layout.chunk_rows(n) == 1}
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
 
