@@ -28,10 +28,10 @@ import numpy as np
 
 from ..errors import StoreCorruptError
 from .backend import Backend, Handle, ObjectChanged
-from .kernels import native as _kernels
+from .kernels import native
 from .layout import Layout
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
-from .table import RowCache, ShardTable
+from .table import RowCache, ShardTable, serve
 
 
 @dataclass
@@ -88,7 +88,7 @@ class ShardReader:
                 budget = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
                                             f.shape, f.dtype, budget)
-        self.kernel_ok = {n: _kernels is not None and self._kernel_codec(n)
+        self.kernel_ok = {n: native is not None and self._kernel_codec(n)
                           for n in layout.fields}
         self.stats = ReadStats()
         # Callers only ask for committed steps, so a lane's largest step asked for so far
@@ -287,42 +287,9 @@ class ShardReader:
         else:
             np.maximum.at(self.known, lanes, steps + 1)
         ready = table.ready(shards, slots, steps)
-        if not table.per_row:
-            if ready.any():
-                out[ready] = table.values[table.slot[shards[ready]], slots[ready]]
-                self.stats.chunk_cache_hits += int(ready.sum())
-            self.stats.rows += int(ready.sum())
-            return ready
-        flat = out.reshape(len(out), -1).view(np.uint8)
-        done = np.zeros(len(rows), bool)
-        cache = self.row_caches.get(name)
-        if cache:  # only rows the current version still holds (else: stale, as uncached)
-            done = cache.lookup(rows, steps, flat) & ready
-            hits = int(done.sum())
-            self.stats.row_cache_hits += hits
-            self.stats.row_cache_misses += len(rows) - hits
-        if not self.kernel_ok[name]:
-            self.stats.rows += int(done.sum())
-            return done
-        todo = np.flatnonzero(ready & ~done)
-        if len(todo):
-            slot = table.slot[shards[todo]]
-            sizes = table.sizes[slot, slots[todo]]
-            todo, slot, sizes = todo[sizes >= 0], slot[sizes >= 0], sizes[sizes >= 0]
-            starts = table.starts[slot, slots[todo]]
-            status, bad, nbytes = _kernels.decode_pread(
-                table.fd[shards[todo]], starts, sizes, todo, flat, flat.shape[1],
-                self.layout.checksum)
-            if status == _kernels.STATUS_UNSUPPORTED:
-                self.kernel_ok[name] = False
-            served = todo if status == _kernels.STATUS_OK else todo[:bad]
-            done[served] = True
-            self.stats.requests += len(served)
-            self.stats.chunks += len(served)
-            self.stats.bytes += int(nbytes)
-            if cache:
-                cache.insert(rows[served], steps[served], flat[served])
-        self.stats.rows += int(done.sum())
+        done, self.kernel_ok[name] = serve(table, self.row_caches.get(name),
+                                           self.kernel_ok[name], self.layout.checksum,
+                                           rows, steps, shards, slots, ready, out, self.stats)
         return done
 
     def _read_general(self, name: str, rows: np.ndarray, steps: np.ndarray,
@@ -488,10 +455,10 @@ class ShardReader:
         cannot (no kernel, another codec, or a chunk fails: the caller's loop reports it)."""
         if not self.kernel_ok[name]:
             return False
-        status, _ = _kernels.decode_blobs(blobs, dst, flat, flat.shape[1], self.layout.checksum)
-        if status == _kernels.STATUS_UNSUPPORTED:
+        status, _ = native.decode_blobs(blobs, dst, flat, flat.shape[1], self.layout.checksum)
+        if status == native.STATUS_UNSUPPORTED:
             self.kernel_ok[name] = False
-        return status == _kernels.STATUS_OK
+        return status == native.STATUS_OK
 
     def _first_bad(self, name, targets, blobs, flat) -> int:
         decode_into = self.decoders[name]

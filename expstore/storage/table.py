@@ -16,9 +16,11 @@ the writer committed for that step.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from .kernels import copy_rows
+from .kernels import copy_rows, native
 from .shard import EMPTY, ShardHead
 
 
@@ -156,3 +158,48 @@ class RowCache:
 
     def clear(self) -> None:
         self.row[:] = -1
+
+
+def serve(table: ShardTable, cache: RowCache | None, kernel: bool, checksum: bool,
+          rows: np.ndarray, steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
+          ready: np.ndarray, out: np.ndarray, stats: Any) -> tuple[np.ndarray, bool]:
+    """Serve the ``ready`` rows into ``out``: decoded values held by ``table``, or frames
+    from ``cache`` and, for the rest, one ``decode_pread`` kernel call.
+
+    Returns the mask of rows served (the caller reads the rest the general way) and
+    whether the kernel may be used again for this field (not when it met a codec it
+    does not decode). Counts into ``stats`` (a ``ReadStats``).
+    """
+    if not table.per_row:
+        n = int(ready.sum())
+        if n:
+            out[ready] = table.values[table.slot[shards[ready]], slots[ready]]
+        stats.chunk_cache_hits += n
+        stats.rows += n
+        return ready, kernel
+    flat = out.reshape(len(out), -1).view(np.uint8)
+    done = np.zeros(len(rows), bool)
+    if cache:  # only rows the current version still holds (else: stale, as uncached)
+        done = cache.lookup(rows, steps, flat) & ready
+        hits = int(done.sum())
+        stats.row_cache_hits += hits
+        stats.row_cache_misses += len(rows) - hits
+    todo = np.flatnonzero(ready & ~done) if kernel else np.zeros(0, np.int64)
+    if len(todo):
+        slot = table.slot[shards[todo]]
+        sizes = table.sizes[slot, slots[todo]]
+        keep = sizes >= 0  # a missing chunk: the general path reports it
+        todo, slot, sizes = todo[keep], slot[keep], sizes[keep]
+        starts = table.starts[slot, slots[todo]]
+        status, bad, nbytes = native.decode_pread(table.fd[shards[todo]], starts, sizes, todo,
+                                                  flat, flat.shape[1], checksum)
+        kernel = status != native.STATUS_UNSUPPORTED
+        served = todo if status == native.STATUS_OK else todo[:bad]
+        done[served] = True
+        stats.requests += len(served)
+        stats.chunks += len(served)
+        stats.bytes += int(nbytes)
+        if cache:
+            cache.insert(rows[served], steps[served], flat[served])
+    stats.rows += int(done.sum())
+    return done, kernel
