@@ -37,16 +37,26 @@ Field = tuple[int, str, str, tuple[int, ...], int, int]  # batch, name, dtype, s
 
 
 def _layout(specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
-            ) -> tuple[list[Field], int]:
-    fields, total = [], 0
-    for i, batch in enumerate(specs):
-        for name, (shape, dtype) in batch.items():
-            total = -(-total // _ALIGN) * _ALIGN
-            dtype = np.dtype(dtype)
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            fields.append((i, name, dtype.str, tuple(int(x) for x in shape), total, n))
-            total += n
-    return fields, total
+            ) -> tuple[tuple[Field, ...], int]:
+    """Byte layout of batches in a slot; memoized (messages of a loader look alike)."""
+    key = tuple(tuple((name, tuple(shape), np.dtype(dtype).str)
+                      for name, (shape, dtype) in batch.items()) for batch in specs)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        fields, total = [], 0
+        for i, batch in enumerate(key):
+            for name, shape, dtype in batch:
+                total = -(-total // _ALIGN) * _ALIGN
+                n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                fields.append((i, name, dtype, tuple(int(x) for x in shape), total, n))
+                total += n
+        if len(_LAYOUTS) > 64:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = (tuple(fields), total)
+    return hit
+
+
+_LAYOUTS: dict[tuple, tuple[tuple[Field, ...], int]] = {}
 
 
 def _views(raw: np.ndarray, fields: list[Field], n_batches: int) -> list[dict[str, np.ndarray]]:
@@ -130,7 +140,7 @@ class SlotWriter:
         control = None
         if not self._control_sent:
             control, self._control_sent = self.control, True
-        return Message(self.key, slot, tuple(fields), n_batches, total, new, control)
+        return Message(self.key, slot, fields, n_batches, total, new, control)
 
 
 # main process: the slot buffers and tables of every live worker, by Message.key

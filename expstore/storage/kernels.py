@@ -20,6 +20,9 @@ def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray,
 
     ``src`` and ``dst``: C-contiguous, same row size in bytes (first axis = rows).
     """
+    if src.ndim == 1 and dst_rows is None:  # scalars: numpy is quicker than a call here
+        np.take(src, src_rows, out=dst)
+        return
     src_rows = np.ascontiguousarray(src_rows, np.int64)
     if native is not None and src.flags.c_contiguous and dst.flags.c_contiguous:
         row_bytes = src.nbytes // max(len(src), 1)
