@@ -51,6 +51,11 @@ class ReadStats:
     extra: dict = field(default_factory=dict)
 
 
+#: reads of more rows (loading the index, verifying) skip the batch path: they touch
+#: every row of each shard, so the general path's per-shard work is already amortized
+BATCH_ROWS = 1 << 16
+
+
 def _row_bytes(f) -> int:
     return f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
 
@@ -262,11 +267,13 @@ class ShardReader:
         if not len(rows):
             return np.zeros(0, bool)
         table = self.tables.get(name)
-        if table is None:
+        if table is None or len(rows) > BATCH_ROWS:  # large reads: per shard is cheaper
             return self._read_general(name, rows, steps, out)
         done = self._read_batch(name, table, rows, steps, out)
         if done.all():
             return done
+        if not done.any():
+            return self._read_general(name, rows, steps, out)
         rest = np.flatnonzero(~done)
         part = np.empty((len(rest), *out.shape[1:]), out.dtype)
         ok = done.copy()
