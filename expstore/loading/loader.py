@@ -3,7 +3,7 @@
 ``make_loader`` returns a :class:`StoreLoader`, a real ``torch.utils.data.DataLoader``.
 Its ``batch_sampler`` (:class:`PlanGroups`) draws read plans from an expstore sampler in
 the main process: rows and the lane steps expected there, a few integers per sample. One
-DataLoader item is ``batches_per_message`` plans (default: about 128 samples' worth), so
+DataLoader item is ``batches_per_message`` plans (default: about 512 samples' worth), so
 the per-item cost of DataLoader's queues is shared by small batches. A worker executes
 the item in one ``__getitems__`` call against storage only (no index, no IPC back):
 checks every row's step, replaces overwritten samples with spares, and writes the
@@ -280,9 +280,10 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     overwritten between planning and reading. ``cache_bytes``: per-worker decoded-chunk
     cache. ``device="cuda"`` copies batches with ``non_blocking=True`` (use pin_memory).
     ``batches_per_message``: batches a worker reads in one call and sends at once (default
-    ``max(1, 128 // batch_size)``: small batches share the per-message cost); priorities
+    ``max(1, 512 // batch_size)``: small batches share the per-message cost); priorities
     reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
-    later.
+    later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
+    shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
     """
     if sampler is None:
         from ..sampling.uniform import UniformSampler
@@ -301,12 +302,12 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
         sampler.guard = guard
     local = store._source if num_workers == 0 else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
-                           pack=num_workers > 0, n_slots=prefetch_factor + 4)
+                           pack=num_workers > 0, n_slots=prefetch_factor + 2)
     kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
                                   timeout=timeout)
     if num_workers > 0:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
     group = 1 if num_workers == 0 else (
-        max(1, 128 // batch_size) if batches_per_message is None else batches_per_message)
+        max(1, 512 // batch_size) if batches_per_message is None else batches_per_message)
     return StoreLoader(dataset, sampler, device=device, group=group, **kwargs)
