@@ -12,7 +12,7 @@ prefetch_factor=4)``; TorchRL: ``ReplayBuffer(LazyMemmapStorage, RandomSampler,
 prefetch=2)``. Repeats alternate between the two; medians are reported, with CPU time per
 batch (all processes of a side) as a second, load-independent figure.
 
-*Cold* runs TorchRL in a memory cgroup limited to ``--cold-limit-mb`` (its page cache
+*Cold* runs TorchRL in a memory cgroup limited to ``--cold-limit-mb`` (2 GB; its page cache
 included) after dropping its files from the page cache, so its storage, 2.8 GB here,
 does not fit in the memory it may use, while expstore's 17 MB do. It needs a writable
 cgroup-v1 memory controller (root in this sandbox); elsewhere it is skipped and says so.
@@ -166,7 +166,7 @@ def main() -> None:
     p.add_argument("--game", default="Pong")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seconds", type=float, default=2.0)
-    p.add_argument("--cold-limit-mb", type=int, default=1024)
+    p.add_argument("--cold-limit-mb", type=int, default=2048)
     p.add_argument("--no-cold", action="store_true")
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     p.add_argument("--torchrl-child", action="store_true", help=argparse.SUPPRESS)

@@ -6,12 +6,15 @@
 
 Every env step goes into the store (``store.add``); every training batch comes out of
 ``expstore.make_loader``: the sampler plans batches here, DataLoader worker processes read
-and decode them. Hyper-parameters are RL-Zoo's for DQN on CartPole-v1 (lr 2.3e-3, batch 64,
-256 env steps then 128 gradient steps, target copied every 10 env steps, exploration
-1 -> 0.04 over 8,000 steps, 256x256 MLP), with double DQN on top. Training stops once the
-last 10 episodes average >= 475 (solved); the greedy policy is then evaluated on 10
-episodes. The last line printed is a JSON summary (solved, steps, seconds, loader stats,
-how long the learner waited for batches).
+and decode them. Hyper-parameters start from RL-Zoo's for DQN on CartPole-v1 (256x256 MLP,
+learning starts at 1,000, epsilon 1 -> final over 8,000 steps), with double DQN, re-tuned
+on a 2-core CPU for fewer updates: 16 updates of 128 samples every 64 env steps (RL-Zoo:
+128 of 64 every 256), lr 1e-3, the target network copied every 256 env steps (copying it
+every 16 updates diverged, Q-values past 1e5) and final epsilon 0.01
+(benchmarks/RESULTS.md, "DQN examples"). Training stops once the last 10 episodes average
+>= 475 (solved); the greedy policy is then evaluated on 10 episodes. The last line printed
+is a JSON summary (solved, steps, seconds, loader stats, how long the learner waited for
+batches).
 """
 
 from __future__ import annotations
@@ -40,17 +43,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--total-steps", type=int, default=100_000, help="env steps at most")
     p.add_argument("--solve-return", type=float, default=475.0,
                    help="stop once the last 10 episodes average this (<= 0: never stop)")
-    p.add_argument("--lr", type=float, default=2.3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--buffer", type=int, default=100_000, help="store capacity (rows)")
     p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--learning-starts", type=int, default=1_000)
-    p.add_argument("--train-freq", type=int, default=256, help="env steps between updates")
-    p.add_argument("--gradient-steps", type=int, default=128, help="updates per train phase")
-    p.add_argument("--target-update", type=int, default=10, help="env steps between copies")
+    p.add_argument("--train-freq", type=int, default=64, help="env steps between updates")
+    p.add_argument("--gradient-steps", type=int, default=16, help="updates per train phase")
+    p.add_argument("--target-update", type=int, default=256,
+                   help="env steps between target network copies")
     p.add_argument("--exploration-steps", type=int, default=8_000,
                    help="env steps over which epsilon falls from 1 to --final-eps")
-    p.add_argument("--final-eps", type=float, default=0.04)
+    p.add_argument("--final-eps", type=float, default=0.01)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--no-double", dest="double", action="store_false",
                    help="plain DQN targets instead of double DQN")
@@ -59,8 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.6, help="PER priority exponent")
     p.add_argument("--beta", type=float, default=0.4, help="PER IS exponent, annealed to 1")
     p.add_argument("--num-workers", type=int, default=2, help="DataLoader worker processes")
-    p.add_argument("--flush-every", type=int, default=None,
-                   help="env steps between store flushes (default: --train-freq)")
+    p.add_argument("--flush-every", type=int, default=256, help="env steps between flushes")
     p.add_argument("--threads", type=int, default=1, help="torch threads in this process")
     p.add_argument("--url", default=None, help="store path/URL (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the store afterwards")
@@ -127,11 +130,11 @@ def main() -> None:
             beta_steps=max(1, updates * args.gradient_steps), persist=False, **common)
     else:
         sampler = es.UniformSampler(store, **common)
-    # Workers read only rows flushed to storage. Flushing right before each train phase
-    # (every --train-freq = 256 steps) makes every step collected so far sampleable, as in
-    # an in-RAM buffer, and costs one rewrite of the open shard's tail (a few ms) per 128
-    # gradient steps. A flush every step would cost ~4 ms x 8 objects per step instead.
-    flush_every = args.flush_every or args.train_freq
+    # Workers read only rows flushed to storage. A flush rewrites the open shard of every
+    # field plus the lane state (9 small files, 5-15 ms here, ~100 ms while the disk is
+    # busy), so flushing every step would cost more than the step itself. Every 256 steps
+    # it is < 0.1 ms per step, and the rows it hides from the workers (the newest <= 256)
+    # are < 1% of the ~40,000 a run samples from. (--num-workers 0 reads unflushed rows.)
 
     q = QNetwork(int(np.prod(env.observation_space.shape)), n_actions, args.hidden)
     target = QNetwork(int(np.prod(env.observation_space.shape)), n_actions, args.hidden)
@@ -174,7 +177,7 @@ def main() -> None:
                 break
 
             # -- learn ------------------------------------------------------------------
-            if step % flush_every == 0:
+            if step % args.flush_every == 0:
                 t0 = time.perf_counter()
                 store.flush()
                 flush_s += time.perf_counter() - t0

@@ -125,7 +125,7 @@ def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
                  lazy: bool = False) -> tuple[dict[str, np.ndarray | Gathered], np.ndarray]:
     """Every column of every sample of ``plan`` (spares included) and which are intact.
 
-    ``lazy``: observation columns come back as :class:`Gathered` (see :func:`_finish`).
+    ``lazy``: observation columns come back as :class:`Gathered` (see :func:`_finish_many`).
     """
     spec = layout.spec
     n_all = len(plan.rows)

@@ -116,7 +116,7 @@ class SlotWriter:
         self._control_sent = False
         self.buffers: list[torch.Tensor | None] = [None] * n_slots
         self._state = self.control.numpy()
-        self._current: tuple[int, list, int, torch.Tensor | None] | None = None
+        self._current: tuple[int, tuple, int, int, torch.Tensor | None] | None = None
 
     def __call__(self, specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
                  ) -> list[dict[str, np.ndarray]]:
