@@ -565,6 +565,11 @@ class _StoreSource:
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    @property
+    def stats(self) -> Any:
+        """The shard reader's counters (staged rows are not counted)."""
+        return self.store.reader.stats
+
     def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
              out: np.ndarray) -> np.ndarray:
         st = self.store

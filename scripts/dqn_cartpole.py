@@ -111,7 +111,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    work = Path(tempfile.mkdtemp(prefix="dqn-cartpole-"))
+    work = None if args.url else Path(tempfile.mkdtemp(prefix="dqn-cartpole-"))
     url = args.url or str(work / "replay.zarr")
 
     env = gym.make(args.env_id)
@@ -123,7 +123,7 @@ def main() -> None:
     spec = es.Spec.from_spaces(env.observation_space, env.action_space)
     store = es.create(url, spec, capacity=args.buffer, overwrite=True, fsync=False)
     common = dict(n_step=args.n_step, gamma=args.gamma, seed=args.seed)
-    if args.prioritized:
+    if args.prioritized:  # persist=False: else every flush also rewrites all priorities
         updates = (args.total_steps - args.learning_starts) // args.train_freq
         sampler: es.Sampler = es.PrioritizedSampler(
             store, alpha=args.alpha, beta=args.beta, beta_final=1.0,
@@ -131,7 +131,7 @@ def main() -> None:
     else:
         sampler = es.UniformSampler(store, **common)
     # Workers read only rows flushed to storage. A flush rewrites the open shard of every
-    # field plus the lane state (9 small files, 5-15 ms here, ~100 ms while the disk is
+    # field plus the lane state (9 small files, 4-15 ms here, ~100 ms while the disk is
     # busy), so flushing every step would cost more than the step itself. Every 256 steps
     # it is < 0.1 ms per step, and the rows it hides from the workers (the newest <= 256)
     # are < 1% of the ~40,000 a run samples from. (--num-workers 0 reads unflushed rows.)
@@ -221,7 +221,8 @@ def main() -> None:
     result = dict(
         solved=solved, seed=args.seed, env_steps=step, episodes=episodes,
         wall_seconds=round(wall, 1), mean_last10=mean10,
-        eval_mean=float(np.mean(eval_returns)), eval_returns=eval_returns,
+        eval_mean=float(np.mean(eval_returns)) if eval_returns else None,
+        eval_returns=eval_returns,
         double=args.double, prioritized=args.prioritized, n_step=args.n_step,
         num_workers=args.num_workers, gradient_steps=grad_steps,
         grad_steps_per_s=round(grad_steps / learner_s, 1) if learner_s else 0.0,
@@ -229,9 +230,10 @@ def main() -> None:
         learner_wait_frac=round(wait_s / learner_s, 3) if learner_s else 0.0,
         env_seconds=round(env_s, 2), flush_seconds=round(flush_s, 2),
         priority_rows_updated=priority_rows, store_rows=len(store),
+        store=url if args.keep or work is None else None,
         loader=loader.stats.as_dict() if loader is not None else None,
     )
-    if not args.keep and args.url is None:
+    if work is not None and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
 

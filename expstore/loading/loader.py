@@ -40,7 +40,9 @@ _STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
 
 @dataclass
 class LoaderStats:
-    """Totals over all workers since the loader was made (rows, bytes, seconds)."""
+    """Totals since the loader was made (rows, bytes, seconds). ``batches``: handed to the
+    consumer; the read counters cover every message received from the workers (which
+    may hold batches not handed out yet)."""
 
     batches: int = 0
     rows_read: int = 0
@@ -252,12 +254,15 @@ class StoreLoader(DataLoader):
                 if device is not None:
                     batches = [{k: v.to(device, non_blocking=True) for k, v in b.items()}
                                for b in batches]
-            self.stats.add(dict(zip(_STAT_NAMES, host[_STATS_KEY].tolist())))
+            counts = dict(zip(_STAT_NAMES, host[_STATS_KEY].tolist()))
+            del counts["batches"]  # counted as they are handed out
+            self.stats.add(counts)
             for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
                 if all_stale:
                     batch = self._replan()
                     if device is not None:
                         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                self.stats.batches += 1
                 yield batch
 
     def __del__(self) -> None:

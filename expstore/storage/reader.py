@@ -193,6 +193,7 @@ class ShardReader:
                 self.backend.close_object(h)
                 bad = e
                 continue
+            self.stats.bytes += len(raw)
             self._tokens += 1
             lane = shard // self.layout.shards_per_lane
             self._opened[(name, shard)] = (self._tokens, int(self.known[lane]))
@@ -243,6 +244,7 @@ class ShardReader:
             except Exception:
                 complete = False
                 continue  # the normal read path fetches it again and reports errors
+            self.stats.chunks += 1
             self._cache_put((name, shard, c, head.first_step, head.n_rows, token), arr)
         return shard_values if complete else None
 
