@@ -160,6 +160,14 @@ def test_corrupt_frame_through_the_batch_path_names_the_shard(tmp_path) -> None:
     store.close()
 
 
+def filled_store(tmp_path):
+    """512 rows in 32-row shards, 500 steps written and flushed (the ring not yet full)."""
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
+    write(store, 0, 0, 500)
+    store.flush()
+    return store
+
+
 def _loader(store, **kw):
     kw.setdefault("num_workers", 2)
     kw.setdefault("prefetch_factor", 2)
@@ -168,9 +176,7 @@ def _loader(store, **kw):
 
 
 def test_batches_grouped_per_message_count_and_check(tmp_path) -> None:
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store, batches_per_message=4, num_batches=10)
     assert len(loader) == 10
     batches = list(loader)  # 4 + 4 + 2 batches in three messages
@@ -185,9 +191,7 @@ def test_batches_grouped_per_message_count_and_check(tmp_path) -> None:
 
 
 def test_slots_are_reused_once_batches_are_dropped(tmp_path) -> None:
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store)
     it = iter(loader)
     for _ in range(200):
@@ -201,9 +205,7 @@ def test_slots_are_reused_once_batches_are_dropped(tmp_path) -> None:
 
 
 def test_batches_held_by_the_consumer_are_never_overwritten(tmp_path) -> None:
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store)
     it = iter(loader)
     held = []
@@ -236,9 +238,7 @@ def test_batches_held_by_the_consumer_are_never_overwritten(tmp_path) -> None:
 
 
 def test_iterator_dropped_with_batches_in_flight_frees_their_slots(tmp_path) -> None:
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store, persistent_workers=True)
     for _ in range(5):  # each new iterator drains what the old one had prefetched
         it = iter(loader)
@@ -267,9 +267,7 @@ def test_copied_out_messages_free_their_slot_at_once(tmp_path) -> None:
     """What ``pin_memory=True`` does per message (the copy is page-locked where CUDA is)."""
     from expstore.loading.transport import FREE, _workers, open_message
 
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store, batches_per_message=2)
     msgs = _messages(loader, 6)
     for m in msgs:
@@ -287,9 +285,7 @@ def test_copied_out_messages_free_their_slot_at_once(tmp_path) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine)")
 def test_pinned_batches_to_the_gpu(tmp_path) -> None:
-    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)
-    write(store, 0, 0, 500)
-    store.flush()
+    store = filled_store(tmp_path)
     loader = _loader(store, pin_memory=True, device="cuda", num_batches=20)
     for b in loader:
         assert b["obs"].is_cuda
