@@ -51,7 +51,7 @@ class ShardTable:
         else:
             self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
             per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
-            self.max_slots = int(min(n_shards, max(1, values_budget // per_slot)))
+            self.max_slots = int(min(n_shards, values_budget // per_slot))  # 0: none kept
         self._rng = np.random.default_rng(0)
 
     @property
@@ -63,7 +63,7 @@ class ShardTable:
              values: np.ndarray | None = None) -> None:
         """Record the version of ``shard`` just cached (``values``: its decoded rows)."""
         self.unbind(shard)
-        if not self.per_row and values is None:
+        if not self.per_row and (values is None or not self.max_slots):
             return  # rows of this shard take the general path (chunk cache)
         s = self._take_slot(shard)
         self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
