@@ -247,10 +247,12 @@ def test_iterator_dropped_with_batches_in_flight_frees_their_slots(tmp_path) -> 
         del it
         gc.collect()
     it = iter(loader)
-    before = loader.stats.new_buffers
     for _ in range(100):
         check_batch(next(it))
-    assert loader.stats.new_buffers == before
+    # Leaked slots (4 prefetched messages per dropped iterator) would force one-off
+    # buffers; freed ones keep every message in the workers' 2 x 4 slots. (A slot may be
+    # first used late, so the count is bounded rather than frozen after warm-up.)
+    assert loader.stats.new_buffers <= 2 * (2 + 2)
     del it
     loader.close()
     store.close()
