@@ -182,3 +182,25 @@ def test_n_step_through_loader(tmp_path):
             want = sum(0.5 ** j * (s + j) for j in range(h[i]))
             assert batch["reward"][i].item() == pytest.approx(want, rel=1e-5)
             assert decode_frame(batch["next_obs"][i, -1].numpy())[1] == s + h[i]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_cer_through_workers_puts_the_newest_transition_in_every_batch(tmp_path, kind):
+    """Workers read spares per batch; the newest transition must be a batch sample, not a
+    spare (several batches are planned per worker message)."""
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=16)
+    write(store, 0, 0, 300)
+    sampler = (es.UniformSampler(store, cer=True, seed=1) if kind == "uniform" else
+               es.PrioritizedSampler(store, cer=True, seed=1, persist=False))
+    loader = es.make_loader(store, sampler, batch_size=16, num_workers=2, num_batches=12,
+                            batches_per_message=4, multiprocessing_context="fork")
+    newest = sampler.newest_row()
+    assert sampler.spare > 0 and newest is not None
+    n = 0
+    for batch in loader:
+        check_batch(batch)
+        assert batch["index"][-1].item() == newest
+        assert batch["weight"][-1].item() == 1.0
+        n += 1
+    assert n == 12 and loader.stats.stale_replaced == 0
+    loader.close()

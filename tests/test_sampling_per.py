@@ -203,6 +203,53 @@ def test_cer_puts_newest_transition_in_every_batch(tmp_path, kind):
         assert b["obs"][-1][1] == w.step_of(newest)[1]
 
 
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_cer_newest_is_a_batch_sample_not_a_spare(tmp_path, kind):
+    """With spares (the loader's stale-row replacements) and several batches planned at
+    once, the newest transition is the last sample of every batch, before its spares."""
+    w = _writer(tmp_path, capacity=64, shard_rows=8, seed=5)
+    w.segment(0, 20, "open")
+    s = (es.UniformSampler(w.store, cer=True, seed=0) if kind == "uniform" else
+         es.PrioritizedSampler(w.store, cer=True, seed=0, persist=False))
+    s.spare = 3
+    newest = s.newest_row()
+    assert newest is not None
+    plan = s.plan(8, batches=4)
+    assert plan.batches == 4 and plan.batch_size == 8 and len(plan.rows) == 4 * 11
+    for j in range(4):
+        rows, weight = plan.rows[j * 11 : (j + 1) * 11], plan.weight[j * 11 : (j + 1) * 11]
+        assert rows[7] == newest and weight[7] == 1.0
+    b = s.sample(8)  # spares are not returned: the newest is the last returned sample
+    assert len(b["index"]) == 8 and b["index"][-1] == newest
+
+
+def test_batches_planned_at_once_each_use_their_own_beta(tmp_path):
+    w = _writer(tmp_path)
+    for _ in range(10):
+        w.segment(0, 11, "terminated")
+    s = es.PrioritizedSampler(w.store, beta=0.2, beta_final=1.0, beta_steps=10, seed=3,
+                              persist=False)
+    live = np.flatnonzero(_leaves(s) > 0)
+    s.update_priorities(live, np.random.default_rng(1).exponential(1.0, len(live)) + 0.1)
+    s.spare = 2
+    plan = s.plan(16, batches=5)
+    assert s.batches_drawn == 5
+    leaves = _leaves(s)
+    cum = np.cumsum(leaves)
+    edges = np.linspace(0.0, cum[-1], 19)
+    for j in range(5):
+        part = slice(j * 18, (j + 1) * 18)
+        expect = s.priorities.weights(plan.rows[part], s.beta_schedule(j))
+        np.testing.assert_allclose(plan.weight[part], expect, rtol=1e-6)
+        # each batch is stratified on its own: its i-th row (in tree order) covers part of
+        # the i-th 1/18 of the whole priority mass
+        rows = np.sort(plan.rows[part])
+        lo, hi = cum[rows] - leaves[rows], cum[rows]
+        tol = 1e-9 * cum[-1]
+        assert np.all(lo <= edges[1:] + tol) and np.all(hi >= edges[:-1] - tol), j
+    assert s.beta == pytest.approx(s.beta_schedule(5))
+
+
 def test_permanently_invalid_rows_are_pruned(tmp_path):
     w = _writer(tmp_path, capacity=128, shard_rows=16)
     w.segment(0, 10, "open")

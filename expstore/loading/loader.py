@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..sampling.base import Sampler
-from ..sampling.plan import ReadPlan
+from ..sampling.plan import ReadPlan, merge_plans
 from ..storage.layout import Layout
 from .assemble import StaleBatchError, assemble_batches, numpy_alloc
 from .transport import Message, SlotWriter, forget_worker, open_message
@@ -182,10 +182,9 @@ class PlanGroups:
         total, done = self.sampler.num_batches, 0
         while total is None or done < total:
             k = self.group if total is None else min(self.group, total - done)
-            plans = [self.sampler.plan() for _ in range(k)]
-            if all(type(p) is ReadPlan for p in plans):
-                plans = [ReadPlan.concat(plans)]
-            yield plans
+            plan_batches = getattr(self.sampler, "plan_batches", None)
+            yield (plan_batches(k) if plan_batches is not None
+                   else merge_plans([self.sampler.plan() for _ in range(k)]))
             done += k
 
     def __len__(self) -> int:

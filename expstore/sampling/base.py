@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExpstoreError
-from .plan import ReadPlan, make_plan
+from .plan import ReadPlan, make_plan, merge_plans
 
 
 class NotEnoughData(ExpstoreError):
@@ -75,12 +75,15 @@ class Sampler:
             self.store.refresh()
             self._last_refresh = time.monotonic()
 
-    def sample_rows(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """``batch_size`` valid anchor rows (+ weights), by rejection."""
+    def sample_rows(self, batch_size: int, spare: int = 0,
+                    batches: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+        """Valid anchor rows (+ weights), by rejection: ``batches`` consecutive groups of
+        ``batch_size`` rows and ``spare`` spares each (CER: see :meth:`with_newest`)."""
         self.maybe_refresh()
+        n = batches * (batch_size + spare)
         rows_out: list[np.ndarray] = []
         w_out: list[np.ndarray] = []
-        need = batch_size
+        need = n
         for _ in range(64):
             rows, w = self.draw(max(need * 2, 16))
             ok = self.valid(rows)
@@ -92,22 +95,25 @@ class Sampler:
                 break
         if need > 0:
             raise NotEnoughData(
-                f"only {batch_size - need} of {batch_size} sampled rows can start a "
+                f"only {n - need} of {n} sampled rows can start a "
                 f"transition (history={self.history}, n_step={self.n_step}, "
                 f"guard={self.guard}); store holds {len(self.store)} rows")
         rows = np.concatenate(rows_out)
         weights = np.concatenate(w_out) if w_out else None
-        return self.with_newest(rows, weights)
+        return self.with_newest(rows, weights, batch_size + spare, spare)
 
-    def with_newest(self, rows: np.ndarray,
-                    weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """CER: the last sample becomes the newest transition (weight 1) when ``cer``."""
+    def with_newest(self, rows: np.ndarray, weights: np.ndarray | None, per: int | None = None,
+                    spare: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """CER (``cer``): the newest transition (weight 1) becomes the last sample of each
+        group of ``per`` rows (default: all of them) before its ``spare`` spares."""
         if self.cer:
             newest = self.newest_row()
             if newest is not None:
-                rows[-1] = newest
+                per = per or len(rows)
+                at = np.arange(per - spare - 1, len(rows), per)
+                rows[at] = newest
                 if weights is not None:
-                    weights[-1] = 1.0
+                    weights[at] = 1.0
         return rows, weights
 
     def newest_row(self) -> int | None:
@@ -124,14 +130,24 @@ class Sampler:
                 return int(row[0])
         return None
 
-    def plan(self, batch_size: int | None = None) -> ReadPlan:
-        """Read plan for one batch (+ ``self.spare`` spare samples)."""
+    def plan(self, batch_size: int | None = None, batches: int = 1) -> ReadPlan:
+        """Read plan for ``batches`` batches (each + ``self.spare`` spare samples), drawn
+        at once: the same as ``ReadPlan.concat`` of ``batches`` single plans."""
         b = batch_size or self.batch_size
         if not b:
             raise ValueError("batch_size: expected a positive int")
-        rows, w = self.sample_rows(b + self.spare)
+        rows, w = self.sample_rows(b, self.spare, batches)
         return make_plan(self.index, rows, w, self.history, self.n_step, self.gamma,
-                         spare=self.spare, committed_only=self.committed_only)
+                         spare=self.spare, committed_only=self.committed_only,
+                         batches=batches)
+
+    def plan_batches(self, k: int) -> list[Any]:
+        """Plans of ``k`` batches for one DataLoader item: one plan drawn at once, or,
+        where a subclass defines its own ``plan``, ``k`` of its plans (merged if they
+        are ``ReadPlan``s)."""
+        if type(self).plan is not Sampler.plan:
+            return merge_plans([self.plan() for _ in range(k)])
+        return [self.plan(batches=k)]
 
     def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight."""

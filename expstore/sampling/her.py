@@ -193,6 +193,9 @@ class HERSampler:
         return HERPlan(base, goal_rows, goal, relabel, self.achieved, self.desired,
                        self.compute_reward)
 
+    def plan_batches(self, k: int) -> list[HERPlan]:
+        return [self.plan() for _ in range(k)]
+
     def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
         """One relabeled batch read in this process."""
         batch, _ = self.plan(batch_size).assemble(self.store.layout, self.store._source)

@@ -13,6 +13,7 @@ terminated inside the horizon (a truncated episode bootstraps from its final row
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,13 @@ class ReadPlan:
                         self.horizon[sel], self.n_step, self.gamma, 0)
 
 
+def merge_plans(plans: list[Any]) -> list[Any]:
+    """``plans`` as one plan of several batches where they are all ``ReadPlan``s."""
+    if len(plans) > 1 and all(type(p) is ReadPlan for p in plans):
+        return [ReadPlan.concat(plans)]
+    return plans
+
+
 def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
                k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``t-k+1 .. t`` of each row's episode, clamped at its first row; pad mask; steps."""
@@ -80,8 +88,9 @@ def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
 
 def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
               history: int = 0, n_step: int = 1, gamma: float = 0.99,
-              spare: int = 0, committed_only: bool = False) -> ReadPlan:
-    """Plan for anchors ``rows`` (already checked with ``index.valid``)."""
+              spare: int = 0, committed_only: bool = False, batches: int = 1) -> ReadPlan:
+    """Plan for anchors ``rows`` (already checked with ``index.valid``): ``batches``
+    consecutive batches of ``len(rows) // batches`` samples (``spare`` of them spares)."""
     rows = np.asarray(rows, np.int64)
     steps = index.steps(rows)
     ends, m = index.horizon(rows, n_step, committed_only, steps)
@@ -89,4 +98,5 @@ def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = Non
     obs = stack_rows(index, rows, steps, k)
     nxt = stack_rows(index, ends, steps + m, k)
     w = np.ones(len(rows), np.float32) if weight is None else np.asarray(weight, np.float32)
-    return ReadPlan(rows, steps, w, history, *obs, *nxt, m, n_step, float(gamma), spare)
+    return ReadPlan(rows, steps, w, history, *obs, *nxt, m, n_step, float(gamma), spare,
+                    batches)

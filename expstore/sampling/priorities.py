@@ -276,8 +276,9 @@ class PriorityIndex:
             raise NotEnoughData("no row has a priority yet (the store holds no sampleable "
                                 "rows)") from e
 
-    def weights(self, rows: np.ndarray, beta: float) -> np.ndarray:
-        """Importance weights ``(N P(i))^-beta / max_w = (p_i / p_min)^-beta`` (float32)."""
+    def weights(self, rows: np.ndarray, beta: float | np.ndarray) -> np.ndarray:
+        """Importance weights ``(N P(i))^-beta / max_w = (p_i / p_min)^-beta`` (float32;
+        ``beta``: one exponent, or one per row)."""
         p = self.tree.get(rows)
         w = (p / self.tree.min) ** (-beta)
         return w.astype(np.float32)

@@ -44,6 +44,19 @@ def draw_valid(sampler: Any, prio: PriorityIndex, need: int,
     return rows
 
 
+def draw_batches(sampler: Any, prio: PriorityIndex, batch_size: int, spare: int,
+                 batches: int, prune: Callable[[np.ndarray], None] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``batches`` groups of ``batch_size + spare`` rows, each group stratified on its own
+    and weighted with the beta of its batch (``sampler.batches_drawn`` counts them)."""
+    per = batch_size + spare
+    rows = np.concatenate([draw_valid(sampler, prio, per, prune) for _ in range(batches)])
+    betas = [sampler.beta_schedule(sampler.batches_drawn + i) for i in range(batches)]
+    weights = prio.weights(rows, np.repeat(np.asarray(betas, np.float64), per))
+    sampler.batches_drawn += batches
+    return sampler.with_newest(rows, weights, per, spare)
+
+
 class PrioritizedSampler(Sampler):
     """Proportional prioritized sampling over every intact transition of the store.
 
@@ -100,12 +113,10 @@ class PrioritizedSampler(Sampler):
         if len(rows):
             self.priorities.clear(rows[~idx.valid(rows, self.history, self.n_step, 0)])
 
-    def sample_rows(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample_rows(self, batch_size: int, spare: int = 0,
+                    batches: int = 1) -> tuple[np.ndarray, np.ndarray]:
         self.maybe_refresh()
-        rows = draw_valid(self, self.priorities, batch_size, self._prune)
-        weights = self.priorities.weights(rows, self.beta)
-        self.batches_drawn += 1
-        return self.with_newest(rows, weights)
+        return draw_batches(self, self.priorities, batch_size, spare, batches, self._prune)
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:
         """Priorities ``(|td_error| + eps) ** alpha`` for rows ``index``; returns rows set.

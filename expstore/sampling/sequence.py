@@ -29,7 +29,7 @@ from ..storage.layout import FLAG_FIRST, FLAG_LAST
 from .base import NotEnoughData, Sampler
 from .plan import stack_rows
 from .priorities import BetaSchedule, PriorityIndex, to_numpy
-from .prioritized import draw_valid
+from .prioritized import draw_batches
 from .uniform import uniform_rows
 
 
@@ -225,15 +225,13 @@ class SequenceSampler(Sampler):
                                 f"(period={self.period})")
         return np.resize(rows, n) if len(rows) < n else rows[:n], None
 
-    def sample_rows(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def sample_rows(self, batch_size: int, spare: int = 0,
+                    batches: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
         if not self.prioritized:
-            return super().sample_rows(batch_size)
+            return super().sample_rows(batch_size, spare, batches)
         self.maybe_refresh()
         assert self.priorities is not None
-        rows = draw_valid(self, self.priorities, batch_size, self._prune)
-        weights = self.priorities.weights(rows, self.beta)
-        self.batches_drawn += 1
-        return self.with_newest(rows, weights)
+        return draw_batches(self, self.priorities, batch_size, spare, batches, self._prune)
 
     def _prune(self, rows: np.ndarray) -> None:
         """Zero start rows whose window is complete yet invalid: they never become valid."""
@@ -263,7 +261,7 @@ class SequenceSampler(Sampler):
         b = batch_size or self.batch_size
         if not b:
             raise ValueError("batch_size: expected a positive int")
-        rows, w = self.sample_rows(b + self.spare)
+        rows, w = self.sample_rows(b, self.spare)
         return make_sequence_plan(self.index, rows, w, self.burn_in, self.length, self.history,
                                   self.spare, self.committed_only)
 
