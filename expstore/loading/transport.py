@@ -33,36 +33,46 @@ def _shared(nbytes: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-Field = tuple[int, str, str, tuple[int, ...], int, int]  # batch, name, dtype, shape, offset, n
+#: a field of one or more batches, stored back to back: (batches, name, numpy dtype str,
+#: shape of one batch's array, byte offset of the first, bytes of each)
+Block = tuple[tuple[int, ...], str, str, tuple[int, ...], int, int]
 
 
 def _layout(specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
-            ) -> tuple[tuple[Field, ...], int]:
-    """Byte layout of batches in a slot; memoized (messages of a loader look alike)."""
-    key = tuple(tuple((name, tuple(shape), np.dtype(dtype).str)
+            ) -> tuple[tuple[Block, ...], int]:
+    """Byte layout of batches in a slot, field by field: a field every batch has with the
+    same shape is one block, which the main process opens as one tensor and splits in one
+    call. Memoized (messages of a loader look alike)."""
+    key = tuple(tuple((name, tuple(int(x) for x in shape), np.dtype(dtype).str)
                       for name, (shape, dtype) in batch.items()) for batch in specs)
     hit = _LAYOUTS.get(key)
     if hit is None:
-        fields, total = [], 0
+        members: dict[tuple, list[int]] = {}
         for i, batch in enumerate(key):
-            for name, shape, dtype in batch:
-                total = -(-total // _ALIGN) * _ALIGN
-                n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                fields.append((i, name, dtype, tuple(int(x) for x in shape), total, n))
-                total += n
+            for entry in batch:
+                members.setdefault(entry, []).append(i)
+        blocks, total = [], 0
+        for (name, shape, dtype), ids in members.items():
+            total = -(-total // _ALIGN) * _ALIGN
+            n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            blocks.append((tuple(ids), name, dtype, shape, total, n))
+            total += n * len(ids)
         if len(_LAYOUTS) > 64:
             _LAYOUTS.clear()
-        hit = _LAYOUTS[key] = (tuple(fields), total)
+        hit = _LAYOUTS[key] = (tuple(blocks), total)
     return hit
 
 
-_LAYOUTS: dict[tuple, tuple[tuple[Field, ...], int]] = {}
+_LAYOUTS: dict[tuple, tuple[tuple[Block, ...], int]] = {}
 
 
-def _views(raw: np.ndarray, fields: list[Field], n_batches: int) -> list[dict[str, np.ndarray]]:
+def _views(raw: np.ndarray, blocks: tuple[Block, ...], n_batches: int
+           ) -> list[dict[str, np.ndarray]]:
     out: list[dict[str, np.ndarray]] = [{} for _ in range(n_batches)]
-    for i, name, dtype, shape, off, n in fields:
-        out[i][name] = raw[off : off + n].view(dtype).reshape(shape)
+    for ids, name, dtype, shape, off, n in blocks:
+        arr = raw[off : off + n * len(ids)].view(dtype).reshape(len(ids), *shape)
+        for j, i in enumerate(ids):
+            out[i][name] = arr[j]
     return out
 
 
@@ -72,7 +82,7 @@ class Message:
 
     key: tuple[int, int]  # (loader token, worker pid)
     slot: int  # -1: a one-off buffer, carried in ``buffer``
-    fields: tuple  # (batch, name, numpy dtype str, shape, offset, nbytes) per field
+    blocks: tuple  # the layout (see ``Block``)
     n_batches: int
     nbytes: int
     buffer: torch.Tensor | None = None  # the slot's buffer when new (or grown), or one-off
@@ -104,7 +114,7 @@ class Message:
         copy.copy_(src[: self.nbytes])
         self._opened = True
         _release(self)
-        return Message(self.key, -1, self.fields, self.n_batches, self.nbytes, pinned=copy)
+        return Message(self.key, -1, self.blocks, self.n_batches, self.nbytes, pinned=copy)
 
 
 class SlotWriter:
@@ -120,7 +130,7 @@ class SlotWriter:
 
     def __call__(self, specs: list[dict[str, tuple[tuple[int, ...], np.dtype]]]
                  ) -> list[dict[str, np.ndarray]]:
-        fields, total = _layout(specs)
+        blocks, total = _layout(specs)
         free = np.flatnonzero(self._state == FREE)
         new = None
         if len(free):
@@ -132,15 +142,15 @@ class SlotWriter:
         else:  # every slot is still held by the consumer: a one-off buffer
             slot, buf = -1, None
             buf = new = _shared(total)
-        self._current = (slot, fields, len(specs), total, new)
-        return _views(buf.numpy(), fields, len(specs))
+        self._current = (slot, blocks, len(specs), total, new)
+        return _views(buf.numpy(), blocks, len(specs))
 
     def message(self) -> Message:
-        slot, fields, n_batches, total, new = self._current
+        slot, blocks, n_batches, total, new = self._current
         control = None
         if not self._control_sent:
             control, self._control_sent = self.control, True
-        return Message(self.key, slot, fields, n_batches, total, new, control)
+        return Message(self.key, slot, blocks, n_batches, total, new, control)
 
 
 # main process: the slot buffers and tables of every live worker, by Message.key
@@ -185,7 +195,7 @@ def open_message(msg: Message, device: torch.device | None = None
     last = msg.n_batches - 1
     raw = src.numpy()
     host = {name: raw[off : off + n].view(dtype).reshape(shape).copy()
-            for i, name, dtype, shape, off, n in msg.fields if i == last}
+            for ids, name, dtype, shape, off, n in msg.blocks if ids == (last,)}
     if device is not None:
         src = src[: msg.nbytes].to(device, non_blocking=True)
         _release(msg)  # a pageable source is consumed before ``to`` returns
@@ -194,9 +204,13 @@ def open_message(msg: Message, device: torch.device | None = None
         weakref.finalize(lease, _release, msg)
         src = torch.frombuffer(lease, dtype=torch.uint8) if msg.nbytes else src[:0]
     batches: list[dict[str, torch.Tensor]] = [{} for _ in range(last)]
-    for i, name, dtype, shape, off, n in msg.fields:
-        if i < last:
-            batches[i][name] = src[off : off + n].view(_torch_dtype(dtype)).view(shape)
+    for ids, name, dtype, shape, off, n in msg.blocks:
+        if ids[-1] == last:
+            ids = ids[:-1]
+        if ids:
+            block = src[off : off + n * len(ids)].view(_torch_dtype(dtype))
+            for i, t in zip(ids, block.view(len(ids), *shape).unbind(0)):
+                batches[i][name] = t
     return batches, host
 
 
