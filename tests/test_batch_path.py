@@ -160,6 +160,91 @@ def test_corrupt_frame_through_the_batch_path_names_the_shard(tmp_path) -> None:
     store.close()
 
 
+def test_frames_held_in_the_cache_match_the_general_path(tmp_path) -> None:
+    """``read_held`` leaves frames in the reader's cache: rows that share a cache slot in
+    one read, rows the general path reads, a row asked for at two steps, and reads too
+    big for the scratch rows (refused: the caller reads them the usual way)."""
+    store = make_store(tmp_path / "s.zarr", capacity=256, lanes=2, shard_rows=16)
+    for lane in (0, 1):
+        write(store, lane, 0, 300 + 50 * lane)
+    store.flush()
+    backend = backend_for(store.url)
+    # few open shards: many rows of a read take the general path (into scratch)
+    fast = ShardReader(backend, store.layout, max_open=6, row_cache_bytes=64 * 1024)
+    general = ShardReader(backend, store.layout, row_cache_bytes=0)
+    general.tables = {}
+    cache = fast.row_caches["obs"]
+    assert (cache.n, cache.scratch) == (60, 4)
+    rows, steps, _ = _committed(store)
+    first = fast.read_held("obs", rows[:2], steps[:2])  # nothing cached yet: general path
+    assert first is not None and first[2].all()
+    assert np.array_equal(first[0][first[1]], np.stack([frame(0, s) for s in steps[:2]]))
+    rng = np.random.default_rng(1)
+    served = refused = shared = 0
+    for _ in range(300):
+        pick = rng.choice(len(rows), int(rng.integers(1, 12)), replace=False)
+        r, st = rows[pick], steps[pick].copy()
+        if len(r) > 2:  # a row asked for again at a step it does not hold
+            r, st = np.append(r, r[0]), np.append(st, st[0] + 1)
+        got = fast.read_held("obs", r, st)
+        expect = np.zeros((len(r), *FRAME), np.uint8)
+        ok_expect = general.read("obs", r, st, expect)
+        if got is None:
+            refused += 1
+            continue
+        values, pos, ok = got
+        served += 1
+        shared += len(np.unique(r % cache.n)) < len(r)
+        assert np.array_equal(ok, ok_expect)
+        assert np.array_equal(values[pos[ok]], expect[ok])
+        assert len(np.unique(pos)) == len(pos)  # every row of the read has its own place
+    assert served > 100 and refused > 0 and shared > 50
+    assert fast.stats.row_cache_hits > 0 and fast.stats.requests > 0
+    store.close()
+
+
+def test_a_read_touching_more_shards_than_max_open_gets_every_row(tmp_path) -> None:
+    """Shard versions beyond ``max_open`` are closed after a read, not during it (rows of
+    shards closed mid-read used to come back as "overwritten")."""
+    store = make_store(tmp_path / "s.zarr", capacity=256, shard_rows=16)
+    write(store, 0, 0, 250)
+    store.flush()
+    reader, general = _readers(store, max_open=3)
+    general.max_open = 4096
+    rows, steps, _ = _committed(store)
+    keep = steps >= 0
+    rows, steps = rows[keep], steps[keep]  # rows in all 16 shards
+    for name in ("obs", "step"):
+        f = store.layout.fields[name]
+        out = np.zeros((len(rows), *f.shape), f.dtype)
+        expect = np.zeros_like(out)
+        assert general.read(name, rows, steps, expect).all()
+        assert reader.read(name, rows, steps, out).all()
+        assert np.array_equal(out, expect)
+    assert len(reader.heads) <= 3
+    store.close()
+
+
+def test_corrupt_frame_read_into_the_cache_names_the_shard(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=64, shard_rows=16)
+    write(store, 0, 0, 40)
+    store.flush()
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=1 << 20)
+    rows, steps, _ = _committed(store)
+    out = np.zeros((16, *FRAME), np.uint8)
+    assert reader.read("obs", rows[:16], steps[:16], out).all()  # shard 0 is now cached
+    reader.row_caches["obs"].clear()  # its frames are decoded again
+    key = store.layout.shard_key("obs", 0)
+    path = tmp_path / "s.zarr" / key
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    with open(path, "r+b") as fh:
+        fh.write(bytes(data))
+    with pytest.raises(es.StoreCorruptError, match=key.replace("/", ".")):
+        reader.read_held("obs", rows[:16], steps[:16])
+    store.close()
+
+
 def filled_store(tmp_path):
     """512 rows in 32-row shards, 500 steps written and flushed (the ring not yet full)."""
     store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32)

@@ -21,6 +21,10 @@ from ..storage.layout import Layout
 
 
 class RowSource(Protocol):
+    """Where rows come from (a ``ShardReader``, or a store's own source). A source may
+    also offer ``read_held(name, rows, steps) -> (values, pos, ok) | None``: rows left
+    where it holds them, valid until its next read of ``name``."""
+
     def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
              out: np.ndarray) -> np.ndarray: ...
 
@@ -75,8 +79,15 @@ def _read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     flat_r, flat_s = rows.ravel(), steps.ravel()
     key = flat_s * layout.lanes + flat_r // layout.lane_capacity  # (lane, step) <-> (row, step)
     uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    buf = np.empty((len(uniq), *f.shape), f.dtype)
-    good = source.read(name, flat_r[first], flat_s[first], buf)[inv].reshape(rows.shape)
+    held = getattr(source, "read_held", None) if lazy else None
+    got = held(name, flat_r[first], flat_s[first]) if held is not None else None
+    if got is not None:  # frames left where the reader's cache holds them
+        buf, pos, good = got
+        good, inv = good[inv], pos[inv]
+    else:
+        buf = np.empty((len(uniq), *f.shape), f.dtype)
+        good = source.read(name, flat_r[first], flat_s[first], buf)[inv]
+    good = good.reshape(rows.shape)
     inv = inv.reshape(rows.shape)
     if split is None:
         return (Gathered(buf, inv) if lazy else buf[inv]), good

@@ -31,7 +31,7 @@ from .backend import Backend, Handle, ObjectChanged
 from .kernels import native
 from .layout import Layout
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
-from .table import RowCache, ShardTable, serve
+from .table import RowCache, ShardTable, serve, serve_held
 
 
 @dataclass
@@ -157,7 +157,9 @@ class ShardReader:
             self.heads.move_to_end(key)
             return entry
         self._open_heads(name, [shard])
-        return self.heads.get(key)
+        entry = self.heads.get(key)
+        self._trim_heads()
+        return entry
 
     def _open_heads(self, name: str, shards: list[int]) -> None:
         """(Re)open shards of ``name`` and read their headers: one batched request set.
@@ -201,12 +203,16 @@ class ShardReader:
             if len(raw) > index_size(n_chunks) + HEADER_SIZE:
                 values = self._prefill(name, shard, head, raw)
             self._put_head(name, shard, h, head, values)
+        if bad is not None:
+            raise bad
+
+    def _trim_heads(self) -> None:
+        """Close the least recently used shard versions beyond ``max_open``; called once a
+        read is done, so a read touching more shards than that still gets all its rows."""
         while len(self.heads) > self.max_open:
             old_name, old_shard = next(iter(self.heads))
             old_h, _ = self._pop_head(old_name, old_shard)
             self.backend.close_object(old_h)
-        if bad is not None:
-            raise bad
 
     def _head_request(self, name: str) -> int:
         """Bytes to fetch when opening a shard of ``name``: header + index; for fields
@@ -268,6 +274,13 @@ class ShardReader:
         steps = np.asarray(steps, np.int64)
         if not len(rows):
             return np.zeros(0, bool)
+        try:
+            return self._read(name, rows, steps, out)
+        finally:
+            self._trim_heads()
+
+    def _read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+              ) -> np.ndarray:
         table = self.tables.get(name)
         if table is None or len(rows) > BATCH_ROWS:  # large reads: per shard is cheaper
             return self._read_general(name, rows, steps, out)
@@ -283,27 +296,66 @@ class ShardReader:
         out[rest] = part
         return ok
 
+    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Rows of a frame field (one row per chunk) without copying them out of this
+        reader's frame cache: ``(values, pos, ok)`` with row ``i`` in ``values[pos[i]]``
+        (``ok`` as for :meth:`read`). ``values`` is the cache itself: valid until the next
+        read of ``name``. ``None`` where this read cannot be served so (another field kind,
+        no cache or kernel, too many rows to place): use :meth:`read`.
+
+        ``rows``/``steps`` must be distinct (row, step) pairs.
+        """
+        table, cache = self.tables.get(name), self.row_caches.get(name)
+        if (table is None or not table.per_row or not cache or not self.kernel_ok[name]
+                or not 0 < len(rows) <= BATCH_ROWS):
+            return None
+        rows = np.asarray(rows, np.int64)
+        steps = np.asarray(steps, np.int64)
+        shards, slots, ready = self._ready(table, rows, steps)
+        got = serve_held(table, cache, self.layout.checksum, rows, steps, shards, slots,
+                         ready, self.stats)
+        if got is None:
+            return None
+        pos, ok, self.kernel_ok[name] = got
+        f = self.layout.fields[name]
+        values = cache.data.view(f.dtype).reshape(len(cache.data), *f.shape)
+        rest = np.flatnonzero(~ok)
+        if len(rest):  # not cached, or not trusted: the general path, not cached again
+            part = np.empty((len(rest), *f.shape), f.dtype)  # (slots now held by this read)
+            try:
+                ok[rest] = self._read_general(name, rows[rest], steps[rest], part, keep=False)
+            finally:
+                self._trim_heads()
+            values[pos[rest]] = part
+        return values, pos, ok
+
+    def _ready(self, table: ShardTable, rows: np.ndarray, steps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Shard and slot of each row, and which rows a cached trusted version holds."""
+        S = self.layout.shard_rows
+        shards = rows // S
+        slots = rows - shards * S
+        if self.layout.lanes == 1:
+            self.known[0] = max(int(self.known[0]), int(steps.max()) + 1)
+        else:
+            np.maximum.at(self.known, shards // self.layout.shards_per_lane, steps + 1)
+        return shards, slots, table.ready(shards, slots, steps)
+
     def _read_batch(self, name: str, table: ShardTable, rows: np.ndarray, steps: np.ndarray,
                     out: np.ndarray) -> np.ndarray:
         """Serve rows whose shard versions are cached and trusted, with array operations
         and one kernel call; a mask of rows served (the rest take the general path)."""
-        S = self.layout.shard_rows
-        shards = rows // S
-        slots = rows - shards * S
-        lanes = shards // self.layout.shards_per_lane
-        if self.layout.lanes == 1:
-            self.known[0] = max(int(self.known[0]), int(steps.max()) + 1)
-        else:
-            np.maximum.at(self.known, lanes, steps + 1)
-        ready = table.ready(shards, slots, steps)
+        shards, slots, ready = self._ready(table, rows, steps)
         done, self.kernel_ok[name] = serve(table, self.row_caches.get(name),
                                            self.kernel_ok[name], self.layout.checksum,
                                            rows, steps, shards, slots, ready, out, self.stats)
         return done
 
     def _read_general(self, name: str, rows: np.ndarray, steps: np.ndarray,
-                      out: np.ndarray) -> np.ndarray:
-        """Any backend, any state of the caches: locate, (re)open, read, re-check."""
+                      out: np.ndarray, keep: bool = True) -> np.ndarray:
+        """Any backend, any state of the caches: locate, (re)open, read, re-check.
+        ``keep``: put decoded frames in the frame cache."""
         L = self.layout
         S = L.shard_rows
         R = L.chunk_rows(name)
@@ -318,7 +370,7 @@ class ShardReader:
             ok, groups = self._locate(name, parts, slots, steps, excluded)
             try:
                 if R == 1:
-                    self._read_single(name, groups, rows, steps, slots, out)
+                    self._read_single(name, groups, rows, steps, slots, out, keep)
                 else:
                     self._read_grouped(name, groups, slots, R, out)
                 if not self.backend.pins_versions:
@@ -422,7 +474,7 @@ class ShardReader:
         if cache:
             cache.forget(rows, steps)
 
-    def _read_single(self, name, groups, rows, steps, slots, out) -> None:
+    def _read_single(self, name, groups, rows, steps, slots, out, keep=True) -> None:
         cache = self.row_caches.get(name)
         flat = out.reshape(len(out), -1).view(np.uint8)
         hit = cache.lookup(rows, steps, flat) if cache else np.zeros(len(rows), bool)
@@ -456,7 +508,7 @@ class ShardReader:
                                         f"{self.layout.shard_key(name, bad)}: "
                                         f"a chunk does not decode ({e})") from e
         self.stats.bytes += sum(len(b) for b in blobs)
-        if cache:
+        if cache and keep:
             cache.insert(rows[dst], steps[dst], flat[dst])
 
     def _decode_kernel(self, name: str, blobs: list, dst: np.ndarray, flat: np.ndarray) -> bool:

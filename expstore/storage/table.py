@@ -123,13 +123,19 @@ class ShardTable:
 
 
 class RowCache:
-    """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes."""
+    """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes.
+
+    A sixteenth of the rows is *scratch*: rows a read needs but cannot place in their own
+    slot (another row of the same read holds it, or they come from the general path).
+    """
 
     def __init__(self, row_bytes: int, budget: int) -> None:
-        self.n = max(0, budget // max(1, row_bytes))
+        total = max(0, budget // max(1, row_bytes))
+        self.scratch = total // 16
+        self.n = total - self.scratch  # direct-mapped slots
         self.row = np.full(self.n, -1, np.int64)
         self.step = np.full(self.n, -1, np.int64)
-        self.data = np.zeros((self.n, row_bytes), np.uint8) if self.n else None
+        self.data = np.zeros((total, row_bytes), np.uint8) if self.n else None
 
     def __bool__(self) -> bool:
         return self.n > 0
@@ -151,6 +157,39 @@ class RowCache:
         self.step[at] = steps[first]
         copy_rows(flat_rows, first, self.data, at)
 
+    def place(self, rows: np.ndarray, steps: np.ndarray, servable: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where each of a read's rows (distinct (row, step) pairs) is to be found in
+        ``data``: ``(pos, hit, own)``. ``hit``: cached (``servable`` rows only); ``own``:
+        rows to decode into their own slot, which no other row of the read holds. The rest
+        go to scratch rows. ``None``: more rows need scratch than there is.
+
+        Slots of ``own`` rows are emptied here: they are refilled by :meth:`keep` once
+        their rows are decoded.
+        """
+        at = rows % self.n
+        hit = (self.row[at] == rows) & (self.step[at] == steps) & servable
+        own = servable & ~hit
+        cand = np.flatnonzero(hit | own)
+        order = np.lexsort((~hit[cand], at[cand]))  # by slot, a hit first
+        by_slot = at[cand[order]]
+        loses = np.zeros(len(cand), bool)
+        loses[order[1:][by_slot[1:] == by_slot[:-1]]] = True  # a slot taken earlier
+        own[cand[loses]] = False
+        pos = at.copy()
+        spill = np.flatnonzero(~(hit | own))
+        if len(spill) > self.scratch:
+            return None
+        pos[spill] = self.n + np.arange(len(spill))
+        self.row[at[own]] = -1
+        return pos, hit, own
+
+    def keep(self, rows: np.ndarray, steps: np.ndarray) -> None:
+        """Record that ``rows`` (each placed ``own``) now hold the data of ``steps``."""
+        at = rows % self.n
+        self.row[at] = rows
+        self.step[at] = steps
+
     def forget(self, rows: np.ndarray, steps: np.ndarray) -> None:
         at = rows % self.n
         drop = (self.row[at] == rows) & (self.step[at] == steps)
@@ -160,6 +199,28 @@ class RowCache:
         self.row[:] = -1
 
 
+def decode_ready(table: ShardTable, checksum: bool, todo: np.ndarray, shards: np.ndarray,
+                 slots: np.ndarray, dst: np.ndarray, flat: np.ndarray, stats: Any
+                 ) -> tuple[np.ndarray, bool]:
+    """Decode rows ``todo`` (positions in a read, each of a cached trusted version) into
+    rows ``dst`` of ``flat`` with one kernel call: the positions decoded, and whether the
+    kernel may be used again for this field (not when it met a codec it does not decode).
+    A row whose chunk is missing, or that fails to read or decode, is left to the caller.
+    """
+    slot = table.slot[shards[todo]]
+    sizes = table.sizes[slot, slots[todo]]
+    keep = sizes >= 0  # a missing chunk: the general path reports it
+    todo, slot, sizes, dst = todo[keep], slot[keep], sizes[keep], dst[keep]
+    starts = table.starts[slot, slots[todo]]
+    status, bad, nbytes = native.decode_pread(table.fd[shards[todo]], starts, sizes, dst,
+                                              flat, flat.shape[1], checksum)
+    served = todo if status == native.STATUS_OK else todo[:bad]
+    stats.requests += len(served)
+    stats.chunks += len(served)
+    stats.bytes += int(nbytes)
+    return served, status != native.STATUS_UNSUPPORTED
+
+
 def serve(table: ShardTable, cache: RowCache | None, kernel: bool, checksum: bool,
           rows: np.ndarray, steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
           ready: np.ndarray, out: np.ndarray, stats: Any) -> tuple[np.ndarray, bool]:
@@ -167,8 +228,8 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, checksum: boo
     from ``cache`` and, for the rest, one ``decode_pread`` kernel call.
 
     Returns the mask of rows served (the caller reads the rest the general way) and
-    whether the kernel may be used again for this field (not when it met a codec it
-    does not decode). Counts into ``stats`` (a ``ReadStats``).
+    whether the kernel may be used again for this field. Counts into ``stats`` (a
+    ``ReadStats``).
     """
     if not table.per_row:
         n = int(ready.sum())
@@ -186,20 +247,36 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, checksum: boo
         stats.row_cache_misses += len(rows) - hits
     todo = np.flatnonzero(ready & ~done) if kernel else np.zeros(0, np.int64)
     if len(todo):
-        slot = table.slot[shards[todo]]
-        sizes = table.sizes[slot, slots[todo]]
-        keep = sizes >= 0  # a missing chunk: the general path reports it
-        todo, slot, sizes = todo[keep], slot[keep], sizes[keep]
-        starts = table.starts[slot, slots[todo]]
-        status, bad, nbytes = native.decode_pread(table.fd[shards[todo]], starts, sizes, todo,
-                                                  flat, flat.shape[1], checksum)
-        kernel = status != native.STATUS_UNSUPPORTED
-        served = todo if status == native.STATUS_OK else todo[:bad]
+        served, kernel = decode_ready(table, checksum, todo, shards, slots, todo, flat, stats)
         done[served] = True
-        stats.requests += len(served)
-        stats.chunks += len(served)
-        stats.bytes += int(nbytes)
         if cache:
             cache.insert(rows[served], steps[served], flat[served])
     stats.rows += int(done.sum())
     return done, kernel
+
+
+def serve_held(table: ShardTable, cache: RowCache, checksum: bool, rows: np.ndarray,
+               steps: np.ndarray, shards: np.ndarray, slots: np.ndarray, ready: np.ndarray,
+               stats: Any) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """Like :func:`serve` for frames, without copying them out: rows stay in (or are
+    decoded straight into) ``cache.data``. Returns ``(pos, done, kernel)``: row ``i``
+    is ``cache.data[pos[i]]`` once ``done[i]``; the caller fills the rest (general path)
+    into those same rows. ``None`` where the cache's scratch cannot take this read.
+    """
+    placed = cache.place(rows, steps, ready)
+    if placed is None:
+        return None
+    pos, done, own = placed
+    hits = int(done.sum())
+    stats.row_cache_hits += hits
+    stats.row_cache_misses += len(rows) - hits
+    todo = np.flatnonzero(ready & ~done)
+    kernel = True
+    if len(todo):
+        served, kernel = decode_ready(table, checksum, todo, shards, slots, pos[todo],
+                                      cache.data, stats)
+        done[served] = True
+        mine = served[own[served]]
+        cache.keep(rows[mine], steps[mine])
+    stats.rows += int(done.sum())
+    return pos, done, kernel
