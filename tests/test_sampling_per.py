@@ -219,6 +219,8 @@ def test_cer_newest_is_a_batch_sample_not_a_spare(tmp_path, kind):
     for j in range(4):
         rows, weight = plan.rows[j * 11 : (j + 1) * 11], plan.weight[j * 11 : (j + 1) * 11]
         assert rows[7] == newest and weight[7] == 1.0
+    with pytest.raises(ValueError, match="batches"):
+        s.plan(8, batches=0)
     b = s.sample(8)  # spares are not returned: the newest is the last returned sample
     assert len(b["index"]) == 8 and b["index"][-1] == newest
 

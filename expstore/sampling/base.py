@@ -136,10 +136,12 @@ class Sampler:
         b = batch_size or self.batch_size
         if not b:
             raise ValueError("batch_size: expected a positive int")
-        rows, w = self.sample_rows(b, self.spare, batches)
+        if int(batches) < 1:
+            raise ValueError(f"batches: expected a positive int, got {batches}")
+        rows, w = self.sample_rows(b, self.spare, int(batches))
         return make_plan(self.index, rows, w, self.history, self.n_step, self.gamma,
                          spare=self.spare, committed_only=self.committed_only,
-                         batches=batches)
+                         batches=int(batches))
 
     def plan_batches(self, k: int) -> list[Any]:
         """Plans of ``k`` batches for one DataLoader item: one plan drawn at once, or,
