@@ -62,7 +62,7 @@ CHILD = {  # each body sets t0 after its imports and `frames` (rows processed)
     """,
     "inflate only": """
         import numpy as np
-        from expstore.datasets._npy import NpyGzipReader
+        from expstore.datasets.npy_gzip import NpyGzipReader  # internals: the .npy.gz reader
         t0 = time.perf_counter()
         with NpyGzipReader(PATH) as r:
             while r.pos < r.rows:
@@ -72,7 +72,7 @@ CHILD = {  # each body sets t0 after its imports and `frames` (rows processed)
     """,
     "store append only": """
         import numpy as np, expstore as es
-        from expstore.datasets.dopamine import inspect_checkpoint, dopamine_spec
+        from expstore.datasets.dopamine import inspect_checkpoint, dopamine_spec  # dopamine's face
         spec = dopamine_spec(inspect_checkpoint(DIR, 0), 4, None, CODEC)
         src = np.load(DIR + "/frames.npy", mmap_mode="r")  # raw frames (page cache)
         t0 = time.perf_counter()
@@ -86,7 +86,7 @@ CHILD = {  # each body sets t0 after its imports and `frames` (rows processed)
         frames = len(src)
     """,
     "import_dopamine": """
-        from expstore.datasets.dopamine import import_dopamine
+        from expstore.datasets import import_dopamine
         t0 = time.perf_counter()
         import_dopamine(DIR, URL, codec=CODEC)
         frames = json.loads(open(DIR + "/meta.json").read())["frames"]
@@ -133,7 +133,7 @@ def build_checkpoint(d: Path, frames: int, source: dict[str, Any], level: int) -
     idx = np.asarray(rows)
     base = np.zeros((block, 84, 84), np.uint8)
     base[idx >= 0] = f[idx[idx >= 0]]
-    from expstore.datasets._npy import npy_header
+    from expstore.datasets.npy_gzip import npy_header  # internals: the .npy.gz codec
 
     member = gzip.compress(base.tobytes(), level)
     with open(d / "$store$_observation_ckpt.0.gz", "wb") as out:
@@ -161,8 +161,8 @@ import cProfile, io, json, pstats, time
 import numpy as np
 from numcodecs import blosc
 import expstore as es
-from expstore.datasets.dopamine import import_dopamine
-from expstore.storage.layout import Layout
+from expstore.datasets import import_dopamine
+from expstore.storage import Layout
 out = {"encode_us": {}, "top": []}
 frames = np.ascontiguousarray(np.load(DIR + "/frames.npy", mmap_mode="r")[:2048])
 for name, cfg in CODECS.items():  # one frame per call, as the writer encodes image rows

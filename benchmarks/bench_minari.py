@@ -132,7 +132,7 @@ def run_case(store: Any, eps: list[dict], writer: str, kw: dict, dataset_id: str
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    from expstore.datasets.minari import export_minari
+    from expstore.datasets import export_minari
 
     t0 = time.perf_counter()
     if writer == "expstore":

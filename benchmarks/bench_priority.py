@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from expstore.index.sumtree import PriorityTree  # noqa: E402
+from expstore.index import PriorityTree  # noqa: E402
 
 BATCH = 256
 

@@ -35,7 +35,7 @@ import expstore as es  # noqa: E402
 from benchmarks.expstore_case import extend_batches, spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
-from expstore.testing.s3 import MotoServer, TcpProxy  # noqa: E402
+from expstore.testing import MotoServer, TcpProxy  # noqa: E402
 
 
 def fill(url: str, data: dict, shard_rows: int, so: dict | None) -> tuple[es.Store, float]:

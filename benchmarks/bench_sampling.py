@@ -31,11 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.report import markdown_table, save_json, write_section  # noqa: E402
-from expstore.index.rows import RowIndex  # noqa: E402
-from expstore.index.sumtree import PriorityTree  # noqa: E402
-from expstore.sampling.prioritized import PrioritizedSampler  # noqa: E402
-from expstore.sampling.sequence import SequenceSampler  # noqa: E402
-from expstore.storage.layout import FLAG_FIRST, FLAG_LAST  # noqa: E402
+from expstore import PrioritizedSampler, SequenceSampler  # noqa: E402
+from expstore.index import PriorityTree, RowIndex  # noqa: E402
+from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
 
 
 class IndexOnly:

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import markdown_table, ratio, save_json, write_section  # noqa: E402
 
-from expstore.integrations.sb3 import ExpstoreReplayBuffer  # noqa: E402
+from expstore.integrations import ExpstoreReplayBuffer  # noqa: E402
 
 
 def cartpole_stream(n: int, seed: int = 0):

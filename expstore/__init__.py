@@ -8,31 +8,28 @@
 
 from .errors import (
     ExpstoreError,
+    LeaseUnsupportedError,
+    NotEnoughData,
     ReadOnlyError,
     SpecError,
+    StaleBatchError,
     StorageError,
     StoreCorruptError,
     StoreLockedError,
     ValidationError,
     WriteFailedError,
 )
-from .memory import (
-    OnPolicyBatchReplay,
-    OnPolicyReplay,
-    PrioritizedReplay,
-    Replay,
-    make_memory,
-)
+from .field import Field
 from .sampling import (
     HERSampler,
     MixtureSampler,
-    NotEnoughData,
     PrioritizedSampler,
+    ReaderView,
     Sampler,
     SequenceSampler,
     UniformSampler,
 )
-from .spec import Field, Spec
+from .spec import Spec
 from .storage.layout import round_capacity
 from .store import Store, create, open  # noqa: A004
 
@@ -45,6 +42,9 @@ __all__ = [
     "make_loader",
     "Field",
     "NotEnoughData",
+    "ReaderView",
+    "StaleBatchError",
+    "LeaseUnsupportedError",
     "ReadOnlyError",
     "Sampler",
     "Spec",
@@ -69,15 +69,25 @@ __all__ = [
     "open",
     "round_capacity",
     "RecordToStore",
+    "RecordVectorToStore",
 ]
 
 
+_SLM_LAB = ("Replay", "PrioritizedReplay", "OnPolicyReplay", "OnPolicyBatchReplay",
+            "make_memory")
+
+
 def __getattr__(name: str):
-    """``RecordToStore`` imports gymnasium and the loader imports torch: both load on use."""
+    """``RecordToStore`` imports gymnasium, the loader imports torch, the SLM Lab memories
+    load on use too."""
     if name in ("LoaderStats", "StoreLoader", "make_loader"):
         from .loading import loader as _loader
 
         return getattr(_loader, name)
+    if name in _SLM_LAB:
+        from .integrations import slm_lab as _slm_lab
+
+        return getattr(_slm_lab, name)
     if name in ("RecordToStore", "RecordVectorToStore"):
         from .integrations import gym as _gym
 

@@ -1,5 +1,10 @@
 """Exceptions raised by expstore. Each names the field or file it is about."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 
 class ExpstoreError(Exception):
     """Base class of expstore's errors."""
@@ -32,3 +37,39 @@ class WriteFailedError(StorageError):
 
 class ReadOnlyError(ExpstoreError):
     """A write on a store opened with ``mode="r"``."""
+
+
+class LeaseUnsupportedError(ExpstoreError, ValueError):
+    """Lane leases were asked for on a backend without atomic conditional writes, where a
+    lease cannot keep two writers apart; open with ``lease_ttl=None`` if this process is the
+    only writer."""
+
+
+class PreconditionFailed(ExpstoreError):
+    """A conditional write (``Backend.put_if``) found the object in another version than
+    expected; the message names the key."""
+
+
+class ObjectChanged(ExpstoreError):
+    """Objects were replaced after their handle pinned a version; ``handles`` lists them."""
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        super().__init__(f"{len(handles)} object(s) changed since they were opened")
+        self.handles = list(handles)
+
+
+class NotEnoughData(ExpstoreError):
+    """The store holds too few rows that can serve the sampler's need."""
+
+
+class StaleBatchError(ExpstoreError):
+    """Every sample of a batch was overwritten before it could be read."""
+
+
+class DatasetFormatError(ExpstoreError, ValueError):
+    """A dataset file is malformed or does not hold what its format requires (names it)."""
+
+
+class ChecksumError(ExpstoreError, ValueError):
+    """An inner chunk's bytes do not match the crc32c stored after them (the reader turns
+    it into a :class:`StoreCorruptError` naming the shard)."""

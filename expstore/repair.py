@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ExpstoreError, StoreCorruptError
-from .storage.backend import Backend, backend_for
-from .storage.layout import FLAG_LAST, Layout, read_layout
+from .rows import FLAG_LAST
+from .storage.backends import Backend, backend_for
+from .storage.layout import Layout, read_layout
 from .storage.quarantine import Quarantine, read_quarantine, write_quarantine
 from .storage.shard import HEADER_SIZE, ShardHead, index_size, parse_head
 from .storage.state import STATE_VERSION, LaneState, read_state, state_key, write_state

@@ -25,27 +25,31 @@ from .errors import (
     WriteFailedError,
 )
 from .index.rows import RowIndex
-from .loading.assemble import assemble
-from .sampling.plan import make_plan
-from .spec import BUILTIN, Spec
-from .storage.backend import Backend, backend_for
+from .loading.execute import assemble
+from .rows import encode_steps
+from .sampling import UniformSampler, make_plan
+from .spec import Spec
+from .storage import priority_file
+from .storage.backends import Backend, backend_for
 from .storage.layout import (
-    FLAG_FIRST,
-    FLAG_LAST,
-    FLAG_TERMINATED,
-    FLAG_TRUNCATED,
     Layout,
     auto_shard_rows,
     read_layout,
     round_capacity,
     write_metadata,
 )
-from .storage.lease import DEFAULT_TTL, LeasedBackend, acquire_all, live_holders
+from .storage.lease import (
+    DEFAULT_TTL,
+    LeasedBackend,
+    acquire_all,
+    live_holders,
+    require_atomic_writes,
+)
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
 from .storage.state import LaneState, read_state, read_states, write_state
 from .storage.writer import LaneWriter
-from .validate import coerce
+from .validate import validate_steps
 
 
 def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
@@ -72,6 +76,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
             raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
                                   "replace it)")
         _refuse_if_leased(backend)
+    if lease_ttl:  # refuse before writing anything, as opening for writing would
+        require_atomic_writes(backend)
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
@@ -229,11 +235,6 @@ class Store:
             self._reader_pid = os.getpid()
         return self._reader
 
-    def _load_index(self, states: list[LaneState]) -> None:
-        self._states = states
-        for st in states:
-            self._load_lane(st)
-
     def _load_lane(self, st: LaneState) -> None:
         """Bring the index of one lane up to a committed state (reads metadata shards)."""
         idx = self.index
@@ -349,7 +350,7 @@ class Store:
         ends (as the episode's final row); otherwise it is the next step's ``obs``.
         """
         if lane is None and self.lanes > 1:
-            batch = self._validate(obs, action, reward, next_obs, terminated, truncated,
+            batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated, truncated,
                                    extras, (self.lanes,))
             for i in range(self.lanes):
                 self._writer(i)
@@ -367,7 +368,8 @@ class Store:
             return
         lane = 0 if lane is None else lane
         self._writer(lane)
-        batch = self._validate(obs, action, reward, next_obs, terminated, truncated, extras, ())
+        batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated, truncated,
+                               extras, ())
         self._append(lane, {k: v[None] for k, v in batch.items()})
 
     def extend(self, batch: Mapping[str, Any], lane: int = 0) -> None:
@@ -390,74 +392,25 @@ class Store:
             raise ValidationError("reward: expected an array with leading axis T") from e
         known = {"obs", "action", "reward", "terminated", "truncated", "next_obs"}
         extras = {k: v for k, v in b.items() if k not in known}
-        vals = self._validate(b["obs"], b["action"], b["reward"], b.get("next_obs"),
+        vals = validate_steps(self.spec, b["obs"], b["action"], b["reward"], b.get("next_obs"),
                               b["terminated"], b["truncated"], extras, (T,))
         self._append(lane, vals)
 
-    def _validate(self, obs, action, reward, next_obs, terminated, truncated, extras,
-                  lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        """All values cast and checked; raises before anything is stored."""
-        spec = self.spec
-        nonfinite = spec.reject_nonfinite
-        out: dict[str, np.ndarray] = {}
-        given = {**spec.flatten("obs", obs), **spec.flatten("action", action),
-                 "reward": reward, "terminated": terminated, "truncated": truncated}
-        # ``next_<user field>``: the field's value at the next row, kept for final rows
-        nxt = {k: v for k, v in extras.items() if k not in spec.fields
-               and k.startswith("next_") and k[5:] in spec.fields and k[5:] not in BUILTIN
-               and k[5:] not in spec.obs_names and k[5:] not in spec.action_names}
-        extras = {k: v for k, v in extras.items() if k not in nxt}
-        unknown = [k for k in extras if k not in spec.fields]
-        if unknown:
-            raise ValidationError(f"unknown field(s) {unknown}; the spec has "
-                                  f"{list(spec.fields)}")
-        given.update(extras)
-        for name, f in spec.fields.items():
-            out[name] = coerce(name, f, given.get(name), lead, nonfinite)
-        for k, v in nxt.items():
-            out[k] = coerce(k, spec.fields[k[5:]], v, lead, nonfinite)
-        done = out["terminated"] | out["truncated"]
-        if np.any(done):
-            if next_obs is None:
-                raise ValidationError("next_obs: required for steps that end an episode "
-                                      "(terminated or truncated)")
-            for name, v in spec.flatten("obs", next_obs).items():
-                out["next_" + name] = coerce("next_" + name, spec.fields[name], v, lead,
-                                             nonfinite)
-        return out
+    def set_episode_position(self, lane: int, position: int) -> None:
+        """The next row of ``lane`` starts at this position of its episode; 0 = a new
+        episode (flag FIRST, even when the lane's last episode has no final row: it stays
+        interrupted). ``k > 0`` continues an episode whose first ``k`` rows are not here."""
+        if not 0 <= lane < self.lanes:
+            raise ValueError(f"lane: expected 0..{self.lanes - 1}, got {lane}")
+        if position < 0:
+            raise ValueError(f"position: expected >= 0, got {position}")
+        self._episode_step[lane] = int(position)
 
     def _append(self, lane: int, vals: dict[str, np.ndarray]) -> None:
         """Turn validated steps into rows (+ a final row per finished episode)."""
         w = self.writers[lane]
-        T = len(vals["reward"])
-        done = vals["terminated"] | vals["truncated"]
-        n_final = int(done.sum())
-        # row position of each step: steps shift by one for each final row before them
-        step_pos = np.arange(T) + np.concatenate([[0], np.cumsum(done)[:-1]])
-        final_pos = step_pos[done] + 1
-        n_rows = T + n_final
-        rows: dict[str, np.ndarray] = {}
-        for name, f in self.layout.fields.items():
-            if name.startswith("_"):
-                continue
-            arr = np.zeros((n_rows, *f.shape), f.dtype)
-            arr[step_pos] = vals[name]
-            if n_final and "next_" + name in vals:  # obs; user fields when given
-                arr[final_pos] = vals["next_" + name][done]
-            rows[name] = arr
-        flags = np.zeros(n_rows, np.uint8)
-        flags[step_pos] |= np.where(vals["terminated"], FLAG_TERMINATED, 0).astype(np.uint8)
-        flags[step_pos] |= np.where(vals["truncated"], FLAG_TRUNCATED, 0).astype(np.uint8)
-        flags[final_pos] = FLAG_LAST
-        # episode positions: count up from the lane's open episode, restart after final rows
-        idx = np.arange(n_rows, dtype=np.int64)
-        prev_final = np.maximum.accumulate(np.where(flags & FLAG_LAST, idx, -1))
-        prev_final = np.concatenate([[-1], prev_final[:-1]])
-        ep = idx - (prev_final + 1) + np.where(prev_final < 0, self._episode_step[lane], 0)
-        flags[ep == 0] |= FLAG_FIRST
-        rows["_episode_step"] = ep.astype(np.int32)
-        rows["_flags"] = flags
-        rows["_step_id"] = np.arange(w.count, w.count + n_rows, dtype=np.int64)
+        rows, next_open, n_final = encode_steps(vals, self.spec.fields,
+                                                self._episode_step[lane], w.count)
         before = w.count
         error: WriteFailedError | None = None
         try:
@@ -467,9 +420,9 @@ class Store:
                 raise
             start, error = before, e  # all rows staged, a shard write failed
         w.episodes += n_final
-        self._episode_step[lane] = 0 if flags[-1] & FLAG_LAST else int(ep[-1]) + 1
+        self._episode_step[lane] = next_open
         self.index.set_valid_from(lane, w.valid_from)
-        self.index.put(lane, start, rows["_episode_step"], flags, committed=False)
+        self.index.put(lane, start, rows["_episode_step"], rows["_flags"], committed=False)
         self.index.committed[lane] = w.committed.count
         if error is not None:
             raise error
@@ -497,6 +450,33 @@ class Store:
         if fn in self._flush_hooks:
             self._flush_hooks.remove(fn)
 
+    def save_priorities(self, name: str, payload: Mapping[str, Any]) -> None:
+        """Write a sampler's priority payload (``PriorityIndex.payload()``) as
+        ``_index/<name>.bin``, replacing the last one atomically; ``ReadOnlyError`` on a
+        store opened with ``mode="r"``."""
+        if self.mode == "r":
+            raise ReadOnlyError(f"{self.url}: store opened read-only; priorities cannot be "
+                                "saved (open with mode='r+')")
+        self.backend.put(priority_file.priority_key(name),
+                         priority_file.encode({"name": name, **payload}))
+
+    def load_priorities(self, name: str) -> dict[str, Any] | None:
+        """The priority payload saved as ``name`` (``None`` if there is none), with
+        ``source`` naming where it came from. ``StoreCorruptError`` if it is damaged or was
+        saved for another capacity or number of lanes."""
+        key = priority_file.priority_key(name)
+        raw = self.backend.get(key)
+        if raw is None:
+            return None
+        where = f"{self.backend.url}/{key}"
+        saved = priority_file.decode(raw, where)
+        if saved["capacity"] != self.capacity or saved["lanes"] != self.lanes:
+            raise StoreCorruptError(
+                f"{where}: saved for capacity {saved['capacity']} / {saved['lanes']} lanes, "
+                f"the store has {self.capacity} / {self.lanes}")
+        saved["source"] = where
+        return saved
+
     def close(self) -> None:
         """Flush (when writable), release the lanes' leases and file handles."""
         try:
@@ -517,15 +497,21 @@ class Store:
         steps = idx_steps if steps is None else np.asarray(steps, np.int64)
         f = self.layout.fields[name]
         out = np.empty((len(rows), *f.shape), f.dtype) if out is None else out
-        ok = self._source.read(name, rows, steps, out)
+        ok = self.source.read(name, rows, steps, out)
         if not ok.all():
             raise KeyError(f"{name}: rows {rows[~ok][:8].tolist()} are not held "
                            "(never written or overwritten)")
         return out
 
     @property
-    def _source(self) -> _StoreSource:
-        return _StoreSource(self)
+    def source(self) -> StoreSource:
+        """Rows as this process sees them (staged rows included): a ``RowSource``."""
+        return StoreSource(self)
+
+    def read_plan(self, plan: Any) -> dict[str, np.ndarray]:
+        """Execute a sampler's plan in this process: a batch dict of numpy arrays."""
+        batch, _ = assemble(plan, self.layout, self.source)
+        return batch
 
     @property
     def history(self) -> int:
@@ -543,15 +529,11 @@ class Store:
         valid = self.index.valid(rows, self.history, 1)
         if not valid.all():
             raise ValueError(f"rows {rows[~valid][:8].tolist()} cannot start a transition")
-        plan = make_plan(self.index, rows, weight, self.history, n_step, gamma)
-        batch, _ = assemble(plan, self.layout, self._source)
-        return batch
+        return self.read_plan(make_plan(self.index, rows, weight, self.history, n_step, gamma))
 
     def sample(self, batch_size: int, rng: np.random.Generator | None = None,
                **kwargs: Any) -> dict[str, np.ndarray]:
         """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight)."""
-        from .sampling.uniform import UniformSampler
-
         if self._sampler is None:
             self._sampler = UniformSampler(self)
         if rng is not None:
@@ -559,7 +541,7 @@ class Store:
         return self._sampler.sample(batch_size, **kwargs)
 
 
-class _StoreSource:
+class StoreSource:
     """Rows for this process: staged rows from the writers, the rest from shards."""
 
     def __init__(self, store: Store) -> None:

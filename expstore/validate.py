@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from .errors import ValidationError
-from .spec import Field
+from .field import Field
+from .spec import BUILTIN, Spec
 
 
 def coerce(name: str, field: Field, value: Any, lead: tuple[int, ...],
@@ -76,3 +77,39 @@ def _check_bounds(name: str, field: Field, arr: np.ndarray) -> None:
                 f"{name}: value {arr[where]} at {where} is {word} bound {limit} "
                 f"(expected {field.low}..{field.high})"
             )
+
+
+def validate_steps(spec: Spec, obs: Any, action: Any, reward: Any, next_obs: Any,
+                   terminated: Any, truncated: Any, extras: dict[str, Any],
+                   lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Steps given to ``add``/``extend`` as arrays of ``lead + field shape`` per field
+    (``next_<obs>`` where an episode ends, ``next_<user field>`` where given), cast and
+    checked; raises :class:`ValidationError` naming the field before anything is stored.
+    """
+    nonfinite = spec.reject_nonfinite
+    out: dict[str, np.ndarray] = {}
+    given = {**spec.flatten("obs", obs), **spec.flatten("action", action),
+             "reward": reward, "terminated": terminated, "truncated": truncated}
+    # ``next_<user field>``: the field's value at the next row, kept for final rows
+    nxt = {k: v for k, v in extras.items() if k not in spec.fields
+           and k.startswith("next_") and k[5:] in spec.fields and k[5:] not in BUILTIN
+           and k[5:] not in spec.obs_names and k[5:] not in spec.action_names}
+    extras = {k: v for k, v in extras.items() if k not in nxt}
+    unknown = [k for k in extras if k not in spec.fields]
+    if unknown:
+        raise ValidationError(f"unknown field(s) {unknown}; the spec has "
+                              f"{list(spec.fields)}")
+    given.update(extras)
+    for name, f in spec.fields.items():
+        out[name] = coerce(name, f, given.get(name), lead, nonfinite)
+    for k, v in nxt.items():
+        out[k] = coerce(k, spec.fields[k[5:]], v, lead, nonfinite)
+    done = out["terminated"] | out["truncated"]
+    if np.any(done):
+        if next_obs is None:
+            raise ValidationError("next_obs: required for steps that end an episode "
+                                  "(terminated or truncated)")
+        for name, v in spec.flatten("obs", next_obs).items():
+            out["next_" + name] = coerce("next_" + name, spec.fields[name], v, lead,
+                                         nonfinite)
+    return out

@@ -21,15 +21,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ExpstoreError
-from .storage.backend import backend_for
-from .storage.layout import (
-    FLAG_FIRST,
-    FLAG_LAST,
-    FLAG_TERMINATED,
-    FLAG_TRUNCATED,
-    Layout,
-    read_layout,
-)
+from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from .storage.backends import backend_for
+from .storage.layout import Layout, read_layout
 from .storage.quarantine import Quarantine, read_quarantine
 from .storage.shard import EMPTY, HEADER_SIZE, index_size, parse_head
 from .storage.state import read_state, state_key

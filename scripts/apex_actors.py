@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     server = None
     if a.url is None:  # no endpoint given: a local S3 server, started and stopped here
-        from expstore.testing.s3 import MotoServer
+        from expstore.testing import MotoServer
 
         server = MotoServer().start()
         server.create_bucket("apex")

@@ -26,7 +26,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from expstore.storage.faults import POINTS  # noqa: E402
+from expstore.storage.faults import POINTS  # noqa: E402  (internals: the crash points)
 from expstore.testing import crash, scratch_dir  # noqa: E402
 
 

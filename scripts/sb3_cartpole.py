@@ -23,7 +23,7 @@ from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewar
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
-from expstore.integrations.sb3 import ExpstoreReplayBuffer, PrioritizedDQN
+from expstore.integrations import ExpstoreReplayBuffer, PrioritizedDQN
 
 
 def main() -> None:

@@ -192,7 +192,7 @@ def write_repeated_checkpoint(directory, suffix: int, repeats: int, episode: int
     frames = np.zeros((block, 84, 84), np.uint8)
     frames[pad:] = pong_frames(episode, seed)
     member = gzip.compress(frames.tobytes(), compresslevel)
-    from expstore.datasets._npy import npy_header
+    from expstore.datasets.npy_gzip import npy_header  # internals: the .npy.gz codec
 
     path = os.path.join(directory, f"{STORE_FILENAME_PREFIX}observation_ckpt.{suffix}.gz")
     with open(path, "wb") as f:

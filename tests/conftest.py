@@ -13,7 +13,7 @@ def s3_server():
     ``endpoint``, ``port``, ``storage_options`` and ``create_bucket(name)``."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    from expstore.testing.s3 import MotoServer
+    from expstore.testing import MotoServer
 
     server = MotoServer().start()
     try:
@@ -38,7 +38,7 @@ def s3_url(s3_server, request):
 def s3_proxy(s3_server):
     """A loopback TCP proxy in front of the moto server that counts HTTP requests and can
     ``cut()`` / ``restore()`` the endpoint (moto keeps its objects meanwhile)."""
-    from expstore.testing.s3 import TcpProxy
+    from expstore.testing import TcpProxy
 
     proxy = TcpProxy(s3_server.port).start()
     try:

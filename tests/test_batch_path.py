@@ -16,8 +16,7 @@ import torch
 from test_loader import decode_frame
 
 import expstore as es
-from expstore.storage.backend import backend_for
-from expstore.storage.reader import ShardReader
+from expstore.storage import ShardReader, backend_for
 
 FRAME = (32, 32)  # 1 KiB: stored one row per inner chunk, like Atari frames
 
@@ -339,7 +338,7 @@ def _messages(loader, n):
 
 def test_copied_out_messages_free_their_slot_at_once(tmp_path) -> None:
     """What ``pin_memory=True`` does per message (the copy is page-locked where CUDA is)."""
-    from expstore.loading.transport import FREE, _workers, open_message
+    from expstore.loading.transport import FREE, _workers, open_message  # internals: slots
 
     store = filled_store(tmp_path)
     loader = _loader(store, batches_per_message=2)

@@ -15,7 +15,7 @@ from _dopamine_ref import OutOfGraphReplayBuffer, pong_frames, write_repeated_ch
 
 import expstore as es
 from expstore.cli import main
-from expstore.datasets.common import lane_rows
+from expstore.datasets import lane_rows
 from expstore.verify import verify_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import pytest
 
 import expstore as es
 from expstore import store as store_mod
-from expstore.storage import faults
+from expstore.storage import faults  # internals: the crash points
 from expstore.testing import concurrent, crash, data, scratch_dir
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.storage.faults import POINTS
+from expstore.storage.faults import POINTS  # internals: the crash points
 from expstore.testing import crash, data, scratch_dir
 
 

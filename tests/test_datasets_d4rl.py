@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.datasets.common import DatasetFormatError, lane_rows
-from expstore.datasets.d4rl import export_d4rl, import_d4rl
+from expstore.datasets import export_d4rl, import_d4rl, lane_rows
+from expstore.errors import DatasetFormatError
 
 h5py = pytest.importorskip("h5py")
 

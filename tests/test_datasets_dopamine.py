@@ -22,13 +22,9 @@ import pytest
 from _dopamine_ref import OutOfGraphReplayBuffer, pong_frames, write_repeated_checkpoint
 
 import expstore as es
-from expstore.datasets.common import DatasetFormatError, lane_rows
-from expstore.datasets.dopamine import (
-    export_dopamine,
-    find_suffixes,
-    import_dopamine,
-    inspect_checkpoint,
-)
+from expstore.datasets import export_dopamine, import_dopamine, lane_rows
+from expstore.datasets.dopamine import find_suffixes, inspect_checkpoint  # dopamine's face
+from expstore.errors import DatasetFormatError
 
 SHAPE = (10, 10)
 K = 4
@@ -277,7 +273,7 @@ def test_not_gzip(ckpt, tmp_path):
 # -- memory bound --------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import json, resource, sys
-    from expstore.datasets.dopamine import import_dopamine
+    from expstore.datasets import import_dopamine
     s = import_dopamine(sys.argv[1], sys.argv[2], codec={"name": "blosc", "cname": "lz4",
                         "clevel": 1})
     print(json.dumps({"steps": s.steps, "episodes": s.episodes, "seconds": s.seconds,

@@ -19,8 +19,8 @@ gym = pytest.importorskip("gymnasium")
 from minari.data_collector import EpisodeBuffer  # noqa: E402
 
 import expstore as es  # noqa: E402
-from expstore.datasets import _minari_write  # noqa: E402
-from expstore.datasets.minari import export_minari, import_minari  # noqa: E402
+from expstore.datasets import export_minari, import_minari  # noqa: E402
+from expstore.datasets.minari import write as minari_write  # noqa: E402  (internals: patched)
 
 spaces = gym.spaces
 pytestmark = [
@@ -169,7 +169,7 @@ def assert_minari_episodes(ds, eps, with_infos=True):
 
 def assert_store_holds(store, eps):
     """The store's rows, episode by episode, are exactly the reference episodes."""
-    from expstore.datasets.minari import store_episodes
+    from expstore.datasets import store_episodes
 
     found = store_episodes(store)
     assert len(found) == len(eps)
@@ -591,7 +591,7 @@ def test_export_errors(tmp_path, minari_root, monkeypatch):
         raise OSError("disk full")
 
     with monkeypatch.context() as m:
-        m.setattr(_minari_write.Hdf5Writer, "write", boom)
+        m.setattr(minari_write.Hdf5Writer, "write", boom)
         with pytest.raises(OSError, match="disk full"):
             export_minari(store, "expstore/x-v0")
     assert calls == [0]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.datasets.common import DatasetFormatError, lane_rows
-from expstore.datasets.npz import export_npz, import_npz
+from expstore.datasets import export_npz, import_npz, lane_rows
+from expstore.errors import DatasetFormatError
 
 
 def spec() -> es.Spec:

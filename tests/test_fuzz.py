@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import expstore as es
 from expstore.errors import WriteFailedError
-from expstore.storage.layout import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from expstore.rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from expstore.testing import scratch_dir
 
 LANES, S, SHARDS = 2, 8, 3

@@ -12,7 +12,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import expstore as es
-from expstore.storage.layout import FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from expstore.rows import FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 
 
 class Tracer(gym.Wrapper):

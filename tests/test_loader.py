@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import expstore as es
+from expstore.sampling import IN_PROCESS
 
 
 def value_frame(lane: int, step: int) -> np.ndarray:
@@ -82,9 +83,9 @@ def test_training_while_writing_never_returns_overwritten_rows(tmp_path):
     lock = threading.Lock()
 
     class LockedSampler(es.UniformSampler):  # a store is not thread-safe: share it locked
-        def plan(self, batch_size=None):
+        def plan(self, batch_size, batches=1, view=IN_PROCESS):
             with lock:
-                return super().plan(batch_size)
+                return super().plan(batch_size, batches, view)
 
     loader = es.make_loader(store, LockedSampler(store), batch_size=16, num_workers=2,
                             prefetch_factor=4, guard=0, spare=2)  # no guard: overwrites happen
@@ -121,12 +122,10 @@ def test_stale_rows_are_detected_and_replaced(tmp_path):
     write(store, 0, 0, 60)
     store.flush()
     sampler = es.UniformSampler(store, seed=0)
-    sampler.committed_only = True
-    sampler.spare = 4
-    plan = sampler.plan(8)
+    plan = sampler.plan(8, view=es.ReaderView(committed_only=True, spare=4))
     write(store, 0, 60, 40)  # overwrites most of the ring after the plan was made
     store.flush()
-    from expstore.loading.loader import StoreDataset
+    from expstore.loading import StoreDataset
 
     got = StoreDataset(store.url, store.layout).__getitems__([plan])
     (batch,) = got.batches
@@ -194,8 +193,9 @@ def test_cer_through_workers_puts_the_newest_transition_in_every_batch(tmp_path,
                es.PrioritizedSampler(store, cer=True, seed=1, persist=False))
     loader = es.make_loader(store, sampler, batch_size=16, num_workers=2, num_batches=12,
                             batches_per_message=4, multiprocessing_context="fork")
-    newest = sampler.newest_row()
-    assert sampler.spare > 0 and newest is not None
+    view = loader.plans.view  # what the workers read: flushed rows, spares per batch
+    newest = sampler.newest_row(view)
+    assert view.spare > 0 and newest is not None
     n = 0
     for batch in loader:
         check_batch(batch)

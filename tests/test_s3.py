@@ -18,8 +18,9 @@ import pytest
 import zarr
 
 import expstore as es
-from expstore.storage.remote import FsspecBackend, RetryPolicy
-from expstore.storage.state import read_state, state_key
+from expstore.errors import PreconditionFailed
+from expstore.storage import read_state, state_key
+from expstore.storage.backends import RetryPolicy, S3Backend  # the backends subpackage's face
 from expstore.testing import data
 
 pytest.importorskip("s3fs")
@@ -49,7 +50,7 @@ def all_objects(backend, skip=(".lease",)) -> dict[str, bytes]:
 def test_create_append_flush_reopen_sample(s3_url):
     url, so = s3_url
     store = es.create(url, SPEC, capacity=96, shard_rows=32, storage_options=so)
-    assert isinstance(store.backend, FsspecBackend) and store.backend.pins_versions
+    assert isinstance(store.backend, S3Backend) and store.backend.pins_versions
     nxt = write(store, 0, 0, 130, session=1)  # wraps the 96-row ring
     store.flush()
     store.close()
@@ -198,7 +199,7 @@ def test_permanent_outage_fails_clearly_and_loses_nothing(s3_url, s3_server, s3_
     store.backend.retry = RetryPolicy(attempts=3, base=0.05, deadline=5)
     nxt = write(store, 0, 0, 40, session=1)
     store.flush()
-    witness = FsspecBackend(url, direct)
+    witness = S3Backend(url, direct)
     state_before = witness.get(state_key(0))
     committed = read_state(witness, 0).count
     s3_proxy.cut()
@@ -281,7 +282,7 @@ def test_memory_reader_rechecks_headers_after_wraparound():
 
 def test_permanent_error_is_not_retried(s3_server):
     store_url = "s3://no-such-bucket-expstore/s.zarr"
-    b = FsspecBackend(store_url, s3_server.storage_options)
+    b = S3Backend(store_url, s3_server.storage_options)
     t0 = time.monotonic()
     with pytest.raises(es.StorageError, match="no-such-bucket-expstore/s.zarr/x.*permanent"):
         b.put("x", b"1")
@@ -291,16 +292,14 @@ def test_permanent_error_is_not_retried(s3_server):
 def test_conditional_writes_are_decided_by_the_server(s3_url, monkeypatch):
     """Lease writes use S3 If-None-Match / If-Match: the server refuses a stale write even
     when a client-side check would have been fooled (no check-then-write window)."""
-    from expstore.storage.backend import PreconditionFailed
-
     url, so = s3_url
-    b = FsspecBackend(url, so)
+    b = S3Backend(url, so)
     tag = b.put_if("_state/x.lease", b"a", None)
     with pytest.raises(PreconditionFailed):
         b.put_if("_state/x.lease", b"b", None)  # exists already
     b.put("_state/x.lease", b"c")  # another writer replaces it
-    monkeypatch.setattr(FsspecBackend, "get_tagged", lambda self, key: (b"a", tag))
+    monkeypatch.setattr(S3Backend, "get_tagged", lambda self, key: (b"a", tag))
     with pytest.raises(PreconditionFailed):
         b.put_if("_state/x.lease", b"d", tag)  # stale tag: refused by the server
     monkeypatch.undo()
-    assert b.get("_state/x.lease") == b"c" and b._cas
+    assert b.get("_state/x.lease") == b"c" and b.atomic_conditional_writes

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.testing.episodes import EpisodeWriter, ident_spec
+from expstore.testing import EpisodeWriter, ident_spec
 
 
 def reward_fn(achieved, desired, info):

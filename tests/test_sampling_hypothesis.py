@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import expstore as es
-from expstore.loading.assemble import assemble
-from expstore.testing.episodes import POS, STEP, UID, EpisodeWriter, ident_spec, ref_transition
+from expstore.loading import assemble
+from expstore.testing import POS, STEP, UID, EpisodeWriter, ident_spec, ref_transition
 
 segments = st.lists(
     st.tuples(st.integers(0, 1), st.integers(1, 14),
@@ -118,16 +118,16 @@ def test_no_sample_crosses_boundaries(segs, lanes, shards, stack, n_step, guard,
             s = es.SequenceSampler(store, length=2 + n_step, burn_in=n_step - 1,
                                    period=n_step, prioritized=kind == "sequence-prio",
                                    persist=False, **kw)
-        s.committed_only = committed_only
+        view = es.ReaderView(committed_only=committed_only)
         for _ in range(3):
             try:
-                plan = s.plan(8)
+                plan = s.plan(8, view=view)
             except es.NotEnoughData:
                 event("not enough data")
                 return
             event(f"checked {kind}")
             # nothing is written meanwhile: a stale row means the sampler chose it wrongly
-            b, stale = assemble(plan, store.layout, store._source)
+            b, stale = assemble(plan, store.layout, store.source)
             assert stale == 0, "the sampler planned rows that are not intact"
             if kind.startswith("sequence"):
                 _sequences(w, b, committed_only)

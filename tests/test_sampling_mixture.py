@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.testing.episodes import EpisodeWriter, ident_spec, ref_transition
+from expstore.testing import EpisodeWriter, ident_spec, ref_transition
 
 
 def _writer(tmp_path, name, capacity, seed, steps):

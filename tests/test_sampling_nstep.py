@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.loading.assemble import assemble
-from expstore.sampling.plan import make_plan
-from expstore.testing.episodes import EpisodeWriter, ident_spec, ref_transition
+from expstore.loading import assemble
+from expstore.sampling import make_plan
+from expstore.testing import EpisodeWriter, ident_spec, ref_transition
 
 GAMMA = 0.9
 
@@ -60,7 +60,7 @@ def test_every_row_matches_reference(tmp_path, seed, n, stack):
     assert valid.sum() > 10
     good = rows[store.index.valid(rows, history, n, 0)]
     plan = make_plan(store.index, good, None, history, n, GAMMA)
-    batch, stale = assemble(plan, store.layout, store._source)
+    batch, stale = assemble(plan, store.layout, store.source)
     assert stale == 0
     _check(w, good, batch, history, n)
 

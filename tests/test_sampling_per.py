@@ -9,7 +9,7 @@ from scipy import stats
 
 import expstore as es
 from expstore.errors import ReadOnlyError, StoreCorruptError
-from expstore.testing.episodes import EpisodeWriter, ident_spec, ref_transition
+from expstore.testing import EpisodeWriter, ident_spec, ref_transition
 
 
 def _writer(tmp_path, name="s.zarr", capacity=512, shard_rows=32, lanes=1, seed=0):
@@ -211,16 +211,16 @@ def test_cer_newest_is_a_batch_sample_not_a_spare(tmp_path, kind):
     w.segment(0, 20, "open")
     s = (es.UniformSampler(w.store, cer=True, seed=0) if kind == "uniform" else
          es.PrioritizedSampler(w.store, cer=True, seed=0, persist=False))
-    s.spare = 3
-    newest = s.newest_row()
+    view = es.ReaderView(spare=3)
+    newest = s.newest_row(view)
     assert newest is not None
-    plan = s.plan(8, batches=4)
+    plan = s.plan(8, batches=4, view=view)
     assert plan.batches == 4 and plan.batch_size == 8 and len(plan.rows) == 4 * 11
     for j in range(4):
         rows, weight = plan.rows[j * 11 : (j + 1) * 11], plan.weight[j * 11 : (j + 1) * 11]
         assert rows[7] == newest and weight[7] == 1.0
     with pytest.raises(ValueError, match="batches"):
-        s.plan(8, batches=0)
+        s.plan(8, batches=0, view=view)
     b = s.sample(8)  # spares are not returned: the newest is the last returned sample
     assert len(b["index"]) == 8 and b["index"][-1] == newest
 
@@ -233,8 +233,7 @@ def test_batches_planned_at_once_each_use_their_own_beta(tmp_path):
                               persist=False)
     live = np.flatnonzero(_leaves(s) > 0)
     s.update_priorities(live, np.random.default_rng(1).exponential(1.0, len(live)) + 0.1)
-    s.spare = 2
-    plan = s.plan(16, batches=5)
+    plan = s.plan(16, batches=5, view=es.ReaderView(spare=2))
     assert s.batches_drawn == 5
     leaves = _leaves(s)
     cum = np.cumsum(leaves)

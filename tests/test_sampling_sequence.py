@@ -8,9 +8,9 @@ import pytest
 from scipy import stats
 
 import expstore as es
-from expstore.loading.sequences import assemble_sequences
-from expstore.sampling.sequence import make_sequence_plan, sequence_valid
-from expstore.testing.episodes import EpisodeWriter, ident_spec, ref_sequence
+from expstore.loading import assemble
+from expstore.sampling import make_sequence_plan, sequence_valid
+from expstore.testing import EpisodeWriter, ident_spec, ref_sequence
 
 
 def _store(tmp_path, stack, lanes, seed, laps=3.5):
@@ -59,7 +59,7 @@ def test_every_start_matches_reference(tmp_path, seed, stack, burn_in, length, p
     good = rows[sequence_valid(store.index, rows, burn_in, length, store.history, 0, period)]
     assert len(good) > 3
     plan = make_sequence_plan(store.index, good, None, burn_in, length, store.history)
-    batch, stale = assemble_sequences(plan, store.layout, store._source)
+    batch, stale = assemble(plan, store.layout, store.source)
     assert stale == 0
     W = burn_in + length
     assert batch["obs"].shape == (len(good), W, *((stack,) if stack else ()), 4)
@@ -137,12 +137,11 @@ def test_committed_only_keeps_to_flushed_rows(tmp_path):
     store.flush()
     w.segment(0, 20, "open")  # staged only
     s = es.SequenceSampler(store, length=4, seed=0)
-    s.committed_only = True
+    flushed = es.ReaderView(committed_only=True)
     for _ in range(10):
-        b = s.sample(16)
+        b = s.sample(16, view=flushed)
         steps = b["obs"][..., 1][b["mask"]]
         assert steps.max() < 31
-    s.committed_only = False
     assert max(s.sample(64)["obs"][..., 1].max() for _ in range(5)) > 31
 
 
@@ -168,7 +167,7 @@ def test_window_stops_at_an_interrupted_episode(tmp_path):
     ok = sequence_valid(store.index, rows, 0, 5, 0, 0, 3)
     assert np.flatnonzero(ok).tolist() == [0, 3, 6, 7, 10]
     plan = make_sequence_plan(store.index, rows[[3, 10]], None, 0, 5, 0)
-    b, _ = assemble_sequences(plan, store.layout, store._source)
+    b, _ = assemble(plan, store.layout, store.source)
     assert b["mask"].tolist() == [[True] * 4 + [False], [True] * 4 + [False]]
     assert b["is_last"].tolist() == [[False] * 5, [False, False, False, True, False]]
     assert b["obs"][0, :4, 1].tolist() == [3, 4, 5, 6] and (b["obs"][0, 4] == 0).all()

@@ -15,12 +15,12 @@ from stable_baselines3 import DQN, SAC  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 
 import expstore as es  # noqa: E402
-from expstore.integrations.sb3 import (  # noqa: E402
+from expstore.integrations import (  # noqa: E402
     ExpstoreReplayBuffer,
     PrioritizedDQN,
     PrioritizedExpstoreReplayBuffer,
 )
-from expstore.storage.layout import FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED  # noqa: E402
+from expstore.rows import FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ import pytest
 import zarr
 
 import expstore as es
-from expstore.storage.layout import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from expstore.rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from expstore.storage import Layout
 
 
 def frame(step_value: int, shape=(12, 10)) -> np.ndarray:
@@ -302,7 +303,7 @@ def test_validation_names_field_and_stores_nothing(tmp_path):
 def test_capacity_must_fit_shards():
     spec = image_spec()
     with pytest.raises(es.SpecError, match="capacity"):
-        es.storage.layout.Layout(spec, 100, 1, 16)
+        Layout(spec, 100, 1, 16)
     assert es.round_capacity(100, lanes=2, shard_rows=16) == 128
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from expstore.index.sumtree import PriorityTree
+from expstore.index import PriorityTree
 
 
 class DeepTree(PriorityTree):

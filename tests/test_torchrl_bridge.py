@@ -16,7 +16,7 @@ from torchrl.envs import GymEnv, SerialEnv  # noqa: E402
 from torchrl.envs.utils import RandomPolicy  # noqa: E402
 
 import expstore as es  # noqa: E402
-from expstore.integrations.torchrl import (  # noqa: E402
+from expstore.integrations import (  # noqa: E402
     ExpstoreSampler,
     ExpstoreStorage,
     replay_buffer,

@@ -18,9 +18,9 @@ import expstore as es
 from expstore import cli
 from expstore import store as store_mod
 from expstore.errors import StoreCorruptError
-from expstore.index.rows import FLAG_BAD
 from expstore.repair import repair_store
-from expstore.storage.quarantine import Quarantine, read_quarantine, write_quarantine
+from expstore.rows import FLAG_BAD
+from expstore.storage import Quarantine, backend_for, read_quarantine, write_quarantine
 from expstore.testing import crash, data, scratch_dir
 from expstore.verify import verify_store
 
@@ -126,7 +126,7 @@ def test_repair_quarantines_bad_rows_and_sampling_goes_on(written):
     with pytest.raises(StoreCorruptError, match="_flags"):  # the index cannot load
         es.open(url)
     assert cli.main(["repair", "-q", "--dry-run", url]) == 0
-    assert read_quarantine(es.storage.backend.backend_for(url)).lanes == {}  # dry run
+    assert read_quarantine(backend_for(url)).lanes == {}  # dry run
     rep = repair_store(url)
     assert rep.ok and rep.newly_lost == found.lost
     assert rep.lost_rows == sum(b - a for r in found.lost.values() for a, b in r) > 0
@@ -229,7 +229,7 @@ def test_lost_rows_split_episodes_for_every_need(tmp_path):
             store.extend(batch)
         q = Quarantine()
         q.add(0, 100, 104)
-        write_quarantine(es.storage.backend.backend_for(url), q)
+        write_quarantine(backend_for(url), q)
         store = es.open(url)
         idx = store.index
         rows = np.arange(int(idx.count[0]))

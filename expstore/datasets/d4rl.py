@@ -31,20 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import Field, Spec
-from ..storage.layout import FLAG_LAST
-from .common import (
-    DatasetFormatError,
-    ImportSummary,
-    Prefetch,
-    Progress,
-    ProgressArg,
-    blocks,
-    capacity_for,
-    interruptible,
-    lane_rows,
-    set_episode_position,
-)
+from ..errors import DatasetFormatError
+from ..field import Field
+from ..rows import FLAG_LAST
+from ..spec import Spec
+from .episodes import capacity_for, lane_rows
+from .progress import Progress, ProgressArg, interruptible
+from .streaming import Prefetch, blocks
+from .summary import ImportSummary
 
 CORE = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
 _FLAG_KINDS = "biuf"
@@ -208,7 +202,7 @@ def _import(src: Any, where: str, url: Any, capacity: int | None, shard_rows: in
 
     try:
         with interruptible() as intr, Prefetch(read()) as stream:
-            set_episode_position(store, 0, 0)
+            store.set_episode_position(0, 0)
             for a, b, vals in stream:
                 keep = plan.keep[a:b]
                 end = plan.end[a:b]

@@ -21,16 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DatasetFormatError
+from ..rows import FLAG_FIRST, FLAG_LAST
 from ..spec import Spec
-from ..storage.layout import FLAG_FIRST, FLAG_LAST
-from .common import (
-    DatasetFormatError,
-    ImportSummary,
-    ProgressArg,
-    capacity_for,
-    lane_rows,
-    set_episode_position,
-)
+from .episodes import capacity_for, lane_rows
+from .progress import ProgressArg
+from .summary import ImportSummary
 
 FORMAT = "expstore-npz/1"
 _META = ("lane", "episode_step", "flags", "__spec__", "__format__")
@@ -163,7 +159,7 @@ def _import_lane(store: Any, spec: Spec, lane: int, d: dict[str, np.ndarray], wh
         act = {k[7:]: batch.pop(k) for k in list(batch) if k.startswith("action.")}
         if act:
             batch["action"] = act
-        set_episode_position(store, lane, int(ep[lo]))
+        store.set_episode_position(lane, int(ep[lo]))
         store.extend(batch, lane=lane)
         summary.steps += len(step)
         summary.episodes += int(done.sum())

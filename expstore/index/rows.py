@@ -1,7 +1,7 @@
 """Which rows exist and what a need may start from — all in RAM, 5 bytes per row.
 
 Per row: ``episode_step`` (int32, position in its episode) and ``flags`` (uint8, see
-``storage.layout.FLAG_*``). Per lane: ``count`` (rows visible to this process, = next step
+``expstore.rows.FLAG_*``). Per lane: ``count`` (rows visible to this process, = next step
 id) and ``valid_from`` (oldest intact step). The step id of a row is derived, not stored:
 it is the newest step ``< count`` that maps to the row's slot.
 
@@ -21,12 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..storage.layout import FLAG_FIRST, FLAG_LAST
+from ..rows import FLAG_BAD, FLAG_FIRST, FLAG_LAST, NO_ANCHOR
 
 Listener = Callable[[str, np.ndarray], None]  # ("added" | "dropped", global rows)
-
-FLAG_BAD = np.uint8(16)  # RAM only: the row's bytes are lost (quarantined); never read it
-NO_ANCHOR = FLAG_LAST | FLAG_BAD  # rows no sample may start at
 
 
 class RowIndex:

@@ -18,9 +18,10 @@ import gymnasium as gym
 import numpy as np
 
 from ..errors import ValidationError
-from ..spec import Field, Spec
+from ..field import Field
+from ..spec import Spec
 from ..store import Store
-from ._steps import StepWriter, index_tree, open_or_create
+from .step_writer import StepWriter, index_tree, open_or_create
 
 __all__ = ["RecordToStore", "RecordVectorToStore"]
 

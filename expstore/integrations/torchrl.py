@@ -26,9 +26,11 @@ from torchrl.data.replay_buffers.samplers import Sampler as _TRLSampler
 from torchrl.data.replay_buffers.writers import Writer as _TRLWriter
 
 from ..errors import ValidationError
-from ..spec import Field, Spec
+from ..field import Field
+from ..spec import Spec
 from ..store import Store
-from ._steps import StepWriter, open_or_create
+from ..store import open as open_store
+from .step_writer import StepWriter, open_or_create
 
 __all__ = ["ExpstoreSampler", "ExpstoreStorage", "ExpstoreWriter", "replay_buffer",
            "spec_from_env", "to_tensordict"]
@@ -138,18 +140,14 @@ class ExpstoreStorage(_TRLStorage):
             if writable:
                 if spec is None or capacity is None:
                     try:
-                        from .. import open as es_open
-
-                        store = es_open(store, mode="r+", **store_kwargs)
+                        store = open_store(store, mode="r+", **store_kwargs)
                     except FileNotFoundError as e:
                         raise ValidationError(f"{os.fspath(store)}: no store here; pass "
                                               "spec= and capacity= to create one") from e
                 else:
                     store = open_or_create(store, spec, capacity, lanes, **store_kwargs)
             else:
-                from .. import open as es_open
-
-                store = es_open(store, mode="r", **store_kwargs)
+                store = open_store(store, mode="r", **store_kwargs)
         _trl_storages.Storage.__init__(self, max_size=store.capacity)
         self.store = store
         self.n_step = int(n_step)

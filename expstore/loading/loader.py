@@ -26,10 +26,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..sampling.base import Sampler
-from ..sampling.plan import ReadPlan, merge_plans
+from ..errors import StaleBatchError
+from ..sampling.base import Sampler, check_batch
+from ..sampling.plans import ReaderView, ReadPlan, merge_plans
+from ..sampling.uniform import UniformSampler
 from ..storage.layout import Layout
-from .assemble import StaleBatchError, assemble_batches, numpy_alloc
+from .columns import numpy_alloc
+from .execute import assemble_batches
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
@@ -101,7 +104,7 @@ class StoreDataset(torch.utils.data.Dataset):
         if self._local_source is not None:
             return self._local_source
         if self._reader is None or self._pid != os.getpid():
-            from ..storage.backend import backend_for
+            from ..storage.backends import backend_for
             from ..storage.reader import ShardReader
 
             backend = backend_for(self.url, self.storage_options)
@@ -171,24 +174,36 @@ class LocalBatches:
 
 
 class PlanGroups:
-    """The loader's ``batch_sampler``: ``group`` plans of ``sampler`` per DataLoader item,
-    so a worker reads several batches in one call and sends them in one message."""
+    """The loader's ``batch_sampler``: ``group`` plans of ``batch_size`` from ``sampler``
+    per DataLoader item (a worker reads several batches in one call and sends them in one
+    message), drawn for a reader with ``view``; ``num_batches`` in all (``None``: endless).
+    """
 
-    def __init__(self, sampler: Sampler, group: int) -> None:
+    def __init__(self, sampler: Any, batch_size: int, view: ReaderView, group: int = 1,
+                 num_batches: int | None = None) -> None:
         self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.view = view
         self.group = max(1, int(group))
+        self.num_batches = num_batches
+
+    def plan(self) -> Any:
+        """One batch's plan."""
+        return self.sampler.plan(self.batch_size, view=self.view)
 
     def __iter__(self) -> Iterator[list[ReadPlan]]:
-        total, done = self.sampler.num_batches, 0
+        total, done = self.num_batches, 0
         while total is None or done < total:
             k = self.group if total is None else min(self.group, total - done)
             plan_batches = getattr(self.sampler, "plan_batches", None)
-            yield (plan_batches(k) if plan_batches is not None
-                   else merge_plans([self.sampler.plan() for _ in range(k)]))
+            yield (plan_batches(k, self.batch_size, self.view) if plan_batches is not None
+                   else merge_plans([self.plan() for _ in range(k)]))
             done += k
 
     def __len__(self) -> int:
-        return -(-len(self.sampler) // self.group)
+        if self.num_batches is None:
+            raise TypeError("an endless loader has no len(); pass num_batches")
+        return -(-self.num_batches // self.group)
 
 
 def _now() -> float:
@@ -224,23 +239,30 @@ class StoreLoader(DataLoader):
         """A whole batch was overwritten in flight (the writer lapped the guard band):
         plan again and read it here, in the main process."""
         for _ in range(attempts):
-            got = self.dataset.read([self.plan_sampler.plan()], pack=False)
+            got = self.dataset.read([self.plans.plan()], pack=False)
             self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
             if not got.host[_ALL_STALE][0]:
                 return got.batches[0]
         raise StaleBatchError(f"{attempts} fresh batches in a row were overwritten before "
                               "they could be read; the writer outruns the guard band")
 
-    def __init__(self, dataset: StoreDataset, sampler: Sampler, device: str | None = None,
-                 group: int = 1, **kwargs: Any) -> None:
-        super().__init__(dataset, batch_sampler=PlanGroups(sampler, group),
-                         collate_fn=_identity, **kwargs)
-        self.plan_sampler = sampler
+    def __init__(self, dataset: StoreDataset, plans: PlanGroups, device: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(dataset, batch_sampler=plans, collate_fn=_identity, **kwargs)
+        self.plans = plans
         self.device = torch.device(device) if device is not None else None
         self.stats = LoaderStats()
 
+    @property
+    def plan_sampler(self) -> Any:
+        """The expstore sampler drawing this loader's plans (feed priorities to it)."""
+        return self.plans.sampler
+
     def __len__(self) -> int:
-        return len(self.plan_sampler)
+        """Batches handed out in all (``num_batches``)."""
+        if self.plans.num_batches is None:
+            raise TypeError("an endless loader has no len(); pass num_batches")
+        return self.plans.num_batches
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         device = self.device if self.device is not None and self.device.type != "cpu" else None
@@ -289,22 +311,18 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
     """
+    check_batch(batch_size)
     if sampler is None:
-        from ..sampling.uniform import UniformSampler
-
         sampler = UniformSampler(store)
-    sampler.batch_size = batch_size
-    if num_batches is not None:
-        sampler.num_batches = num_batches
     if num_workers > 0:
-        sampler.committed_only = True
-        sampler.guard = max(sampler.guard, store.layout.shard_rows if guard is None else guard)
-        sampler.spare = max(2, batch_size // 16) if spare is None else spare
+        shard_guard = store.layout.shard_rows if guard is None else guard
+        view = ReaderView(committed_only=True, guard=shard_guard,
+                          spare=max(2, batch_size // 16) if spare is None else spare)
         if store.mode != "r":
             store.flush()
-    elif guard is not None:
-        sampler.guard = guard
-    local = store._source if num_workers == 0 else None
+    else:
+        view = ReaderView(guard=guard or 0)
+    local = store.source if num_workers == 0 else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
                            pack=num_workers > 0, n_slots=prefetch_factor + 2)
     kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
@@ -314,4 +332,5 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                       multiprocessing_context=multiprocessing_context)
     group = 1 if num_workers == 0 else (
         max(1, 512 // batch_size) if batches_per_message is None else batches_per_message)
-    return StoreLoader(dataset, sampler, device=device, group=group, **kwargs)
+    plans = PlanGroups(sampler, batch_size, view, group, num_batches)
+    return StoreLoader(dataset, plans, device=device, **kwargs)

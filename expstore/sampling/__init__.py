@@ -1,27 +1,47 @@
-"""Samplers: turn a need into row indices and weights, reading only the index."""
+"""Samplers: turn a need into read plans (plain data), reading only the in-RAM index.
 
-from .base import NotEnoughData, Sampler
-from .her import HERPlan, HERSampler
-from .mixture import MixturePlan, MixtureSampler
-from .plan import ReadPlan, make_plan
-from .priorities import BetaSchedule, PriorityIndex
-from .prioritized import PrioritizedSampler
-from .sequence import SequencePlan, SequenceSampler
-from .uniform import UniformSampler
+``loading`` executes the plans; a sampler's ``sample(batch_size)`` reads one in this
+process through its store. :class:`ReaderView` tells a sampler how the process that will
+read its plans sees the store.
+"""
+
+from .base import Sampler, check_batch
+from .her import HERSampler, episode_end
+from .mixture import MixtureSampler
+from .plans import (
+    IN_PROCESS,
+    HERPlan,
+    MixturePlan,
+    ReaderView,
+    ReadPlan,
+    SequencePlan,
+    merge_plans,
+)
+from .prioritized import BetaSchedule, PrioritizedSampler
+from .sequence import SequenceSampler, make_sequence_plan, sequence_valid
+from .uniform import UniformSampler, uniform_rows
+from .windows import make_plan, stack_rows
 
 __all__ = [
+    "IN_PROCESS",
     "BetaSchedule",
     "HERPlan",
     "HERSampler",
     "MixturePlan",
     "MixtureSampler",
-    "NotEnoughData",
     "PrioritizedSampler",
-    "PriorityIndex",
     "ReadPlan",
+    "ReaderView",
     "Sampler",
     "SequencePlan",
     "SequenceSampler",
     "UniformSampler",
+    "check_batch",
+    "episode_end",
     "make_plan",
+    "make_sequence_plan",
+    "merge_plans",
+    "sequence_valid",
+    "stack_rows",
+    "uniform_rows",
 ]

@@ -18,16 +18,16 @@ must be picklable to run in DataLoader workers). Only transitions of finished ep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..index.rows import RowIndex
-from ..storage.layout import FLAG_FIRST, FLAG_LAST
+from ..rows import FLAG_FIRST, FLAG_LAST
 from .base import Sampler
-from .plan import ReadPlan
+from .plans import IN_PROCESS, HERPlan, ReaderView
+from .uniform import UniformSampler
 
 STRATEGIES = ("future", "final", "episode")
 
@@ -63,39 +63,13 @@ def episode_end(index: RowIndex, rows: np.ndarray, upper: np.ndarray | None = No
     return end
 
 
-@dataclass
-class HERPlan:
-    """A transition plan plus, per sample, the row whose achieved goal becomes its goal."""
-
-    base: ReadPlan
-    goal_rows: np.ndarray  # (n,) rows to read the achieved goal from
-    goal_steps: np.ndarray  # (n,)
-    relabel: np.ndarray  # (n,) bool
-    achieved: str  # obs field name of the achieved goal, e.g. "obs.achieved_goal"
-    desired: str  # field name of the desired goal
-    compute_reward: Callable[..., Any]
-
-    @property
-    def rows(self) -> np.ndarray:
-        return self.base.rows
-
-    @property
-    def batch_size(self) -> int:
-        return self.base.batch_size
-
-    def assemble(self, layout: Any, source: Any) -> tuple[dict, int]:
-        from ..loading.her import assemble_her
-
-        return assemble_her(self, layout, source)
-
-
 class HERSampler:
     """Relabels goals of transitions drawn by ``sampler`` (or uniformly from a store).
 
     ``compute_reward(achieved_goal, desired_goal, info) -> reward`` (batched, numpy);
     ``k``: relabeled samples per original one (ratio ``k / (k + 1)``); ``achieved`` /
     ``desired``: field names (default ``obs.achieved_goal`` / ``obs.desired_goal``).
-    Usable as a DataLoader ``batch_sampler`` like any sampler.
+    Usable with ``make_loader`` like any sampler.
     """
 
     def __init__(self, sampler: Any, compute_reward: Callable[..., Any],
@@ -103,8 +77,6 @@ class HERSampler:
                  achieved: str = "obs.achieved_goal", desired: str = "obs.desired_goal",
                  seed: int | None = None) -> None:
         if not isinstance(sampler, Sampler):
-            from .uniform import UniformSampler
-
             sampler = UniformSampler(sampler, seed=seed)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -146,16 +118,25 @@ class HERSampler:
     def index(self) -> RowIndex:
         return self.sampler.index
 
-    def __getattr__(self, name: str) -> Any:  # guard, spare, batch_size, committed_only...
-        if name == "sampler":
-            raise AttributeError(name)
-        return getattr(self.sampler, name)
+    @property
+    def history(self) -> int:
+        return self.sampler.history
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("guard", "spare", "batch_size", "num_batches", "committed_only"):
-            setattr(self.sampler, name, value)
-        else:
-            object.__setattr__(self, name, value)
+    @property
+    def n_step(self) -> int:
+        return self.sampler.n_step
+
+    @property
+    def gamma(self) -> float:
+        return self.sampler.gamma
+
+    @property
+    def guard(self) -> int:
+        return self.sampler.guard
+
+    @property
+    def prioritized(self) -> bool:
+        return bool(getattr(self.sampler, "prioritized", False))
 
     @property
     def ratio(self) -> float:
@@ -163,8 +144,12 @@ class HERSampler:
         return self.k / (self.k + 1.0)
 
     # -- planning -------------------------------------------------------------------------
-    def plan(self, batch_size: int | None = None) -> HERPlan:
-        base = self.sampler.plan(batch_size)
+    def plan(self, batch_size: int, batches: int = 1,
+             view: ReaderView = IN_PROCESS) -> HERPlan:
+        """The wrapped sampler's plan of one batch, with goal rows chosen per sample."""
+        if batches != 1:
+            raise ValueError(f"batches: a HER plan holds one batch, got {batches}")
+        base = self.sampler.plan(batch_size, view=view)
         idx = self.index
         n = len(base.rows)
         B = base.batch_size
@@ -172,7 +157,7 @@ class HERSampler:
         n_rel = int(round(B * self.ratio))
         relabel[self.rng.permutation(B)[:n_rel]] = True
         relabel[B:] = self.rng.random(n - B) < self.ratio
-        end = episode_end(idx, base.rows, idx.upper_bound(self.sampler.committed_only))
+        end = episode_end(idx, base.rows, idx.upper_bound(view.committed_only))
         relabel &= end >= 0
         steps = base.steps
         if self.strategy == "final":
@@ -183,7 +168,8 @@ class HERSampler:
             else:
                 lane = base.rows // idx.lane_capacity
                 ep_start = steps - idx.episode_step[base.rows]
-                lo = np.maximum(ep_start + 1, idx.lower_bound(self.sampler.guard)[lane])
+                guard = self.sampler.guard_for(view)
+                lo = np.maximum(ep_start + 1, idx.lower_bound(guard)[lane])
             hi = np.maximum(end, lo)
             goal = lo + np.floor(self.rng.random(n) * (hi - lo + 1)).astype(np.int64)
             goal = np.minimum(goal, hi)
@@ -193,22 +179,13 @@ class HERSampler:
         return HERPlan(base, goal_rows, goal, relabel, self.achieved, self.desired,
                        self.compute_reward)
 
-    def plan_batches(self, k: int) -> list[HERPlan]:
-        return [self.plan() for _ in range(k)]
+    def plan_batches(self, k: int, batch_size: int,
+                     view: ReaderView = IN_PROCESS) -> list[HERPlan]:
+        return [self.plan(batch_size, view=view) for _ in range(k)]
 
-    def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
+    def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One relabeled batch read in this process."""
-        batch, _ = self.plan(batch_size).assemble(self.store.layout, self.store._source)
-        return batch
+        return self.store.read_plan(self.plan(batch_size, view=view))
 
     def update_priorities(self, *args: Any, **kwargs: Any) -> Any:
         return self.sampler.update_priorities(*args, **kwargs)
-
-    def __iter__(self) -> Iterator[list[HERPlan]]:
-        n = 0
-        while self.sampler.num_batches is None or n < self.sampler.num_batches:
-            yield [self.plan()]
-            n += 1
-
-    def __len__(self) -> int:
-        return len(self.sampler)

@@ -9,25 +9,15 @@ component each sample came from; pass it back to ``update_priorities``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import ExpstoreError
-from .base import NotEnoughData, Sampler
-
-
-@dataclass
-class MixturePlan:
-    """One plan per component that contributes to the batch."""
-
-    parts: list[tuple[int, Any]]  # (component, plan)
-
-    @property
-    def batch_size(self) -> int:
-        return sum(p.batch_size for _, p in self.parts)
+from ..errors import ExpstoreError, NotEnoughData
+from .base import Sampler, check_batch
+from .plans import IN_PROCESS, MixturePlan, ReaderView
+from .uniform import UniformSampler
 
 
 class MixtureSampler:
@@ -38,11 +28,8 @@ class MixtureSampler:
     online buffer) to the others; ``strict=True`` raises :class:`NotEnoughData`.
     """
 
-    def __init__(self, components: Sequence[tuple[Any, float]], batch_size: int | None = None,
-                 strict: bool = False, num_batches: int | None = None,
+    def __init__(self, components: Sequence[tuple[Any, float]], strict: bool = False,
                  seed: int | None = None) -> None:
-        from .uniform import UniformSampler
-
         if not components:
             raise ValueError("components: expected at least one (sampler, fraction) pair")
         samplers, fracs = [], []
@@ -62,8 +49,6 @@ class MixtureSampler:
             raise ValueError("components: fractions must not all be 0")
         self.samplers = samplers
         self.fractions = np.asarray(fracs) / total
-        self.batch_size = batch_size
-        self.num_batches = num_batches
         self.strict = strict
         self._carry = np.zeros(len(samplers))
 
@@ -87,10 +72,12 @@ class MixtureSampler:
         self._carry = np.where(f > 0, ideal - counts, 0.0)
         return counts
 
-    def plan(self, batch_size: int | None = None) -> MixturePlan:
-        b = batch_size or self.batch_size
-        if not b:
-            raise ValueError("batch_size: expected a positive int")
+    def plan(self, batch_size: int, batches: int = 1,
+             view: ReaderView = IN_PROCESS) -> MixturePlan:
+        """One batch: each component's share planned by that component."""
+        b, batches = check_batch(batch_size, batches)
+        if batches != 1:
+            raise ValueError(f"batches: a mixture plan holds one batch, got {batches}")
         active = np.ones(len(self.samplers), bool)
         while True:
             counts = self.split(b, active)
@@ -99,7 +86,7 @@ class MixtureSampler:
                 if n == 0:
                     continue
                 try:
-                    parts.append((i, self.samplers[i].plan(int(n))))
+                    parts.append((i, self.samplers[i].plan(int(n), view=view)))
                 except NotEnoughData:
                     if self.strict:
                         raise
@@ -116,7 +103,7 @@ class MixtureSampler:
         batches = []
         for i, p in plan.parts:
             store = self.samplers[i].store
-            b, _ = _assemble(p, store)
+            b = store.read_plan(p)
             b["source"] = np.full(len(b["index"]), i, np.int64)
             batches.append(b)
         keys = set(batches[0])
@@ -126,13 +113,13 @@ class MixtureSampler:
                                     f"component {plan.parts[0][0]} returns {sorted(keys)}")
         return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
-    def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
-        return self.read(self.plan(batch_size))
+    def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
+        return self.read(self.plan(batch_size, view=view))
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None,
                           source: Any = None) -> int:
         """Route ``td_error`` to the prioritized components by ``source``."""
-        from .priorities import to_numpy
+        from ..index.priorities import to_numpy
 
         index = to_numpy(index, np.int64)
         td = to_numpy(td_error, np.float64)
@@ -153,15 +140,3 @@ class MixtureSampler:
                 done += self.samplers[i].update_priorities(
                     index[sel], td[sel], None if sid is None else sid[sel])
         return done
-
-    def __iter__(self) -> Iterator[MixturePlan]:
-        n = 0
-        while self.num_batches is None or n < self.num_batches:
-            yield self.plan()
-            n += 1
-
-
-def _assemble(plan: Any, store: Any) -> tuple[dict, int]:
-    from ..loading.assemble import assemble
-
-    return assemble(plan, store.layout, store._source)

@@ -19,54 +19,19 @@ validity looks at the ``W`` rows of each candidate only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..index.rows import NO_ANCHOR, RowIndex
-from ..storage.layout import FLAG_FIRST, FLAG_LAST
-from .base import NotEnoughData, Sampler
-from .plan import stack_rows
-from .priorities import BetaSchedule, PriorityIndex, to_numpy
-from .prioritized import draw_batches
+from ..errors import NotEnoughData
+from ..index.priorities import PriorityIndex, to_numpy
+from ..index.rows import RowIndex
+from ..rows import FLAG_FIRST, FLAG_LAST, NO_ANCHOR
+from .base import Sampler, check_batch
+from .by_priority import BetaSchedule, PriorityDraw
+from .plans import IN_PROCESS, ReaderView, SequencePlan
 from .uniform import uniform_rows
-
-
-@dataclass
-class SequencePlan:
-    """Rows to read for ``B`` sequences of ``W = burn_in + length`` steps."""
-
-    rows: np.ndarray  # (B,) start rows (first step after burn-in)
-    steps: np.ndarray  # (B,) lane steps of the start rows
-    weight: np.ndarray  # (B,) float32 importance weights
-    burn_in: int
-    length: int
-    history: int  # K-1
-    win_rows: np.ndarray  # (B, W) row read for each position (clamped into the episode)
-    win_steps: np.ndarray  # (B, W)
-    mask: np.ndarray  # (B, W) position holds a row of the start row's episode
-    is_first: np.ndarray  # (B, W)
-    is_last: np.ndarray  # (B, W) the episode's final row
-    stack_rows: np.ndarray  # (B, W, K) frame-stack rows per position
-    stack_pad: np.ndarray  # (B, W, K)
-    stack_steps: np.ndarray  # (B, W, K)
-    spare: int = 0
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.rows) - self.spare
-
-    def take(self, sel: np.ndarray) -> SequencePlan:
-        return SequencePlan(self.rows[sel], self.steps[sel], self.weight[sel], self.burn_in,
-                            self.length, self.history, self.win_rows[sel], self.win_steps[sel],
-                            self.mask[sel], self.is_first[sel], self.is_last[sel],
-                            self.stack_rows[sel], self.stack_pad[sel], self.stack_steps[sel])
-
-    def assemble(self, layout: Any, source: Any) -> tuple[dict, int]:
-        from ..loading.sequences import assemble_sequences
-
-        return assemble_sequences(self, layout, source)
+from .windows import stack_rows
 
 
 def _forward(index: RowIndex, rows: np.ndarray, steps: np.ndarray, length: int,
@@ -180,14 +145,14 @@ class SequenceSampler(Sampler):
         self.burn_in = int(burn_in)
         self.period = period
         self.eta = float(eta)
-        self.prioritized = bool(prioritized)
-        self.batches_drawn = 0
         self._accept_rate = 1.0 / period
-        self.priorities: PriorityIndex | None = None
-        if self.prioritized:
-            self.beta_schedule = BetaSchedule(beta, beta_final, beta_steps, beta_schedule)
-            self.priorities = PriorityIndex(store, alpha, eps, name=name, accept=self.is_start,
-                                            kind=f"sequence/period={period}", persist=persist)
+        #: starts drawn by priority (``prioritized=True``), else ``None``: uniform starts
+        self.by_priority: PriorityDraw | None = None
+        if prioritized:
+            self.by_priority = PriorityDraw(
+                store, name, BetaSchedule(beta, beta_final, beta_steps, beta_schedule),
+                persist, alpha=alpha, eps=eps, accept=self.is_start,
+                kind=f"sequence/period={period}")
 
     @property
     def window(self) -> int:
@@ -195,24 +160,36 @@ class SequenceSampler(Sampler):
         return self.burn_in + self.length
 
     @property
+    def prioritized(self) -> bool:
+        return self.by_priority is not None
+
+    @property
+    def priorities(self) -> PriorityIndex | None:
+        return None if self.by_priority is None else self.by_priority.priorities
+
+    @property
+    def batches_drawn(self) -> int:
+        return 0 if self.by_priority is None else self.by_priority.batches_drawn
+
+    @property
     def beta(self) -> float:
-        return self.beta_schedule(self.batches_drawn) if self.prioritized else 0.0
+        return 0.0 if self.by_priority is None else self.by_priority.beta
 
     def is_start(self, rows: np.ndarray) -> np.ndarray:
         return self.index.episode_step[rows] % self.period == 0
 
-    def valid(self, rows: np.ndarray) -> np.ndarray:
+    def valid(self, rows: np.ndarray, view: ReaderView = IN_PROCESS) -> np.ndarray:
         return sequence_valid(self.index, rows, self.burn_in, self.length, self.history,
-                              self.guard, self.period, self.committed_only)
+                              self.guard_for(view), self.period, view.committed_only)
 
-    def draw(self, n: int) -> tuple[np.ndarray, None]:
+    def draw(self, n: int, view: ReaderView) -> tuple[np.ndarray, None]:
         """``n`` uniform start-position rows (rejection over uniform intact rows)."""
         idx = self.index
         out: list[np.ndarray] = []
         got = 0
         for _ in range(64):
             m = int(min(1.25 * (n - got) / max(self._accept_rate, 1e-3) + 64, 1 << 20))
-            rows = uniform_rows(self, m)
+            rows = uniform_rows(self, m, view)
             ok = self.is_start(rows) & ((idx.flags[rows] & NO_ANCHOR) == 0)
             self._accept_rate = 0.8 * self._accept_rate + 0.2 * max(ok.mean(), 1e-4)
             out.append(rows[ok])
@@ -225,13 +202,12 @@ class SequenceSampler(Sampler):
                                 f"(period={self.period})")
         return np.resize(rows, n) if len(rows) < n else rows[:n], None
 
-    def sample_rows(self, batch_size: int, spare: int = 0,
-                    batches: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
-        if not self.prioritized:
-            return super().sample_rows(batch_size, spare, batches)
+    def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.by_priority is None:
+            return super().sample_rows(batch_size, batches, view)
         self.maybe_refresh()
-        assert self.priorities is not None
-        return draw_batches(self, self.priorities, batch_size, spare, batches, self._prune)
+        return self.by_priority.draw_batches(self, batch_size, batches, view, self._prune)
 
     def _prune(self, rows: np.ndarray) -> None:
         """Zero start rows whose window is complete yet invalid: they never become valid."""
@@ -243,34 +219,30 @@ class SequenceSampler(Sampler):
                                   self.period)
             self.priorities.clear(rows[bad])
 
-    def newest_row(self) -> int | None:
+    def newest_row(self, view: ReaderView = IN_PROCESS) -> int | None:
         """Start row of the newest complete sequence in the most recently written lane."""
         idx = self.index
         lane = idx.last_lane
-        count = int(idx.upper_bound(self.committed_only)[lane])
+        count = int(idx.upper_bound(view.committed_only)[lane])
         span = self.length + self.period + 1
         steps = np.arange(count - 1, max(count - 1 - span, -1), -1, dtype=np.int64)
-        steps = steps[steps >= idx.lower_bound(self.guard)[lane]]
+        steps = steps[steps >= idx.lower_bound(self.guard_for(view))[lane]]
         if not len(steps):
             return None
         rows = idx.lane_rows(lane, steps)
-        ok = self.valid(rows)
+        ok = self.valid(rows, view)
         return int(rows[np.argmax(ok)]) if ok.any() else None
 
-    def plan(self, batch_size: int | None = None) -> SequencePlan:  # type: ignore[override]
-        b = batch_size or self.batch_size
-        if not b:
-            raise ValueError("batch_size: expected a positive int")
-        rows, w = self.sample_rows(b, self.spare)
+    def plan(self, batch_size: int, batches: int = 1,  # type: ignore[override]
+             view: ReaderView = IN_PROCESS) -> SequencePlan:
+        """Plan of ``batch_size`` sequences (+ ``view.spare`` spares); ``batches`` must be 1
+        (the loader asks for one plan per batch from samplers with their own plan)."""
+        batch_size, batches = check_batch(batch_size, batches)
+        if batches != 1:
+            raise ValueError(f"batches: a sequence plan holds one batch, got {batches}")
+        rows, w = self.sample_rows(batch_size, 1, view)
         return make_sequence_plan(self.index, rows, w, self.burn_in, self.length, self.history,
-                                  self.spare, self.committed_only)
-
-    def sample(self, batch_size: int | None = None) -> dict[str, np.ndarray]:
-        from ..loading.sequences import assemble_sequences
-
-        batch, _ = assemble_sequences(self.plan(batch_size), self.store.layout,
-                                      self.store._source)
-        return batch
+                                  view.spare, view.committed_only)
 
     def sequence_priority(self, td_error: Any, mask: Any = None) -> np.ndarray:
         """R2D2 sequence priority ``eta * max_t |δ_t| + (1 - eta) * mean_t |δ_t|``."""
@@ -288,7 +260,7 @@ class SequenceSampler(Sampler):
                           mask: Any = None) -> int:
         """Set start-row priorities from per-step ``|δ|`` ``(B, T)`` (or per-sequence
         ``(B,)``); sequences whose mask is all False are skipped. Uniform: no-op."""
-        if self.priorities is None:
+        if self.by_priority is None:
             return 0
         p = self.sequence_priority(td_error, mask)
         keep = ~np.isnan(p)
@@ -296,8 +268,8 @@ class SequenceSampler(Sampler):
         if len(rows) != len(p):
             raise ValueError(f"td_error: expected {len(rows)} sequences, got {len(p)}")
         sid = None if step_id is None else to_numpy(step_id, np.int64).ravel()[keep]
-        return self.priorities.update(rows[keep], p[keep], sid)
+        return self.by_priority.update(rows[keep], p[keep], sid)
 
     def close(self) -> None:
-        if self.priorities is not None:
-            self.priorities.detach()
+        if self.by_priority is not None:
+            self.by_priority.detach()

@@ -15,16 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError, StoreCorruptError
-from ..spec import Field, Spec
-from .backend import Backend
+from ..field import Field
+from ..spec import Spec
+from .backends import Backend
 from .shard import Checked, make_codec, zarr_codec
 
 FORMAT_VERSION = 1
-
-FLAG_FIRST = np.uint8(1)  # first row of an episode
-FLAG_LAST = np.uint8(2)  # final row: holds the final observation, no action
-FLAG_TERMINATED = np.uint8(4)  # this row's transition ended the episode (no bootstrap)
-FLAG_TRUNCATED = np.uint8(8)  # this row's transition was cut off (bootstrap)
 
 META_FIELDS: dict[str, Field] = {
     "_step_id": Field((), np.int64, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),

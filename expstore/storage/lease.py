@@ -11,12 +11,13 @@ process: the earlier ``Store`` then fails on its next flush).
 
 Every change is a conditional write (:meth:`Backend.put_if`): ``If-None-Match: *`` to
 create, ``If-Match: <tag read>`` to renew or take over, so two racing writers cannot both
-win on S3 (AWS, moto, MinIO), and on local disk (``flock``). Each write is read back.
+win on S3 (AWS, moto, MinIO), on local disk (``flock``) and in ``memory://`` (a lock). Each
+write is read back. Backends without atomic conditional writes
+(``atomic_conditional_writes = False``: generic fsspec filesystems, S3-compatible servers
+answering 501 to conditions) cannot keep two writers apart: leases are refused there with
+:class:`~expstore.errors.LeaseUnsupportedError` (one writer opens with ``lease_ttl=None``).
 
 Limits (documented race windows):
-- Stores without conditional writes (e.g. ``memory://``, or S3-compatible servers that
-  ignore the headers) fall back to read-compare-write + read back: two writers whose
-  read->write round trips overlap can both believe they own a free lane.
 - Expiry compares wall clocks of different hosts: keep them within a small fraction of
   ``ttl`` (NTP). A writer that stalls longer than its remaining lease (at least 2/3 of
   ``ttl`` at the start of a flush) while writing can overlap with a new owner; the new
@@ -32,8 +33,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import StoreLockedError
-from .backend import Backend, PreconditionFailed
+from ..errors import LeaseUnsupportedError, PreconditionFailed, StoreLockedError
+from .backends import Backend
 
 DEFAULT_TTL = 60.0  # seconds
 
@@ -84,6 +85,16 @@ class Owner:
             return state not in ("Z", "X")
         except (OSError, IndexError):
             return True
+
+
+def require_atomic_writes(backend: Backend) -> None:
+    """Raise :class:`LeaseUnsupportedError` unless ``backend`` has atomic conditional writes."""
+    if backend.atomic_conditional_writes:
+        return
+    raise LeaseUnsupportedError(
+        f"{backend.url}: cannot take lane leases on this storage ({type(backend).__name__}): "
+        "it has no atomic conditional writes, so a lease cannot keep two writers of a lane "
+        "apart. If this process is the only writer, open with lease_ttl=None")
 
 
 class LaneLease:
@@ -143,8 +154,10 @@ class LaneLease:
         return False
 
     def acquire(self) -> None:
-        """Take the lease or raise :class:`StoreLockedError` naming the holder."""
+        """Take the lease or raise :class:`StoreLockedError` naming the holder
+        (:class:`LeaseUnsupportedError` where the backend cannot keep writers apart)."""
         for _ in range(8):
+            require_atomic_writes(self.backend)
             cur = self.backend.get_tagged(self.key)
             match = None
             if cur is not None:
@@ -158,6 +171,9 @@ class LaneLease:
             except PreconditionFailed:
                 continue  # changed since we read it: look again
             if self._confirm(body):
+                if not self.backend.atomic_conditional_writes:  # learnt from this write
+                    self.release()
+                    require_atomic_writes(self.backend)
                 return
         cur = self.backend.get_tagged(self.key)
         parsed = self._parse(cur[0]) if cur else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import StoreCorruptError
-from .backend import Backend
+from .backends import Backend
 
 QUARANTINE_KEY = "_state/quarantine.json"
 QUARANTINE_VERSION = 1

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import StoreCorruptError
-from .backend import Backend, Handle, ObjectChanged
+from ..errors import ObjectChanged, StoreCorruptError
+from .backends import Backend, Handle
 from .kernels import native
 from .layout import Layout
+from .read_cache import RowCache, ShardTable, serve, serve_held
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
-from .table import RowCache, ShardTable, serve, serve_held
 
 
 @dataclass

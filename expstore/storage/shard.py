@@ -1,4 +1,4 @@
-"""Zarr v3 sharding-codec shards, assembled and parsed by hand (DESIGN.md §3).
+"""Zarr v3 sharding-codec shards, assembled and parsed by hand (docs/architecture.md §3).
 
 Layout of one shard object (``index_location="start"``)::
 
@@ -25,6 +25,8 @@ from typing import Any
 import crc32c
 import numcodecs
 import numpy as np
+
+from ..errors import ChecksumError
 
 MAGIC = b"EXPS"
 HEADER = struct.Struct("<4sHHqiI8x")  # magic, version, flags, first_step, n_rows, crc32c
@@ -56,10 +58,6 @@ def make_codec(cfg: dict[str, Any], itemsize: int) -> numcodecs.abc.Codec:
     if name == "none":
         return _Raw()
     raise ValueError(f"codec.name: expected 'blosc', 'zstd' or 'none', got {name!r}")
-
-
-class ChecksumError(ValueError):
-    """An inner chunk's bytes do not match the crc32c stored after them."""
 
 
 def _strip_crc(blob: Any) -> memoryview:

@@ -1,4 +1,4 @@
-"""The lane state file: what a reader may trust (DESIGN.md §4).
+"""The lane state file: what a reader may trust (docs/architecture.md §4).
 
 One small JSON object per lane, ``_state/lane_<i>.json``, replaced atomically after the
 data shards it covers. Steps ``[valid_from, count)`` of the lane are committed and intact.
@@ -11,7 +11,7 @@ import zlib
 from dataclasses import asdict, dataclass
 
 from ..errors import StoreCorruptError
-from .backend import Backend
+from .backends import Backend
 
 STATE_VERSION = 1
 

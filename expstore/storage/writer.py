@@ -2,7 +2,7 @@
 
 Rows arrive already validated. Each field's current shard is staged raw; complete inner
 chunks are encoded once and cached, so re-flushing a partly filled shard only encodes
-the new tail. A flush (DESIGN.md §4):
+the new tail. A flush (docs/architecture.md §4):
 
 1. if the shard about to be written replaces rows the on-disk state still calls intact
    (ring wrap-around), commit a state that drops them first;
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WriteFailedError
+from ..rows import FLAG_LAST
 from . import faults
-from .backend import Backend
-from .layout import FLAG_LAST, Layout
+from .backends import Backend
+from .layout import Layout
 from .shard import assemble, encoder
 from .state import LaneState, write_state
 

@@ -3,16 +3,46 @@
 ``data``: deterministic row content derived from ``(lane, step, session)`` and checkers that
 recompute every byte; ``crash``: a writer process that can be killed anywhere and a harness
 that kills it and verifies what survived; ``concurrent``: reader processes (samplers,
-DataLoader workers) checking every sample while a writer wraps the ring.
+DataLoader workers) checking every sample while a writer wraps the ring; ``episodes``:
+episodes written into a store and a plain reference model of what samplers may return;
+``backend``: the conformance suite every storage backend passes (:class:`BackendTests`);
+``s3``: a moto S3 server (:class:`MotoServer`) and a TCP proxy that cuts connections
+(:class:`TcpProxy`).
+
+The helper modules and their names below load on first use (``from expstore.testing import
+EpisodeWriter``): importing this package imports neither the store nor pytest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
+
+#: helper modules (``from expstore.testing import crash, data``), loaded on first use
+_MODULES = ("backend", "concurrent", "crash", "data", "episodes", "s3")
+#: public name -> the helper module that defines it
+_NAMES = {
+    "BackendTests": "backend",
+    **dict.fromkeys(("LANE", "POS", "STEP", "UID", "EpisodeWriter", "Row", "ident_spec",
+                     "ref_sequence", "ref_transition"), "episodes"),
+    **dict.fromkeys(("MotoServer", "TcpProxy", "create_bucket", "free_port", "s3_options"),
+                    "s3"),
+}
+
+__all__ = sorted(["scratch_dir", *_MODULES, *_NAMES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager

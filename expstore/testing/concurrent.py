@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import store as store_api
+from ..sampling import UniformSampler
 from . import crash, data
 
 
@@ -44,14 +46,11 @@ def reader(url: str, log_path: str, seconds: float, max_samples: int | None = No
     With probability ``lag`` per batch the reader pauses 0.2-0.6 s first, so it falls
     behind the writer by whole laps of the ring before its next ``refresh()``.
     """
-    import expstore as es
-
-    from ..loading.assemble import StaleBatchError
-    from ..sampling.base import NotEnoughData
+    from ..errors import NotEnoughData, StaleBatchError
 
     res = ReaderResult()
     t0 = time.monotonic()
-    store = es.open(url, "r")
+    store = store_api.open(url, "r")
     lanes = store.lanes
 
     def done() -> bool:
@@ -91,17 +90,17 @@ def reader(url: str, log_path: str, seconds: float, max_samples: int | None = No
 
 def _loader_reads(store: Any, log_path: str, res: ReaderResult, done: Any, batch_size: int,
                   workers: int, seed: int) -> None:
-    import expstore as es
-
     while not done():  # wait until the writer has committed enough to plan batches
         store.refresh()
         if int(store.index.present(store.layout.shard_rows).sum()) >= 64:
             break
         res.not_enough += 1
         time.sleep(0.02)
-    sampler = es.UniformSampler(store, seed=seed, refresh_every=0.02)
+    from ..loading import make_loader  # imports torch
+
+    sampler = UniformSampler(store, seed=seed, refresh_every=0.02)
     # a guard of half of each lane: this ring is tiny and the writer laps it ~every second
-    loader = es.make_loader(store, sampler, batch_size=batch_size, num_workers=workers,
+    loader = make_loader(store, sampler, batch_size=batch_size, num_workers=workers,
                             guard=store.layout.lane_capacity // 2)
     it = iter(loader)
     try:
@@ -189,9 +188,7 @@ def run(workdir: str, seconds: float, readers: int = 1, loader_workers: int = 0,
             p.join(30)
             if p.is_alive():
                 p.kill()
-    import expstore as es
-
-    store = es.open(url, "r")
+    store = store_api.open(url, "r")
     counts = [int(c) for c in store.index.count]
     store.close()
     laps = float(np.mean(counts)) / (shard_rows * shards_per_lane)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import store as store_api
+from ..sampling import PrioritizedSampler
 from ..storage import faults
 from . import data
 
@@ -36,10 +38,8 @@ POINTS = faults.POINTS
 def create_store(url: str, lanes: int = 3, shard_rows: int = 32, shards_per_lane: int = 4,
                  **extras: Any) -> Any:
     """A fresh store for the crash harness (small shards so every run crosses several)."""
-    import expstore as es
-
     cap = lanes * shard_rows * shards_per_lane
-    store = es.create(url, data.spec(**extras), capacity=cap, lanes=lanes,
+    store = store_api.create(url, data.spec(**extras), capacity=cap, lanes=lanes,
                       shard_rows=shard_rows, overwrite=True)
     store.close()
     return url
@@ -70,11 +70,9 @@ def writer(url: str, log_path: str, session: int, seed: int, ops: int | None = N
     flush the writer sets the priority of each live row whose step is a multiple of 3 to
     :func:`priority`, flushes again (which saves them) and logs a ``P`` line.
     """
-    import expstore as es
-
-    store = es.open(url, "r+")
+    store = store_api.open(url, "r+")
     lanes = store.lanes
-    prio = (es.PrioritizedSampler(store, alpha=1.0, eps=0.0, name=PRIORITIES)
+    prio = (PrioritizedSampler(store, alpha=1.0, eps=0.0, name=PRIORITIES)
             if priorities else None)
     _log(log_path, "S", session, [store.writers[i].count for i in range(lanes)])
     if ready is not None:
@@ -263,9 +261,7 @@ class CheckResult:
 def check_store(url: str, log_path: str, sample: int = 64, verify: bool = True) -> CheckResult:
     """Reopen read-only and check everything the writers' log promises (AssertionError);
     ``verify``: ``expstore verify`` must find nothing wrong either."""
-    import expstore as es
-
-    store = es.open(url, "r")
+    store = store_api.open(url, "r")
     try:
         log = Log.read(log_path, store.lanes)
         counts = [int(c) for c in store.index.count]
@@ -296,7 +292,7 @@ def check_store(url: str, log_path: str, sample: int = 64, verify: bool = True) 
 
 
 def _check_sampling(store: Any, log: Log, n: int) -> int:
-    from ..sampling.base import NotEnoughData
+    from ..errors import NotEnoughData
 
     try:
         batch = store.sample(n)
@@ -309,12 +305,10 @@ def _check_priorities(store: Any, log: Log, n: int) -> tuple[int, int]:
     """Saved priorities load; rows set before a logged save kept theirs; sampling works.
 
     Returns (rows whose priority was checked exactly, prioritized samples checked)."""
-    import expstore as es
+    from ..errors import NotEnoughData
+    from ..rows import FLAG_FIRST, FLAG_LAST
 
-    from ..sampling.base import NotEnoughData
-    from ..storage.layout import FLAG_FIRST, FLAG_LAST
-
-    sampler = es.PrioritizedSampler(store, alpha=1.0, eps=0.0, name=PRIORITIES, seed=1)
+    sampler = PrioritizedSampler(store, alpha=1.0, eps=0.0, name=PRIORITIES, seed=1)
     prio = sampler.priorities
     exact = 0
     for lane in range(store.lanes):

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..index.rows import FLAG_BAD
-from ..spec import Field, Spec
-from ..storage.layout import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from ..field import Field
+from ..rows import FLAG_BAD, FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from ..spec import Spec
 
 SHAPE = (32, 32)  # 1 KiB frames: stored one row per inner chunk, like images
 STACK = 4

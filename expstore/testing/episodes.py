@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import Field, Spec
+from .. import store as store_api
+from ..field import Field
+from ..spec import Spec
 
 LANE, STEP, UID, POS = range(4)
 
@@ -107,9 +109,7 @@ class EpisodeWriter:
         """Close and reopen the store: every lane's open episode is cut off."""
         url = self.store.url
         self.store.close()
-        import expstore as es
-
-        self.store = es.open(url.removeprefix("file://"), mode="r+",
+        self.store = store_api.open(url.removeprefix("file://"), mode="r+",
                              fsync=getattr(self.store.backend, "fsync", True))
         for lane in range(self.store.lanes):
             if self.pos[lane]:

@@ -31,10 +31,11 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
 from ...errors import SpecError, ValidationError
-from ...spec import Field, Spec
-from ...storage.layout import FLAG_LAST
+from ...field import Field
+from ...rows import FLAG_LAST
+from ...spec import Spec
 from ...store import Store
-from .._steps import StepWriter, open_or_create
+from ..step_writer import StepWriter, open_or_create
 
 
 class ExpstoreSamples(NamedTuple):
@@ -142,7 +143,7 @@ class ExpstoreReplayBuffer(ReplayBuffer):
 
     def _check_existing(self, url: Any) -> None:
         """Fail now, naming the differences, if a store at ``url`` cannot serve this buffer."""
-        from ...storage.backend import backend_for
+        from ...storage.backends import backend_for
         from ...storage.layout import read_layout
 
         try:

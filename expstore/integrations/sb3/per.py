@@ -41,7 +41,7 @@ class PrioritizedExpstoreReplayBuffer(ExpstoreReplayBuffer):
 
     def set_beta(self, beta: float) -> None:
         """Use ``beta`` for the next batches (constant until set again)."""
-        from ...sampling.priorities import BetaSchedule
+        from ...sampling.prioritized import BetaSchedule
 
         self.sampler.beta_schedule = BetaSchedule(float(beta))
 

@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError, ValidationError
+from ..storage.layout import round_capacity
+from ..store import Store, create
+from ..store import open as open_store
 from ..validate import coerce
 
 Step = dict[str, np.ndarray]  # flat field name -> array with leading axis T
@@ -109,10 +112,6 @@ def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
     ``url`` may also be an open :class:`~expstore.Store`. ``capacity`` (rows) is rounded up
     to a valid one; ``shard_rows`` defaults to at most 1024 and at least 8 shards per lane.
     """
-    from .. import create, open
-    from ..storage.layout import round_capacity
-    from ..store import Store
-
     if isinstance(url, Store):
         store = url
         if not store.spec.same_as(spec):
@@ -122,7 +121,7 @@ def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
         store = None
     else:
         try:
-            store = open(url, mode="r+", spec=spec, storage_options=storage_options,
+            store = open_store(url, mode="r+", spec=spec, storage_options=storage_options,
                          fsync=fsync)
         except FileNotFoundError:
             store = None

@@ -1,4 +1,4 @@
-"""Export half of :mod:`expstore.datasets.dopamine` (see its docstring for the mapping)."""
+"""A store -> Dopamine checkpoints: :func:`export_dopamine` (format: the package docstring)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from ..storage.layout import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
-from ._npy import NpyGzipWriter, save_gz
-from .common import DatasetFormatError, ImportSummary, Progress, ProgressArg, blocks, lane_rows
-from .dopamine import CORE, STORE_PREFIX, ckpt_path, dopamine_invalid_range
+from ...errors import DatasetFormatError
+from ...rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from ...store import open as open_store
+from ..episodes import lane_rows
+from ..npy_gzip import NpyGzipWriter, save_gz
+from ..progress import Progress, ProgressArg
+from ..streaming import blocks
+from ..summary import ImportSummary
+from .checkpoint import CORE, STORE_PREFIX, ckpt_path, dopamine_invalid_range
 
 
 def _segments(lr: Any, stack: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -65,8 +70,6 @@ def export_dopamine(url: str | os.PathLike, dst: str | os.PathLike, suffix: int 
     array (default rows written + 1; fewer than written keeps the newest, wrapped like
     Dopamine's ring). User fields become ``$store$_<name>`` extra storage arrays.
     """
-    from ..store import open as open_store
-
     t0 = time.perf_counter()
     dst = Path(dst)
     store = open_store(url, "r", storage_options=storage_options)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
+from ...errors import SpecError
 
 CHUNK_BYTES = 1 << 20  #: target bytes per hdf5 chunk (rows of one dataset)
 SMALL_BYTES = 4096  #: hdf5 datasets up to this size are stored contiguous, unfiltered

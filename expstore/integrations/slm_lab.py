@@ -21,11 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ValidationError
-from .sampling.prioritized import PrioritizedSampler
-from .sampling.uniform import UniformSampler
-from .spec import Field, Spec
-from .storage.layout import round_capacity
+from ..errors import NotEnoughData, ValidationError
+from ..field import Field
+from ..sampling.prioritized import PrioritizedSampler
+from ..sampling.uniform import UniformSampler
+from ..spec import Spec
+from ..storage.layout import round_capacity
+from ..store import create
+
+__all__ = ["OnPolicyBatchReplay", "OnPolicyReplay", "PrioritizedReplay", "Replay", "make_memory"]
 
 
 def _field_for(name: str, value: Any) -> Field:
@@ -98,13 +102,11 @@ class Replay:
 
     # -- store -----------------------------------------------------------------------------
     def _create(self, spec: Spec) -> None:
-        import expstore as es
-
         if self._url is None:
             self._tmpdir = tempfile.mkdtemp(prefix="expstore-memory-")
             self._url = os.path.join(self._tmpdir, "memory.zarr")
         cap = round_capacity(self.max_size + self._shard_rows, 1, self._shard_rows)
-        self.store = es.create(self._url, spec, cap, shard_rows=self._shard_rows,
+        self.store = create(self._url, spec, cap, shard_rows=self._shard_rows,
                                overwrite=self._overwrite)
         self.sampler = self._make_sampler()
 
@@ -151,8 +153,6 @@ class Replay:
     def sample(self) -> dict[str, Any]:
         """``batch_size`` transitions: SLM keys plus ``index``, ``step_id``, ``weight``."""
         if self.sampler is None:
-            from .sampling.base import NotEnoughData
-
             raise NotEnoughData("the memory is empty")
         b = self.sampler.sample(self.batch_size)
         if self._own_cer and self._latest is not None:

@@ -1,4 +1,4 @@
-"""Row priorities for prioritized sampling, kept in step with the index and the store.
+"""Row priorities for prioritized sampling, kept in step with the row index (all in RAM).
 
 A :class:`PriorityIndex` holds one :class:`~expstore.index.sumtree.PriorityTree` leaf per
 row of the store (``p = (|δ| + eps) ** alpha``; 0 = not sampleable). It listens to the
@@ -6,41 +6,29 @@ row of the store (``p = (|δ| + eps) ** alpha``; 0 = not sampleable). It listens
 rows dropped by wrap-around get 0. ``update`` ignores rows that are gone or, given their
 ``step_id``, were overwritten since they were sampled.
 
-Priorities persist with the store: ``save()`` writes one object ``_index/<name>.bin``
-(atomically, with ``backend.put``) and runs on every ``store.flush()`` (so on ``close()``);
-a sampler made on a reopened store loads it back. Rows written after the save get the
-maximum priority, rows dropped since get 0.
+Persistence is someone else's job: :meth:`PriorityIndex.payload` gives the state as plain
+arrays and metadata, and a payload saved earlier (``saved=``) seeds a new index. Rows
+written after that payload was taken get the maximum priority, rows dropped since get 0.
+(The file format is ``expstore.storage.priority_file``; samplers save through the store.)
 """
 
 from __future__ import annotations
 
-import json
-import struct
 import warnings
 import weakref
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import ReadOnlyError, StoreCorruptError
-from ..index.rows import NO_ANCHOR
-from ..index.sumtree import PriorityTree
-from ..storage.layout import FLAG_FIRST
-from .base import NotEnoughData
+from ..errors import NotEnoughData
+from ..rows import FLAG_FIRST, NO_ANCHOR
+from .rows import RowIndex
+from .sumtree import PriorityTree
 
-MAGIC = b"EXPRIO01"
-FORMAT_VERSION = 1
-_PIECE = 1 << 24  # float32 values per compressed piece (64 MiB; blosc limit is 2 GiB)
 _F32_MAX = float(np.finfo(np.float32).max)
 
 Accept = Callable[[np.ndarray], np.ndarray]  # rows -> bool mask of rows that carry priority
-
-
-def priority_key(name: str) -> str:
-    """Object key of the persisted priorities called ``name``."""
-    return f"_index/{name}.bin"
 
 
 def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
@@ -50,68 +38,35 @@ def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
     return np.asarray(x, dtype=dtype)
 
 
-class BetaSchedule:
-    """Importance-sampling exponent per batch: constant ``beta``, linear from ``beta`` to
-    ``beta_final`` over ``beta_steps`` batches, or ``schedule(batches_drawn) -> beta``."""
-
-    def __init__(self, beta: float = 0.4, beta_final: float = 1.0, beta_steps: int | None = None,
-                 schedule: Callable[[int], float] | None = None) -> None:
-        for name, v in (("beta", beta), ("beta_final", beta_final)):
-            if not 0.0 <= float(v) <= 1.0:
-                raise ValueError(f"{name}: expected 0..1, got {v}")
-        if beta_steps is not None and int(beta_steps) < 1:
-            raise ValueError(f"beta_steps: expected >= 1, got {beta_steps}")
-        self.beta0 = float(beta)
-        self.beta_final = float(beta_final)
-        self.beta_steps = beta_steps
-        self.schedule = schedule
-
-    def __call__(self, n: int) -> float:
-        if self.schedule is not None:
-            b = float(self.schedule(n))
-            if not 0.0 <= b <= 1.0:
-                raise ValueError(f"beta schedule returned {b} at batch {n}; expected 0..1")
-            return b
-        if self.beta_steps is None:
-            return self.beta0
-        frac = min(1.0, n / self.beta_steps)
-        return self.beta0 + frac * (self.beta_final - self.beta0)
-
-
 class PriorityIndex:
-    """Priorities of the rows of ``store`` for one sampler.
+    """Priorities of the rows of ``index`` for one sampler.
 
     ``accept(rows)`` says which non-final rows carry a priority (all of them for
-    transitions; sequence starts for sequences); ``kind`` names that rule in the saved file
-    so a sampler with another rule does not load it. ``lag``: a row gets its priority only
+    transitions; sequence starts for sequences); ``kind`` names that rule in the payload
+    so a sampler with another rule does not take it. ``lag``: a row gets its priority only
     once ``lag`` rows follow it (a transition's next row), so the newest row of a lane,
-    which cannot be sampled yet, does not draw samples that would be rejected.
+    which cannot be sampled yet, does not draw samples that would be rejected. ``saved``:
+    a :meth:`payload` taken earlier (of an index of the same geometry) to start from.
     """
 
-    def __init__(self, store: Any, alpha: float = 0.6, eps: float = 1e-6,
-                 name: str = "priorities", accept: Accept | None = None,
-                 kind: str = "transition", persist: bool = True, load: bool = True,
-                 lag: int = 0) -> None:
+    def __init__(self, index: RowIndex, alpha: float = 0.6, eps: float = 1e-6,
+                 accept: Accept | None = None, kind: str = "transition", lag: int = 0,
+                 saved: Mapping[str, Any] | None = None) -> None:
         if not alpha >= 0.0:
             raise ValueError(f"alpha: expected >= 0, got {alpha}")
         if not eps >= 0.0:
             raise ValueError(f"eps: expected >= 0, got {eps}")
-        self.store = store
-        self.index = store.index
+        self.index = index
         self.alpha = float(alpha)
         self.eps = float(eps)
-        self.name = name
         self.kind = kind
         self.accept = accept
-        self.persist = persist
         self.lag = int(lag)
         self.max_priority = 1.0  # running max of leaves, in p**alpha units
-        self.dirty = True
-        saved = self._load() if (load and persist and hasattr(store, "backend")) else None
-        self._tree = self._fill(saved)
+        self.dirty = True  # changed since the last payload was saved
+        self._tree = self._fill(self._restore(saved) if saved is not None else None)
         self._pending: list[np.ndarray] = []  # rows added since, awaiting max priority
         ref = weakref.ref(self)
-        index = self.index
 
         def listener(kind: str, rows: np.ndarray) -> None:
             me = ref()
@@ -122,17 +77,6 @@ class PriorityIndex:
 
         self._listener = listener
         index.subscribe(listener)
-        self._hook: Callable[[], None] | None = None
-        if persist and hasattr(store, "add_flush_hook"):
-            def hook() -> None:
-                me = ref()
-                if me is None:
-                    store.remove_flush_hook(hook)
-                elif store.mode != "r":
-                    me.save()
-
-            self._hook = hook
-            store.add_flush_hook(hook)
 
     # -- membership ------------------------------------------------------------------------
     def _accepted(self, rows: np.ndarray) -> np.ndarray:
@@ -284,81 +228,33 @@ class PriorityIndex:
         return w.astype(np.float32)
 
     # -- persistence -----------------------------------------------------------------------
-    @property
-    def key(self) -> str:
-        return priority_key(self.name)
-
-    def save(self, force: bool = False) -> bool:
-        """Write the priorities under the store root; ``False`` if nothing changed.
-
-        One object of ``4 * capacity`` bytes before compression (blosc-lz4, byte-shuffled),
-        replaced atomically: call it (or ``store.flush()``) at checkpoint cadence.
-        """
-        st = self.store
-        if getattr(st, "mode", "r+") == "r":
-            raise ReadOnlyError(f"{st.url}: store opened read-only; priorities cannot be "
-                                "saved (open with mode='r+')")
-        if not (self.dirty or force):
-            return False
-        leaves = self.tree.state()
-        import numcodecs
-
-        codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
-        pieces = [codec.encode(leaves[i:i + _PIECE]) for i in range(0, len(leaves), _PIECE)]
-        payload = b"".join(pieces)
-        header = {
-            "version": FORMAT_VERSION, "name": self.name, "kind": self.kind,
-            "alpha": self.alpha, "eps": self.eps, "max_priority": self.max_priority,
-            "capacity": int(self.index.capacity), "lanes": int(self.index.lanes),
-            "count": self.index.count.tolist(), "valid_from": self.index.valid_from.tolist(),
-            "pieces": [len(b) for b in pieces], "crc32": zlib.crc32(payload),
+    def payload(self) -> dict[str, Any]:
+        """The state to persist: ``leaves`` (float32, one per row: ``4 * capacity`` bytes)
+        and the metadata needed to take it back (``kind``, ``alpha``, ``eps``,
+        ``max_priority``, the index's ``capacity``, ``lanes``, ``count``, ``valid_from``)."""
+        idx = self.index
+        return {
+            "kind": self.kind, "alpha": self.alpha, "eps": self.eps,
+            "max_priority": self.max_priority, "capacity": int(idx.capacity),
+            "lanes": int(idx.lanes), "count": idx.count.copy(),
+            "valid_from": idx.valid_from.copy(), "leaves": self.tree.state(),
         }
-        head = json.dumps(header).encode()
-        st.backend.put(self.key, MAGIC + struct.pack("<I", len(head)) + head + payload)
-        self.dirty = False
-        return True
 
-    def _load(self) -> dict[str, Any] | None:
-        backend = self.store.backend
-        raw = backend.get(self.key)
-        if raw is None:
-            return None
-        where = f"{backend.url}/{self.key}"
-        try:
-            if raw[:8] != MAGIC:
-                raise ValueError("bad magic bytes")
-            (n,) = struct.unpack("<I", raw[8:12])
-            header = json.loads(raw[12:12 + n])
-            payload = memoryview(raw)[12 + n:]
-        except (ValueError, struct.error) as e:
-            raise StoreCorruptError(f"{where}: not an expstore priority file ({e})") from e
-        if header.get("version", 0) > FORMAT_VERSION:
-            raise StoreCorruptError(f"{where}: priority format version {header['version']} is "
-                                    f"newer than this expstore reads ({FORMAT_VERSION})")
-        if zlib.crc32(payload) != header.get("crc32"):
-            raise StoreCorruptError(f"{where}: priority file fails its checksum")
-        if header["capacity"] != self.index.capacity or header["lanes"] != self.index.lanes:
-            raise StoreCorruptError(
-                f"{where}: saved for capacity {header['capacity']} / {header['lanes']} lanes, "
-                f"the store has {self.index.capacity} / {self.index.lanes}")
-        if header.get("kind") != self.kind:
-            warnings.warn(f"{where}: saved priorities are for {header.get('kind')!r} sampling, "
+    def _restore(self, saved: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``saved`` with leaves and max priority in this index's ``alpha``; ``None`` (with
+        a warning) when it was saved for another ``kind``."""
+        where = saved.get("source", "saved priorities")
+        if saved.get("kind") != self.kind:
+            warnings.warn(f"{where}: saved priorities are for {saved.get('kind')!r} sampling, "
                           f"this sampler needs {self.kind!r}; starting from max priority",
-                          stacklevel=3)
+                          stacklevel=4)
             return None
-        import numcodecs
-
-        codec = numcodecs.Blosc()
-        parts, at = [], 0
-        for size in header["pieces"]:
-            parts.append(np.frombuffer(codec.decode(payload[at:at + size]), np.float32))
-            at += size
-        leaves = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-        if leaves.size != self.index.capacity:
-            raise StoreCorruptError(f"{where}: holds {leaves.size} priorities, expected "
-                                    f"{self.index.capacity}")
-        old_alpha = float(header["alpha"])
-        max_p = float(header["max_priority"])
+        leaves = np.asarray(saved["leaves"], np.float32)
+        if leaves.shape != (self.index.capacity,):
+            raise ValueError(f"{where}: holds {leaves.size} priorities, expected "
+                             f"{self.index.capacity}")
+        old_alpha = float(saved["alpha"])
+        max_p = float(saved["max_priority"])
         if old_alpha != self.alpha:  # convert p**old_alpha to p**alpha
             if old_alpha > 0:
                 r = self.alpha / old_alpha
@@ -367,15 +263,11 @@ class PriorityIndex:
             else:
                 leaves = np.zeros_like(leaves)  # alpha 0 kept no information: all max
                 max_p = 1.0
-        header.update(leaves=leaves, max_priority=max_p)
-        return header
+        return {**saved, "leaves": leaves, "max_priority": max_p}
 
     def detach(self) -> None:
-        """Stop listening to the index and to flushes."""
+        """Stop listening to the index."""
         self.index.unsubscribe(self._listener)
-        if self._hook is not None:
-            self.store.remove_flush_hook(self._hook)
-            self._hook = None
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import DatasetFormatError
+from ..errors import DatasetFormatError
 
 _IN_CHUNK = 1 << 20  # compressed bytes read from disk at a time
 _OUT_MAX = 8 << 20  # most decompressed bytes produced per zlib call

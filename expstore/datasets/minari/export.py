@@ -1,4 +1,4 @@
-"""Writing a store's complete episodes as a Minari dataset (see ``datasets.minari``)."""
+"""Writing a store's complete episodes as a Minari dataset: :func:`export_minari`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
-from ..spec import BUILTIN, Spec
-from ..storage.layout import FLAG_FIRST, FLAG_LAST
-from ._minari_spaces import spec_space, stack_frames, tree_from_fields
-from ._minari_write import ArrowWriter, Episode, Hdf5Writer, MinariNativeWriter, tree_nbytes
-from .common import Progress
+from ...errors import SpecError
+from ...spaces import space_from_spec
+from ...spec import BUILTIN, Spec
+from ...store import open as open_store
+from ..episodes import store_episodes
+from ..progress import Progress, ProgressArg
+from .paths import check_id, datasets_root, require_minari
+from .values import stack_frames, tree_from_fields
+from .write import ArrowWriter, Episode, Hdf5Writer, MinariNativeWriter, tree_nbytes
 
 INFO_PREFIX = "info."
 
@@ -39,44 +42,6 @@ class MinariExport:
     def ratio(self) -> float:
         """Uncompressed / on-disk size."""
         return self.raw_nbytes / self.nbytes if self.nbytes else float("nan")
-
-
-def check_id(dataset_id: str) -> None:
-    from minari.dataset.minari_dataset import parse_dataset_id
-
-    try:
-        parse_dataset_id(dataset_id)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"dataset_id {dataset_id!r}: expected '(namespace/)name-v<version>', "
-                         "e.g. 'expstore/pong-v0'") from e
-
-
-def datasets_root(root: str | os.PathLike | None) -> pathlib.Path:
-    if root is not None:
-        return pathlib.Path(root)
-    from minari.storage.datasets_root_dir import get_dataset_path
-
-    return pathlib.Path(get_dataset_path())
-
-
-# -- which rows make complete episodes -------------------------------------------------------
-def store_episodes(store: Any) -> list[tuple[int, int, int]]:
-    """``(lane, first_step, T)`` of every complete episode held, lane by lane, oldest first."""
-    idx = store.index
-    lo = idx.lower_bound(0)
-    out: list[tuple[int, int, int]] = []
-    for lane in range(store.lanes):
-        steps = np.arange(lo[lane], idx.count[lane])
-        if not len(steps):
-            continue
-        fl = idx.flags[idx.lane_rows(lane, steps)]
-        last = steps[(fl & FLAG_LAST) != 0]
-        T = idx.episode_step[idx.lane_rows(lane, last)].astype(np.int64)
-        first = last - T
-        ok = (first >= lo[lane]) & (T >= 1)
-        ok &= (idx.flags[idx.lane_rows(lane, np.maximum(first, 0))] & FLAG_FIRST) != 0
-        out += [(lane, int(f), int(t)) for f, t in zip(first[ok], T[ok], strict=True)]
-    return out
 
 
 def user_fields(spec: Spec) -> list[str]:
@@ -192,8 +157,8 @@ def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
     if not episodes:
         raise ValueError(f"{store.url}: no complete episode to export (an episode needs its "
                          "first and final rows intact)")
-    obs_space = spec_space(spec, "obs", stacked)
-    act_space = spec_space(spec, "action")
+    obs_space = space_from_spec(spec, "obs", stacked)
+    act_space = space_from_spec(spec, "action")
     users = user_fields(spec) if infos else []
     info_tree = info_tree_of(users)
     if data_format == "arrow" and compression is not None:
@@ -264,3 +229,52 @@ def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
     return MinariExport(dataset_id, str(data_dir), data_format, compression, len(episodes),
                         steps, nbytes, raw, jpeg if compare_jpeg else None,
                         image if compare_jpeg else None)
+
+
+def _open(store_or_url: Any, storage_options: dict[str, Any] | None) -> tuple[Any, bool]:
+    if isinstance(store_or_url, (str, os.PathLike)):
+        return open_store(store_or_url, "r", storage_options=storage_options), True
+    return store_or_url, False
+
+
+def export_minari(store_or_url: Any, dataset_id: str, *, root: str | os.PathLike | None = None,
+                  data_format: str = "hdf5", compression: str | None = "auto",
+                  compression_level: int | None = None, jpeg_encoding: bool = False,
+                  stacked: bool = False, infos: bool = True, env: Any = None,
+                  metadata: dict[str, Any] | None = None, overwrite: bool = False,
+                  compare_jpeg: bool = False, progress: ProgressArg = None,
+                  storage_options: dict[str, Any] | None = None) -> MinariExport:
+    """Write the complete episodes of a store as a Minari dataset ``dataset_id``.
+
+    The dataset goes to ``<root>/<dataset_id>/data`` (``root`` defaults to Minari's
+    datasets directory, ``MINARI_DATASETS_PATH`` or ``~/.minari/datasets``), so
+    ``minari.load_dataset(dataset_id)`` loads it. ``data_format``: ``"hdf5"`` or
+    ``"arrow"``. ``compression``: ``"auto"`` (gzip level 6 for hdf5, zstd level 9 for
+    arrow), ``"gzip"``/``"lzf"`` (hdf5), ``"zstd"``/``"lz4"`` (arrow) — all lossless — or
+    ``None`` for Minari's own uncompressed writer; ``jpeg_encoding=True`` uses Minari's
+    own writer with its lossy JPEG encoding of image spaces. ``stacked=True`` writes
+    stacked fields as ``(k, *shape)`` stacks. ``env``: a Gymnasium id or EnvSpec recorded
+    as the dataset's ``env_spec`` (default: the one an imported store remembers).
+    ``metadata``: extra dataset metadata (``author``, ``description``, ...).
+    ``compare_jpeg=True`` also JPEG-encodes the image observations the way Minari does
+    and reports those bytes (``jpeg_nbytes``). ``progress``: ``True`` for a progress bar
+    or a callback ``fn(rows, bytes)``. Fails if the dataset exists, unless
+    ``overwrite=True``; a failed export leaves no dataset behind.
+    """
+    require_minari()
+    check_id(dataset_id)
+    if data_format not in ("hdf5", "arrow"):
+        raise ValueError(f"data_format: expected 'hdf5' or 'arrow', got {data_format!r}")
+    if compression == "auto":
+        compression = None if jpeg_encoding else ("gzip" if data_format == "hdf5" else "zstd")
+    elif jpeg_encoding and compression is not None:
+        raise ValueError("jpeg_encoding=True is Minari's own (lossy) writer; it takes "
+                         "compression=None or 'auto'")
+    store, opened = _open(store_or_url, storage_options)
+    try:
+        return write_dataset(store, dataset_id, root, data_format, compression,
+                             compression_level, jpeg_encoding, stacked, infos, env, metadata,
+                             overwrite, compare_jpeg, progress)
+    finally:
+        if opened:
+            store.close()

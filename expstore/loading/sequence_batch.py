@@ -1,6 +1,6 @@
-"""Execute a :class:`~expstore.sampling.sequence.SequencePlan`: rows -> ``(B, W, ...)``.
+"""Execute a :class:`~expstore.sampling.plans.SequencePlan`: rows -> ``(B, W, ...)``.
 
-Like :func:`~expstore.loading.assemble.assemble`, every row is read with the lane step the
+Like a transition batch, every row is read with the lane step the
 plan expects (each distinct row once); a sequence any of whose rows was overwritten is
 replaced by a spare or a delivered one and counted as stale. Masked positions (outside the
 start row's episode) are zero-filled, never read from another episode.
@@ -8,15 +8,15 @@ start row's episode) are zero-filled, never read from another episode.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..sampling.plans import SequencePlan
 from ..storage.layout import Layout
-from .assemble import RowSource, _finish, _read_unique
+from .columns import RowSource, finish, read_unique
 
 
-def assemble_sequences(plan: Any, layout: Layout, source: RowSource) -> tuple[dict, int]:
+def assemble_sequences(plan: SequencePlan, layout: Layout,
+                       source: RowSource) -> tuple[dict, int]:
     """Batch dict (every field ``(B, W, ...)``, ``mask``, ``is_first``, ``is_last``,
     ``index``, ``step_id``, ``weight``) and the number of stale sequences replaced."""
     spec = layout.spec
@@ -30,15 +30,15 @@ def assemble_sequences(plan: Any, layout: Layout, source: RowSource) -> tuple[di
             k = f.stack
             rows = plan.stack_rows[:, :, K - k:]
             steps = plan.stack_steps[:, :, K - k:]
-            vals, good = _read_unique(source, layout, name, rows, steps)
+            vals, good = read_unique(source, layout, name, rows, steps)
             if f.padding == "zero":
                 vals[plan.stack_pad[:, :, K - k:]] = 0
         else:
-            vals, good = _read_unique(source, layout, name, plan.win_rows, plan.win_steps)
+            vals, good = read_unique(source, layout, name, plan.win_rows, plan.win_steps)
         ok &= good.reshape(n_all, -1).all(axis=1)
         vals[off] = 0
         out[name] = vals
     out["mask"] = plan.mask.copy()
     out["is_first"] = plan.is_first.copy()
     out["is_last"] = plan.is_last.copy()
-    return _finish(plan, out, ok)
+    return finish(plan, out, ok)

@@ -1,4 +1,4 @@
-"""Execute a :class:`~expstore.sampling.her.HERPlan`: read transitions and goal rows, relabel.
+"""Execute a :class:`~expstore.sampling.plans.HERPlan`: transitions and goal rows, relabeled.
 
 The achieved goal of each chosen goal row is read with the step the plan expects; a sample
 whose goal row was overwritten counts as stale like any other row of the sample.
@@ -6,20 +6,20 @@ whose goal row was overwritten counts as stale like any other row of the sample.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ..sampling.plans import HERPlan
 from ..storage.layout import Layout
-from .assemble import RowSource, _finish, _read_unique, read_columns
+from .columns import RowSource, finish, read_unique
+from .transition_batch import read_columns
 
 
-def assemble_her(plan: Any, layout: Layout, source: RowSource) -> tuple[dict, int]:
+def assemble_her(plan: HERPlan, layout: Layout, source: RowSource) -> tuple[dict, int]:
     """Relabeled batch (with ``relabeled`` bool per sample) and the stale count."""
     out, ok = read_columns(plan.base, layout, source)
     r = plan.relabel
     if r.any():
-        goals, good = _read_unique(source, layout, plan.achieved, plan.goal_rows[r],
+        goals, good = read_unique(source, layout, plan.achieved, plan.goal_rows[r],
                                    plan.goal_steps[r])
         ok[np.flatnonzero(r)[~good]] = False
         des = plan.desired
@@ -41,4 +41,4 @@ def assemble_her(plan: Any, layout: Layout, source: RowSource) -> tuple[dict, in
                              "(one reward per relabeled sample)")
         out["reward"][r] = reward
     out["relabeled"] = r.copy()
-    return _finish(plan.base, out, ok)
+    return finish(plan.base, out, ok)

@@ -1,0 +1,49 @@
+"""Windows of anchor rows, from the index: frame stacks and n-step horizons -> a ReadPlan.
+
+A plan is computed in the main process from the in-RAM index only, and is small (a few
+integers per sample), so it crosses to DataLoader workers cheaply. Workers execute it
+against storage (``loading.execute``) without needing the index: data flows one way.
+
+For anchor row ``t`` with look-ahead ``m`` (1..n, shorter at an episode's final row):
+``obs`` is the frame stack ending at ``t``; ``next_obs`` the stack ending at ``t + m``;
+``reward`` = sum_j<m gamma^j r_{t+j}; ``discount`` = gamma^m, zero when the episode
+terminated inside the horizon (a truncated episode bootstraps from its final row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..index.rows import RowIndex
+from .plans import ReadPlan
+
+
+def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
+               k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``t-k+1 .. t`` of each row's episode, clamped at its first row; pad mask; steps."""
+    rows = np.asarray(rows, np.int64)
+    if k == 1:  # no frame stack: the rows themselves
+        return rows[:, None], np.zeros((len(rows), 1), bool), np.asarray(steps, np.int64)[:, None]
+    back = np.arange(k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
+    pos = index.episode_step[rows].astype(np.int64)
+    pad = back[None, :] > pos[:, None]
+    shift = np.minimum(back[None, :], pos[:, None])
+    lane, slot = np.divmod(rows, index.lane_capacity)
+    out = lane[:, None] * index.lane_capacity + (slot[:, None] - shift) % index.lane_capacity
+    return out, pad, np.asarray(steps, np.int64)[:, None] - shift
+
+
+def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
+              history: int = 0, n_step: int = 1, gamma: float = 0.99,
+              spare: int = 0, committed_only: bool = False, batches: int = 1) -> ReadPlan:
+    """Plan for anchors ``rows`` (already checked with ``index.valid``): ``batches``
+    consecutive batches of ``len(rows) // batches`` samples (``spare`` of them spares)."""
+    rows = np.asarray(rows, np.int64)
+    steps = index.steps(rows)
+    ends, m = index.horizon(rows, n_step, committed_only, steps)
+    k = history + 1
+    obs = stack_rows(index, rows, steps, k)
+    nxt = stack_rows(index, ends, steps + m, k)
+    w = np.ones(len(rows), np.float32) if weight is None else np.asarray(weight, np.float32)
+    return ReadPlan(rows, steps, w, history, *obs, *nxt, m, n_step, float(gamma), spare,
+                    batches)

@@ -1,0 +1,268 @@
+"""Every storage backend against the conformance suite (``expstore.testing.backend``), the
+scheme registry, and the refusal of leases where conditional writes are not atomic."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+import expstore as es
+from expstore.errors import LeaseUnsupportedError, PreconditionFailed
+from expstore.storage import (
+    Backend,
+    LaneLease,
+    acquire_all,
+    backend_for,
+    backends,  # internals: the registry's _resolve, DEFAULT_BACKEND
+    lease_key,
+    register_backend,
+)
+from expstore.storage.backends import (  # the backends subpackage's face
+    FsspecBackend,
+    LocalBackend,
+    MemoryBackend,
+    S3Backend,
+    content_tag,
+)
+from expstore.testing import BackendTests, data
+
+SPEC = data.spec()
+
+
+class DictBackend(Backend):
+    """A whole backend in a few lines: objects in a dict, handles hold the bytes they
+    opened (so they pin versions), conditional writes under a lock (atomic)."""
+
+    atomic_conditional_writes = True
+
+    def __init__(self, url: str, storage_options: dict | None = None) -> None:
+        self.url = url
+        self.objects: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def open_object(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+    def read_ranges(self, requests: Sequence[tuple[bytes, int, int]],
+                    missing_ok: bool = False) -> list[bytes | None]:
+        return [h[s:e] for h, s, e in requests]
+
+    def get(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        with self.lock:
+            self.objects[key] = bytes(data)
+
+    def put_if(self, key: str, data: bytes, match: str | None) -> str:
+        with self.lock:
+            cur = self.objects.get(key)
+            if (None if cur is None else content_tag(cur)) != match:
+                raise PreconditionFailed(f"{self.url}/{key}")
+            self.objects[key] = bytes(data)
+            return content_tag(data)
+
+    def delete(self, key: str) -> None:
+        with self.lock:
+            self.objects.pop(key, None)
+
+    def size(self, key: str) -> int | None:
+        cur = self.objects.get(key)
+        return None if cur is None else len(cur)
+
+    def list(self, prefix: str) -> list[str]:
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        return sorted(k for k in self.objects if k.startswith(p))
+
+
+class NoCasBackend(DictBackend):
+    """A backend that declares no atomic conditional writes."""
+
+    atomic_conditional_writes = False
+
+
+# -- the conformance suite, once per backend ---------------------------------------------------
+class TestLocalBackend(BackendTests):
+    backend_cls = LocalBackend
+    race_processes = True
+
+    @pytest.fixture
+    def backend(self, tmp_path):
+        b = LocalBackend(str(tmp_path / "root"), fsync=False)
+        yield b
+        b.close()
+
+
+class TestMemoryBackend(BackendTests):
+    backend_cls = MemoryBackend
+
+    @pytest.fixture
+    def backend(self):
+        b = backend_for(f"memory://expstore-conformance/{uuid.uuid4().hex}")
+        yield b
+        if b.fs.exists(b.root):
+            b.fs.rm(b.root, recursive=True)
+
+
+class TestFsspecBackend(BackendTests):
+    """The generic backend on fsspec's local filesystem (``local://`` has no own backend)."""
+
+    backend_cls = FsspecBackend
+
+    @pytest.fixture
+    def backend(self, tmp_path):
+        b = backend_for(f"local://{tmp_path}/root", {"auto_mkdir": True})
+        yield b
+        b.close()
+
+
+class TestFsspecBackendOnAsyncFs(BackendTests):
+    """The generic backend on an asynchronous filesystem (s3fs, constructed explicitly)."""
+
+    backend_cls = FsspecBackend
+
+    @pytest.fixture
+    def backend(self, s3_url):
+        return FsspecBackend(*s3_url)
+
+
+class TestS3Backend(BackendTests):
+    backend_cls = S3Backend
+
+    @pytest.fixture
+    def backend(self, s3_url):
+        return backend_for(*s3_url)
+
+
+class TestDictBackend(BackendTests):
+    """A backend defined outside the package passes the same suite."""
+
+    backend_cls = DictBackend
+
+    @pytest.fixture
+    def backend(self):
+        return DictBackend("dict://conformance")
+
+
+def test_every_registered_backend_has_a_conformance_run():
+    tested = {TestLocalBackend.backend_cls, TestMemoryBackend.backend_cls,
+              TestFsspecBackend.backend_cls, TestS3Backend.backend_cls}
+    registered = {backends._resolve(e) for e in backends.known_backends.values()}
+    registered.add(backends._resolve(backends.DEFAULT_BACKEND))
+    assert registered <= tested, registered - tested
+
+
+def test_declared_atomicity():
+    assert LocalBackend.atomic_conditional_writes and MemoryBackend.atomic_conditional_writes
+    assert not FsspecBackend.atomic_conditional_writes
+
+
+# -- the registry --------------------------------------------------------------------------------
+@pytest.fixture
+def registry():
+    saved = dict(backends.known_backends)
+    yield backends.known_backends
+    backends.known_backends.clear()
+    backends.known_backends.update(saved)
+
+
+def test_schemes_map_to_their_backends(tmp_path):
+    assert type(backend_for(tmp_path)) is LocalBackend
+    assert type(backend_for(f"file://{tmp_path}")) is LocalBackend
+    assert backend_for(f"file://{tmp_path}").root == str(tmp_path)
+    assert type(backend_for("memory://expstore-conformance/x")) is MemoryBackend
+    if importlib.util.find_spec("s3fs"):  # building it issues no request
+        s3 = backend_for("s3://bucket/x", {"anon": True, "endpoint_url": "http://127.0.0.1:9"})
+        assert type(s3) is S3Backend and s3.pins_versions
+    assert type(backend_for(f"local://{tmp_path}")) is FsspecBackend  # no entry: generic
+
+
+def test_a_registered_custom_backend_is_found(registry):
+    register_backend("dict", DictBackend)
+    b = backend_for("dict://somewhere/store.zarr")
+    assert type(b) is DictBackend and b.url == "dict://somewhere/store.zarr"
+    register_backend("lazydict", f"{__name__}:NoCasBackend")  # imported on first use
+    assert registry["lazydict"] == f"{__name__}:NoCasBackend"
+    assert type(backend_for("lazydict://x")) is NoCasBackend
+    with pytest.raises(TypeError, match="Backend subclass"):
+        register_backend("bad", dict)  # type: ignore[arg-type]
+
+
+# -- leases need atomic conditional writes -------------------------------------------------------
+def test_leases_are_refused_without_atomic_conditional_writes():
+    b = NoCasBackend("nocas://bucket/store.zarr")
+    with pytest.raises(LeaseUnsupportedError, match=r"nocas://bucket/store.zarr.*NoCasBackend"
+                       r".*no atomic conditional writes.*two writers.*lease_ttl=None"):
+        acquire_all(b, [0, 1], 60.0)
+    assert b.list("") == []  # refused before writing anything
+    assert LaneLease(b, 0).holder() is None  # reading leases still works
+
+
+def test_a_lease_is_given_back_when_the_write_reveals_no_atomicity():
+    """An S3-compatible server answering 501 to conditions is only found out by a write."""
+
+    class Degrading(DictBackend):
+        def put_if(self, key, data, match):
+            self.atomic_conditional_writes = False
+            return super().put_if(key, data, match)
+
+    b = Degrading("degrading://x")
+    with pytest.raises(LeaseUnsupportedError, match="degrading://x"):
+        LaneLease(b, 0, 60.0).acquire()
+    assert LaneLease(b, 0).holder() is None  # released: expired record
+
+
+def test_s3_without_conditional_writes_refuses_leases(s3_url):
+    b = backend_for(*s3_url)
+    assert b.atomic_conditional_writes
+    b._cas = False  # what a 501 answer to a conditional PUT leaves behind
+    with pytest.raises(LeaseUnsupportedError, match="s3://"):
+        acquire_all(b, [0], 60.0)
+
+
+def test_s3_server_ignoring_conditions_is_found_out_and_refuses_leases(s3_url, monkeypatch):
+    """A server answering 501 to If-None-Match / If-Match: the first conditional write
+    falls back (no retries), the backend stops declaring atomicity, writers are refused."""
+    from botocore.exceptions import ClientError
+
+    url, so = s3_url
+    es.create(url, SPEC, capacity=64, shard_rows=16, storage_options=so, lease_ttl=None).close()
+    real = S3Backend._s3_put
+
+    async def no_conditions(self, path, data, **cond):
+        if cond:
+            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "no"},
+                               "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject")
+        return await real(self, path, data)
+
+    monkeypatch.setattr(S3Backend, "_s3_put", no_conditions)
+    b = backend_for(url, so)
+    tag = b.put_if("x", b"1", None)  # read, compare, write
+    assert b.get_tagged("x") == (b"1", tag) and b.requests["retried"] == 0
+    assert not b.atomic_conditional_writes
+    with pytest.raises(LeaseUnsupportedError, match=r"s3://.*S3Backend.*lease_ttl=None"):
+        es.open(url, mode="r+", storage_options=so)
+    assert LaneLease(backend_for(url, so), 0).holder() is None  # the lease was given back
+    assert int(es.open(url, storage_options=so).index.count[0]) == 0  # reads unaffected
+
+
+def test_store_on_a_generic_fsspec_url_needs_lease_ttl_none(tmp_path):
+    url, so = f"local://{tmp_path}/s.zarr", {"auto_mkdir": True}
+    store = es.create(url, SPEC, capacity=64, shard_rows=16, storage_options=so, lease_ttl=None)
+    batch, nxt = data.make_steps(0, 0, 20, 1)
+    store.extend(batch, lane=0)
+    store.close()
+    with pytest.raises(LeaseUnsupportedError, match=r"local://.*lease_ttl=None"):
+        es.open(url, mode="r+", storage_options=so)
+    r = es.open(url, storage_options=so)  # reading needs no lease
+    assert int(r.index.count[0]) == nxt
+    data.check_lane(r, 0)
+    w = es.open(url, mode="r+", storage_options=so, lease_ttl=None)  # the only writer
+    assert w.backend.get(lease_key(0)) is None
+    w.close()
+    with pytest.raises(LeaseUnsupportedError, match="lease_ttl=None"):
+        es.create(f"local://{tmp_path}/t.zarr", SPEC, capacity=64, storage_options=so)
