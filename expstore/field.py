@@ -14,6 +14,8 @@ from .errors import SpecError
 #: bottleneck), for ~25% more bytes (benchmarks/RESULTS.md, "Core store").
 DEFAULT_IMAGE_CODEC: dict[str, Any] = {"name": "blosc", "cname": "lz4", "clevel": 5}
 DEFAULT_SMALL_CODEC: dict[str, Any] = {"name": "blosc", "cname": "lz4", "clevel": 5}
+#: what a write may do with a value outside a field's bounds (``Field.out_of_bounds``)
+OUT_OF_BOUNDS = ("raise", "clip", "warn")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class Field:
     ``codec`` is a numcodecs-style dict (``{"name": "blosc", "cname": "lz4hc", "clevel": 5}``
     or ``{"name": "zstd", "level": 1}``); ``chunk_rows`` is rows per inner chunk
     (default: 1 for image-sized fields, the whole shard for small ones).
+
+    ``out_of_bounds``: what a write does with a value outside ``low``/``high``: ``"raise"``
+    (the default: :class:`~expstore.errors.ValidationError`, nothing stored), ``"clip"``
+    (stored clipped to the bounds, e.g. continuous actions a float epsilon outside a Box)
+    or ``"warn"`` (a warning, once per field, then stored as given).
     """
 
     shape: tuple[int, ...] = ()
@@ -36,6 +43,7 @@ class Field:
     padding: str = "reset"
     codec: dict[str, Any] | None = None
     chunk_rows: int | None = None
+    out_of_bounds: str = "raise"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -52,6 +60,17 @@ class Field:
                     raise SpecError(
                         f"Field.{name}: expected a scalar or shape {self.shape}, got {arr.shape}"
                     )
+        if self.low is not None and self.high is not None:
+            low, high = np.broadcast_arrays(np.asarray(self.low), np.asarray(self.high))
+            bad = np.argwhere(low > high)
+            if len(bad):
+                at = tuple(bad[0].tolist())
+                where = f" at {at}" if at else ""
+                raise SpecError(f"Field.low/high: low {low[at]} is above high {high[at]}{where} "
+                                "(expected low <= high)")
+        if self.out_of_bounds not in OUT_OF_BOUNDS:
+            raise SpecError(f"Field.out_of_bounds: expected one of {list(OUT_OF_BOUNDS)}, got "
+                            f"{self.out_of_bounds!r}")
 
     @property
     def row_nbytes(self) -> int:
@@ -82,6 +101,7 @@ class Field:
             "padding": self.padding,
             "codec": self.resolved_codec(),
             "chunk_rows": self.chunk_rows,
+            "out_of_bounds": self.out_of_bounds,
         }
 
     @classmethod
@@ -98,6 +118,7 @@ class Field:
             padding=d.get("padding", "reset"),
             codec=d.get("codec"),
             chunk_rows=d.get("chunk_rows"),
+            out_of_bounds=d.get("out_of_bounds", "raise"),  # stores made before the option
         )
 
 

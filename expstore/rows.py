@@ -35,7 +35,7 @@ NO_ANCHOR = FLAG_LAST | FLAG_BAD  # rows no sample may start at
 
 
 def encode_steps(values: Mapping[str, np.ndarray], names: Iterable[str],
-                 open_episode_step: int, first_step: int = 0
+                 open_episode_step: int, first_step: int = 0, ends: np.ndarray | None = None
                  ) -> tuple[dict[str, np.ndarray], int, int]:
     """The rows of ``T`` consecutive steps of one lane.
 
@@ -43,6 +43,8 @@ def encode_steps(values: Mapping[str, np.ndarray], names: Iterable[str],
     bool; ``next_<name>`` optional, read at steps that end an episode). ``names``: the
     fields to write (each of ``values``). ``open_episode_step``: position in its episode of
     the lane's next row (0: a new episode). ``first_step``: step id of the first row.
+    ``ends``: steps followed by a final row (default: terminated or truncated ones; more
+    where the caller closes an episode the stream broke off).
 
     Returns ``(rows, next_open_episode_step, n_final)``: ``rows`` holds every name plus
     ``_episode_step`` (int32), ``_flags`` (uint8) and ``_step_id`` (int64), ``T + n_final``
@@ -51,7 +53,7 @@ def encode_steps(values: Mapping[str, np.ndarray], names: Iterable[str],
     """
     T = len(values["reward"])
     term, trunc = values["terminated"], values["truncated"]
-    done = term | trunc
+    done = (term | trunc) if ends is None else ends
     n_final = int(done.sum())
     # row position of each step: steps shift by one for each final row before them
     step_pos = np.arange(T) + np.concatenate([[0], np.cumsum(done)[:-1]])

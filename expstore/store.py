@@ -1,21 +1,27 @@
 """The store: a thin face over storage (shards, state), the row index, and reading.
 
 ``create``/``open`` give a :class:`Store`. Writes go to one :class:`LaneWriter` per lane the
-store may write; the :class:`RowIndex` learns every row as it is staged, so the writing
-process can sample rows not yet flushed (read from the staging buffer). Other processes
-see rows once flushed and call :meth:`Store.refresh`.
+store may write (full shards are written by a background thread); the :class:`RowIndex`
+learns every row as it is staged, so the writing process can sample rows not yet flushed
+(read from the staging buffers). Other processes call :meth:`Store.refresh`: they see
+rows once flushed, and on a local store the rows its writers staged too (shared memory,
+``staged.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from .appender import Appender
 from .errors import (
     ReadOnlyError,
     SpecError,
@@ -26,11 +32,12 @@ from .errors import (
 )
 from .index.rows import RowIndex
 from .loading.execute import assemble
-from .rows import encode_steps
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
+from .staged import StagedRows, shared_root
 from .storage import priority_file
 from .storage.backends import Backend, backend_for
+from .storage.backends.retry import RetryPolicy
 from .storage.layout import (
     Layout,
     auto_shard_rows,
@@ -48,41 +55,84 @@ from .storage.lease import (
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
 from .storage.state import LaneState, read_state, read_states, write_state
-from .storage.writer import LaneWriter
-from .validate import validate_steps
+from .storage.writer import Background, LaneWriter
+from .validate import refuse_many_steps, step_from_mapping, validate_steps
 
 
 def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
            shard_rows: int | None = None, overwrite: bool = False,
            storage_options: dict[str, Any] | None = None, fsync: bool = True,
-           lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True) -> Store:
+           lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
+           strict: bool = False) -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
     what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
     flushes survive power loss, not only process crashes (costs ~4 ms per object written).
     Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
-    process holds a lane's write lease). ``lease_ttl``: see :func:`open`. ``checksum``:
-    every inner chunk and shard header carries a crc32c, checked on every read, so a
-    corrupted byte is an error naming the shard, never a wrong value (``expstore verify``).
+    process holds a lane's write lease). ``overwrite=True`` replaces only an expstore
+    store, or fills an empty or missing folder (prefix): anything else there is refused
+    with :class:`FileExistsError` naming what was found, never deleted. ``lease_ttl`` and
+    ``strict``: see :func:`open`. ``checksum``: every inner chunk and shard header carries
+    a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
+    never a wrong value (``expstore verify``).
     """
     url = os.fspath(url)
+    if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
+        raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
+                        f"for a vector env), got {lanes!r}")
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
     capacity = round_capacity(int(capacity), int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum))
     backend = backend_for(url, storage_options, fsync)
-    if backend.get("zarr.json") is not None:
-        if not overwrite:
-            raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
-                                  "replace it)")
-        _refuse_if_leased(backend)
+    try:
+        meta = backend.get("zarr.json")
+    except NotADirectoryError:  # a file where the store's folder would be
+        meta = None
+    if meta is not None and not overwrite:
+        raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
+                              "replace it)")
+    if overwrite:
+        _refuse_unless_store_or_empty(backend, meta)
+        if meta is not None:
+            _refuse_if_leased(backend)
     if lease_ttl:  # refuse before writing anything, as opening for writing would
         require_atomic_writes(backend)
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
     return Store(backend, layout, mode="r+", storage_options=storage_options,
-                 lease_ttl=lease_ttl)
+                 lease_ttl=lease_ttl, strict=strict)
+
+
+def _refuse_unless_store_or_empty(backend: Backend, meta: bytes | None) -> None:
+    """``create(overwrite=True)`` deletes everything under the store's root: allowed for an
+    expstore store (its ``zarr.json`` has the ``expstore`` attribute) or an empty / missing
+    folder or prefix; anything else raises :class:`FileExistsError` naming what is there."""
+    if meta is not None:
+        try:
+            if "expstore" in json.loads(meta).get("attributes", {}):
+                return
+        except (ValueError, AttributeError):
+            pass
+    root = getattr(backend, "root", None)
+    if backend.is_local and root is not None:
+        if not os.path.exists(root):
+            return
+        if not os.path.isdir(root):
+            raise FileExistsError(f"{backend.url}: refusing to overwrite: it is a file, not a "
+                                  "store (overwrite=True replaces only an expstore store)")
+        found = sorted(os.listdir(root))
+    else:
+        found = sorted({key.split("/", 1)[0] for key in backend.list("")})
+    if not found:
+        return
+    what = "a zarr.json without expstore attributes, " if meta is not None else ""
+    shown = ", ".join(found[:5]) + (f", ... ({len(found)} entries)" if len(found) > 5 else "")
+    raise FileExistsError(
+        f"{backend.url}: refusing to overwrite: this is not an expstore store and not empty "
+        f"(found {what}{shown}); overwrite=True replaces only an existing store or fills an "
+        "empty folder. Choose a new or empty path, or delete this one yourself")
 
 
 def _refuse_if_leased(backend: Backend) -> None:
@@ -99,7 +149,8 @@ def _refuse_if_leased(backend: Backend) -> None:
 
 def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
-         fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL) -> Store:
+         fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
+         strict: bool = False) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -108,6 +159,14 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     while writing, released by ``close()``): another process opening the same lane for
     writing gets :class:`StoreLockedError` until it is released or ``lease_ttl`` seconds
     pass without renewal. ``lease_ttl=None`` skips leases (only one writer may exist).
+    Another ``Store`` object of this process opening a lane for writing takes it from the
+    first one, which then fails at its next ``add``/``extend``/``flush``.
+
+    ``strict``: a step whose ``obs`` is not the ``next_obs`` given with the lane's previous
+    step (two envs interleaved into one lane, transitions added out of order) raises
+    :class:`ValidationError` naming ``obs`` instead of being stored; by default the previous
+    step is closed first with a final row holding its ``next_obs``, so a sampled
+    ``next_obs`` is always the one given with its step.
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
@@ -118,7 +177,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         raise SpecError(f"{url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
     return Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
-                 lease_ttl=lease_ttl)
+                 lease_ttl=lease_ttl, strict=strict)
 
 
 def _check_writable(backend: Backend) -> None:
@@ -137,15 +196,45 @@ def _read_only_mount(path: str) -> bool:
         return False
 
 
+def _release_all(leases: Any) -> None:
+    """Release leases, never raising (also run by the finalizer of a collected Store and at
+    exit; a lease lost to another holder, or taken by the parent of a fork, is left be)."""
+    for lease in leases:
+        try:
+            lease.release()
+        except Exception:  # noqa: BLE001 - storage gone: the lease expires by itself
+            pass
+
+
+def _release_at_end(leases: list[Any]) -> None:
+    """Finalizer of a collected Store, also run at exit: release its leases with a short
+    retry budget (at exit the storage may be gone; a lease left behind expires by itself).
+    Rows not flushed are not committed: nothing is written but the lease objects."""
+    for lease in leases:
+        retry = getattr(lease.backend, "retry", None)
+        if isinstance(retry, RetryPolicy):
+            lease.backend.retry = dataclasses.replace(retry, attempts=min(retry.attempts, 3),
+                                                      deadline=min(retry.deadline, 5.0),
+                                                      timeout=min(retry.timeout, 5.0))
+    _release_all(leases)
+
+
 QUARANTINE_RELOAD = 5.0  # seconds between re-reads of the quarantine on refresh()
 
 
 class Store:
-    """A disk-backed ring of transitions. See :func:`create` and :func:`open`."""
+    """A disk-backed ring of transitions. See :func:`create` and :func:`open`.
+
+    A context manager: ``with es.open(url, "r+") as store:`` flushes and releases the lanes'
+    leases on exit (:meth:`close`). A store that is garbage-collected, or still open when
+    the process exits, releases its leases without flushing: rows added since the last
+    :meth:`flush` are not committed (reopening gives the store as of that flush).
+    """
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
-                 lease_ttl: float | None = DEFAULT_TTL):
+                 lease_ttl: float | None = DEFAULT_TTL, strict: bool = False):
+        self._closed = False
         self.backend = backend
         self.layout = layout
         self.mode = mode
@@ -160,7 +249,11 @@ class Store:
         self.write_lanes = ([] if mode == "r" else
                             [lane] if lane is not None else list(range(layout.lanes)))
         self.writers: dict[int, LaneWriter] = {}
-        self._episode_step = np.zeros(layout.lanes, np.int64)
+        self._bg = Background() if self.write_lanes else None  # writes full shards
+        if self._bg is not None:
+            self._bg.start()
+        self._staged = StagedRows(self)  # rows other processes staged (shared memory)
+        self._appender = Appender(layout.spec, self.writers, self.index, strict=strict)
         if self.write_lanes:
             _check_writable(backend)
         try:
@@ -172,6 +265,8 @@ class Store:
             raise ReadOnlyError(f"{backend.url}: cannot open for writing, the storage refuses "
                                 f"writes ({e.strerror or e}); open with mode='r' to read"
                                 ) from e
+        if self.leases:  # released when this object is collected or the process exits
+            weakref.finalize(self, _release_at_end, list(self.leases.values()))
         try:
             self._quarantine = read_quarantine(backend)  # rows lost to corruption (repair)
             self._quarantine_read = time.monotonic()
@@ -280,17 +375,14 @@ class Store:
         self._states[st.lane] = st
 
     def _release_leases(self) -> None:
-        for lease in self.leases.values():
-            try:
-                lease.release()
-            except OSError:
-                pass  # storage gone: the lease expires by itself
+        _release_all(self.leases.values())
 
     def _resume_writer(self, st: LaneState) -> LaneWriter:
         lease = self.leases.get(st.lane)
         backend = LeasedBackend(self.backend, lease) if lease is not None else self.backend
         w = LaneWriter(backend, self.layout, LaneState(**vars(st)),
-                       on_shard_written=self._forget_shard)
+                       on_shard_written=self._forget_shard, background=self._bg,
+                       shared_root=shared_root(self.backend))
         if w.n:  # a partly written shard: restore its rows into the staging buffer
             steps = np.arange(w.first_step, w.count)
             keep = ~self._quarantine.mask(st.lane, steps)  # lost rows are restored as zeros
@@ -313,12 +405,45 @@ class Store:
             self._reader.forget(shard)
 
     def refresh(self) -> None:
-        """Re-read lane state files and index rows other processes committed since."""
+        """Re-read lane state files and index rows other processes committed since; on a
+        local store also the rows their writers staged and did not flush yet (from shared
+        memory, ``expstore/staged.py``), which this process's samplers then see."""
         lanes = [i for i in range(self.lanes) if i not in self.writers]
         if time.monotonic() - self._quarantine_read >= QUARANTINE_RELOAD:
             self._reload_quarantine()
         for st in read_states(self.backend, lanes):
-            self._load_lane_retrying(st)
+            self._staged.refresh_lane(st, self._load_lane_retrying)
+
+    @property
+    def publishes_staging(self) -> bool:
+        """Whether processes of this machine (DataLoader workers included) can read every
+        row this store knows, staged ones too, without a flush: a local store whose
+        writers stage in shared memory."""
+        return self._staged.shared and all(w.shared is not None
+                                           for w in self.writers.values())
+
+    def staged_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per lane, the writer session whose staged rows this process plans with (0: none)
+        and the committed count: what a reader in another process (a DataLoader worker)
+        needs to read this process's plans (``StoreDataset``)."""
+        return self._staged.snapshot()
+
+    def _poll_writes(self, raise_errors: bool = True) -> None:
+        """Apply the results of background shard writes on this thread: committed counts,
+        shards to re-open, and a failed write's error (raised as ``WriteFailedError``, its
+        rows kept staged for the next flush)."""
+        bg = self._bg
+        if bg is None or not bg.state["news"]:
+            return
+        bg.state["news"] = False
+        error = None
+        for lane, w in self.writers.items():
+            w.poll()
+            self.index.committed[lane] = w.committed.count
+            e = w.take_error() if raise_errors else None
+            error = error or e
+        if error is not None:
+            raise error
 
     def _reload_quarantine(self) -> None:
         """Pick up rows ``repair`` marked lost since we last looked (at most every few s)."""
@@ -331,6 +456,8 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------
     def _writer(self, lane: int) -> LaneWriter:
+        if self._closed:
+            self._refuse_closed()
         if self.mode == "r":
             raise ReadOnlyError(f"{self.url}: store opened read-only (mode='r')")
         if lane not in self.writers:
@@ -341,47 +468,75 @@ class Store:
             lease.ensure()  # renews when a third of its ttl has passed
         return self.writers[lane]
 
-    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
-            truncated: Any, lane: int | None = None, **extras: Any) -> None:
+    def add(self, obs: Any = None, action: Any = None, reward: Any = None,
+            next_obs: Any = None, terminated: Any = None, truncated: Any = None,
+            lane: int | None = None, **extras: Any) -> None:
         """Store one env step (Gymnasium's ``obs, action, reward, next_obs, term, trunc``).
 
-        With ``lanes > 1`` and ``lane=None`` every value has a leading ``num_envs == lanes``
-        axis and one step goes into each lane. ``next_obs`` is stored only when the episode
-        ends (as the episode's final row); otherwise it is the next step's ``obs``.
+        The step may also be one mapping with the keys of :meth:`extend` (no leading axis):
+        ``add({"obs": ..., "action": ..., "reward": ..., "next_obs": ..., ...})``.
+        ``lane`` defaults to the store's one writable lane (``lanes=1``, or opened with
+        ``lane=i``). With several writable lanes and ``lane=None`` every value has a leading
+        ``num_envs == lanes`` axis and one step goes into each lane. ``next_obs`` is stored
+        only when the episode ends (as the episode's final row) or when the lane's next
+        step does not start from it; otherwise it is the next step's ``obs``.
         """
+        self._poll_writes()  # background shard writes: commits, or an error raised here
+        if action is None and reward is None:  # one mapping (or no step at all)
+            obs, action, reward, next_obs, terminated, truncated, extras = step_from_mapping(
+                obs, next_obs, terminated, truncated, extras)
+        if lane is None and len(self.write_lanes) == 1:
+            lane = self.write_lanes[0]
+        if type(reward) is np.ndarray and reward.ndim and lane is not None:
+            refuse_many_steps(self.spec, reward, lane, self.lanes, len(self.write_lanes))
         if lane is None and self.lanes > 1:
-            batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated, truncated,
-                                   extras, (self.lanes,))
             for i in range(self.lanes):
                 self._writer(i)
-            for i in range(self.lanes):  # a lane whose earlier write failed retries it first:
-                if self.writers[i].pending:  # raising here leaves every lane untouched
-                    self.writers[i].flush()
-            errors = []
-            for i in range(self.lanes):
-                try:
-                    self._append(i, {k: v[i : i + 1] for k, v in batch.items()})
-                except WriteFailedError as e:  # the step is staged; only its commit failed
-                    errors.append(e)
-            if errors:
-                raise errors[0]
+            batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated,
+                                   truncated, extras, (self.lanes,))
+            self._appender.add_lanes(batch)
             return
         lane = 0 if lane is None else lane
         self._writer(lane)
-        batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated, truncated,
-                               extras, ())
-        self._append(lane, {k: v[None] for k, v in batch.items()})
+        self._appender.add_one(lane, obs, action, reward, next_obs, terminated, truncated,
+                               extras)
 
-    def extend(self, batch: Mapping[str, Any], lane: int = 0) -> None:
+    def extend(self, batch: Mapping[str, Any] | None = None, lane: int | None = None,
+               check_next_obs: bool = True, **fields: Any) -> None:
         """Store ``T`` consecutive steps of one lane: every value has leading axis ``T``.
 
         Keys: ``obs, action, reward, terminated, truncated`` (+ user fields) and
         ``next_obs``, which may be omitted when no step in the batch ends an episode.
         ``next_<user field>`` (optional) gives a user field's value for the final rows of
-        episodes ending in the batch (else they hold zeros).
+        episodes ending in the batch (else they hold zeros). The same as keywords:
+        ``extend(obs=..., action=..., ...)``. ``lane`` defaults to the store's one
+        writable lane (``lanes=1``, or opened with ``lane=i``), else 0.
+
+        ``check_next_obs`` (default): where ``next_obs`` is given for every step, a step
+        whose ``next_obs`` is not the next step's ``obs`` is closed with a final row holding
+        it (``strict=True``: refused), so no sampled ``next_obs`` is ever wrong; the last
+        step's ``next_obs`` is held for the lane's next ``add``. ``False``: ``next_obs`` is
+        read only where an episode ends (elsewhere it may hold anything, e.g. zeros): for
+        importers whose batches are known to be consecutive steps.
         """
+        if batch is None:
+            if not fields:
+                raise ValidationError("extend: no steps given; expected a mapping "
+                                      "extend({'obs': ..., 'action': ..., ...}) or keywords "
+                                      "extend(obs=..., action=..., ...)")
+            batch = fields
+        elif fields:
+            raise ValidationError(f"extend: give the steps either as one mapping or as "
+                                  f"keywords, not both (got a mapping and {sorted(fields)})")
+        if lane is None:
+            lane = self.write_lanes[0] if len(self.write_lanes) == 1 else 0
         self._writer(lane)
-        b = dict(batch)
+        self._poll_writes()  # background shard writes: commits, or an error raised here
+        try:
+            b = dict(batch)
+        except (TypeError, ValueError) as e:
+            raise ValidationError(f"extend: expected a mapping of field -> values with "
+                                  f"leading axis T, got {type(batch).__name__}") from e
         missing = [k for k in ("obs", "action", "reward", "terminated", "truncated")
                    if k not in b]
         if missing:
@@ -394,7 +549,11 @@ class Store:
         extras = {k: v for k, v in b.items() if k not in known}
         vals = validate_steps(self.spec, b["obs"], b["action"], b["reward"], b.get("next_obs"),
                               b["terminated"], b["truncated"], extras, (T,))
-        self._append(lane, vals)
+        self._appender.add_many(lane, vals, check_next_obs)
+
+    def _refuse_closed(self) -> None:
+        raise ValueError(f"{self.url}: the store is closed; open it again "
+                         "(es.open(url, mode='r+')) to write")
 
     def set_episode_position(self, lane: int, position: int) -> None:
         """The next row of ``lane`` starts at this position of its episode; 0 = a new
@@ -404,32 +563,17 @@ class Store:
             raise ValueError(f"lane: expected 0..{self.lanes - 1}, got {lane}")
         if position < 0:
             raise ValueError(f"position: expected >= 0, got {position}")
-        self._episode_step[lane] = int(position)
-
-    def _append(self, lane: int, vals: dict[str, np.ndarray]) -> None:
-        """Turn validated steps into rows (+ a final row per finished episode)."""
-        w = self.writers[lane]
-        rows, next_open, n_final = encode_steps(vals, self.spec.fields,
-                                                self._episode_step[lane], w.count)
-        before = w.count
-        error: WriteFailedError | None = None
-        try:
-            start, _ = w.append(rows)
-        except WriteFailedError as e:
-            if w.count == before:  # a retried earlier write failed: nothing staged
-                raise
-            start, error = before, e  # all rows staged, a shard write failed
-        w.episodes += n_final
-        self._episode_step[lane] = next_open
-        self.index.set_valid_from(lane, w.valid_from)
-        self.index.put(lane, start, rows["_episode_step"], rows["_flags"], committed=False)
-        self.index.committed[lane] = w.committed.count
-        if error is not None:
-            raise error
+        self._appender.open_step[lane] = int(position)
 
     def flush(self) -> None:
         """Commit every staged row of the lanes this store writes (data, then state),
         then run the flush hooks (samplers persisting their priorities)."""
+        if self._closed:
+            self._refuse_closed()
+        for lease in self.leases.values():
+            if not lease.held:  # taken by another writer: raises, naming who and why
+                lease.ensure()
+        self._poll_writes(raise_errors=False)  # a failed background write is retried below
         errors = []
         for lane, w in self.writers.items():
             try:
@@ -478,11 +622,20 @@ class Store:
         return saved
 
     def close(self) -> None:
-        """Flush (when writable), release the lanes' leases and file handles."""
+        """Flush (when writable), release the lanes' leases and file handles. Closing
+        twice is a no-op; ``add``/``extend``/``flush`` afterwards raise ``ValueError``."""
+        if self._closed:
+            return
+        inherited = any(w.inherited for w in self.writers.values())  # a fork's copy
         try:
-            if self.mode != "r":
+            if self.mode != "r" and not inherited:
                 self.flush()
         finally:
+            self._closed = True
+            if self._bg is not None:
+                self._bg.close()
+            for w in self.writers.values():
+                w.close()  # shared staging unlinked (rows not flushed are gone now)
             self._release_leases()
             if self._reader is not None:
                 self._reader.close()
@@ -542,7 +695,8 @@ class Store:
 
 
 class StoreSource:
-    """Rows for this process: staged rows from the writers, the rest from shards."""
+    """Rows for this process: staged rows from its writers, rows other writers of this
+    machine staged (shared memory, ``staged.py``), the rest from shards."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -555,7 +709,7 @@ class StoreSource:
     def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
              out: np.ndarray) -> np.ndarray:
         st = self.store
-        if not st.writers:
+        if not st.writers and not st._staged.sessions:
             return st.reader.read(name, rows, steps, out)
         L = st.layout.lane_capacity
         lane = rows // L
@@ -567,6 +721,8 @@ class StoreSource:
                 out[sel] = w.staged(name, steps[sel])
                 ok[sel] = True
                 staged |= sel
+        if st._staged.sessions:  # never ask storage for rows not committed
+            st._staged.read(name, rows, steps, out, lane, ok, staged)
         rest = np.flatnonzero(~staged)
         if len(rest):
             buf = np.empty((len(rest), *out.shape[1:]), out.dtype)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,8 +41,7 @@ def coerce(name: str, field: Field, value: Any, lead: tuple[int, ...],
         bad = np.argwhere(~np.isfinite(arr))[0].tolist()
         raise ValidationError(f"{name}: expected finite values, got {arr[tuple(bad)]} at "
                               f"{tuple(bad)} (reject_nonfinite=True)")
-    _check_bounds(name, field, arr)
-    return arr
+    return _check_bounds(name, field, arr)
 
 
 def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
@@ -46,6 +49,8 @@ def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
     src = arr.dtype
     if src == dst:
         return arr
+    if src.kind in "iu" and dst.kind == "f":
+        return _int_to_float(name, arr, dst)
     if np.can_cast(src, dst, "safe"):
         return arr.astype(dst)
     if src.kind == dst.kind == "f":  # float64 -> float32: allowed, precision loss only
@@ -63,28 +68,88 @@ def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
     raise ValidationError(f"{name}: dtype {src} cannot be cast safely to {dst}")
 
 
-def _check_bounds(name: str, field: Field, arr: np.ndarray) -> None:
+def _int_to_float(name: str, arr: np.ndarray, dst: np.dtype) -> np.ndarray:
+    """Integers into a float field: accepted when every value is held exactly (python and
+    numpy ints: FrozenLake rewards, integer observations), refused naming a value that
+    would change (int64 ``2**40 + 1`` into float32)."""
+    src = arr.dtype
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = arr.astype(dst)
+    bits = src.itemsize * 8 - (src.kind == "i")  # magnitude bits of the integer type
+    if bits <= np.finfo(dst).nmant + 1 or arr.size == 0:  # every value fits exactly
+        return out
+    top = 2.0 ** bits
+    with np.errstate(invalid="ignore", over="ignore"):
+        fits = np.isfinite(out) & (out < top) & (out >= (-top if src.kind == "i" else 0.0))
+        exact = fits & (np.where(fits, out, 0).astype(src) == arr)
+    if exact.all():
+        return out
+    at = tuple(np.argwhere(~exact)[0].tolist())
+    where = f" at {at}" if at else ""
+    raise ValidationError(
+        f"{name}: {src} value {arr[at]}{where} cannot be stored exactly as {dst} (it would "
+        f"become {out[at].item()!r}); give the field a dtype that holds it (e.g. int64 or float64) "
+        "or convert the value before adding it")
+
+
+#: fields that already warned about a value outside their bounds (``out_of_bounds="warn"``)
+_WARNED: dict[int, weakref.ref[Field]] = {}
+
+
+def _check_bounds(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
+    """``arr`` when it lies within the field's bounds; otherwise what the field's
+    ``out_of_bounds`` says: raise (naming the value), clip to the bounds, or warn."""
     checks = ((field.low, np.less, "below low"), (field.high, np.greater, "above high"))
     for bound, op, word in checks:
         if bound is None:
             continue
         bad = op(arr, bound)
-        if np.any(bad):
-            where = tuple(np.argwhere(bad)[0].tolist())
-            b = np.broadcast_to(np.asarray(bound), field.shape)
-            limit = b[where[len(where) - len(field.shape):]] if field.shape else b
-            raise ValidationError(
-                f"{name}: value {arr[where]} at {where} is {word} bound {limit} "
-                f"(expected {field.low}..{field.high})"
-            )
+        if not np.any(bad):
+            continue
+        if field.out_of_bounds == "clip":
+            return _clip(field, arr)
+        where = tuple(np.argwhere(bad)[0].tolist())
+        b = np.broadcast_to(np.asarray(bound), field.shape)
+        limit = b[where[len(where) - len(field.shape):]] if field.shape else b
+        what = (f"{name}: value {arr[where]} at {where} is {word} bound {limit} "
+                f"(expected {field.low}..{field.high})")
+        if field.out_of_bounds == "warn":
+            ref = _WARNED.get(id(field))
+            if ref is None or ref() is not field:
+                _WARNED[id(field)] = weakref.ref(field)
+                warnings.warn(f"{what}; stored as given (out_of_bounds='warn': this field "
+                              "warns once)", stacklevel=_caller_level())
+            return arr
+        raise ValidationError(
+            f"{what}. To store such values clipped to the bounds, pass "
+            "Field(..., out_of_bounds='clip') (or 'warn' to store them as given), or "
+            "Spec.from_spaces(..., out_of_bounds='clip') for Box actions")
+    return arr
+
+
+def _caller_level() -> int:
+    """``stacklevel`` of the first frame outside expstore (the user's ``add``/``extend``)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("expstore."):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _clip(field: Field, arr: np.ndarray) -> np.ndarray:
+    low, high = field.low, field.high
+    if field.dtype.kind in "iu":  # inclusive bounds of an integer field: whole numbers
+        low = None if low is None else np.ceil(low)
+        high = None if high is None else np.floor(high)
+    return np.clip(arr, low, high).astype(field.dtype, copy=False)
 
 
 def validate_steps(spec: Spec, obs: Any, action: Any, reward: Any, next_obs: Any,
                    terminated: Any, truncated: Any, extras: dict[str, Any],
                    lead: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Steps given to ``add``/``extend`` as arrays of ``lead + field shape`` per field
-    (``next_<obs>`` where an episode ends, ``next_<user field>`` where given), cast and
-    checked; raises :class:`ValidationError` naming the field before anything is stored.
+    (``next_<obs field>`` when ``next_obs`` is given: required where an episode ends;
+    ``next_<user field>`` where given), cast and checked; raises :class:`ValidationError`
+    naming the field before anything is stored.
     """
     nonfinite = spec.reject_nonfinite
     out: dict[str, np.ndarray] = {}
@@ -104,12 +169,59 @@ def validate_steps(spec: Spec, obs: Any, action: Any, reward: Any, next_obs: Any
         out[name] = coerce(name, f, given.get(name), lead, nonfinite)
     for k, v in nxt.items():
         out[k] = coerce(k, spec.fields[k[5:]], v, lead, nonfinite)
-    done = out["terminated"] | out["truncated"]
-    if np.any(done):
-        if next_obs is None:
+    if next_obs is None:
+        if np.any(out["terminated"] | out["truncated"]):
             raise ValidationError("next_obs: required for steps that end an episode "
                                   "(terminated or truncated)")
+    else:
         for name, v in spec.flatten("obs", next_obs).items():
             out["next_" + name] = coerce("next_" + name, spec.fields[name], v, lead,
                                          nonfinite)
     return out
+
+
+STEP_KEYS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+STEP_FORM = ("add(obs=..., action=..., reward=..., next_obs=..., terminated=..., "
+              "truncated=...) or add({'obs': ..., 'action': ..., 'reward': ..., ...})")
+
+
+def step_from_mapping(step: Any, next_obs: Any, terminated: Any, truncated: Any,
+                  extras: dict[str, Any]) -> tuple[Any, ...]:
+    """``add``'s arguments from a step given as one mapping (clear errors for neither form,
+    both forms, or missing keys)."""
+    others = [k for k, v in (("next_obs", next_obs), ("terminated", terminated),
+                             ("truncated", truncated)) if v is not None] + list(extras)
+    if step is None:
+        got = f" (got only {others})" if others else ""
+        raise ValidationError(f"add: no step given{got}; expected {STEP_FORM}")
+    if not isinstance(step, Mapping):
+        raise ValidationError(f"add: action and reward are missing; expected {STEP_FORM}")
+    if others:
+        raise ValidationError(f"add: give the step either as one mapping or as keywords, "
+                              f"not both (got a mapping and {others})")
+    missing = [k for k in ("obs", "action", "reward", "terminated", "truncated")
+               if k not in step]
+    if missing:
+        raise ValidationError(f"add: the step mapping lacks key(s) {missing} (got keys "
+                              f"{list(step)}); expected {STEP_FORM}")
+    rest = {k: v for k, v in step.items() if k not in STEP_KEYS}
+    return (step["obs"], step["action"], step["reward"], step.get("next_obs"),
+            step["terminated"], step["truncated"], rest)
+
+
+def refuse_many_steps(spec: Spec, reward: np.ndarray, lane: int, lanes: int,
+                      writable: int) -> None:
+    """Raise when ``reward`` holds ``N >= 2`` steps (a vector env's ``num_envs`` axis)
+    for a call that writes one step into one ``lane`` (of ``lanes``; ``writable`` lanes
+    open for writing here)."""
+    n = len(reward)
+    if n < 2 or reward.shape != (n, *spec.fields["reward"].shape):
+        return  # not N steps: the field checks report what is wrong
+    why = ("the store has 1 lane" if lanes == 1 else
+           f"this Store writes lane {lane} only" if writable == 1 else
+           f"lane={lane} was given")
+    raise ValidationError(
+        f"add: reward has shape {reward.shape}: {n} steps at once, as a vector env of {n} "
+        f"envs gives, but this call writes one step into lane {lane} ({why}). Create the "
+        f"store with lanes=num_envs (es.create(..., lanes={n})) and call add(...) without "
+        "lane= to write one step per lane, or add each env's step with lane=i")

@@ -136,10 +136,8 @@ def main() -> None:
             beta_steps=max(1, updates * args.gradient_steps), persist=False, **common)
     else:
         sampler = es.UniformSampler(store, **common)
-    # Workers read only rows flushed to storage. A flush rewrites the open shard of each
-    # field (frames already encoded are reused): ~40 ms with 4,096-row shards (1M rows).
-    # Every 1,000 steps that is 0.04 ms per env step (a step costs > 2 ms), and the newest
-    # <= 1,000 rows it hides from the workers are 0.1% of a 1M-row buffer.
+    # Workers read rows as soon as they are added (a local store's writer publishes its
+    # staged rows in shared memory); flushing every 1,000 steps only makes them durable.
 
     q = QNetwork(n_actions).to(device)
     target = QNetwork(n_actions).to(device)

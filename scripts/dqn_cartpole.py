@@ -130,11 +130,8 @@ def main() -> None:
             beta_steps=max(1, updates * args.gradient_steps), persist=False, **common)
     else:
         sampler = es.UniformSampler(store, **common)
-    # Workers read only rows flushed to storage. A flush rewrites the open shard of every
-    # field plus the lane state (9 small files, 4-15 ms here, ~100 ms while the disk is
-    # busy), so flushing every step would cost more than the step itself. Every 256 steps
-    # it is < 0.1 ms per step, and the rows it hides from the workers (the newest <= 256)
-    # are < 1% of the ~40,000 a run samples from. (--num-workers 0 reads unflushed rows.)
+    # Workers read rows as soon as they are added (a local store's writer publishes its
+    # staged rows in shared memory); flushing every 256 steps only makes them durable.
 
     q = QNetwork(int(np.prod(env.observation_space.shape)), n_actions, args.hidden)
     target = QNetwork(int(np.prod(env.observation_space.shape)), n_actions, args.hidden)

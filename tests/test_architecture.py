@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "expstore.spec": 1,
     "expstore.spaces": 1,
     "expstore.validate": 1,
+    "expstore.step_check": 1,
     # 2: the in-RAM index and the bytes on storage (siblings, see APART)
     "expstore.index": 2,
     "expstore.storage": 2,
@@ -69,6 +70,8 @@ LAYERS: dict[str, int] = {
     "expstore.loading": 4,
     # 5: the Store face and the offline tools on it
     "expstore.store": 5,
+    "expstore.appender": 5,
+    "expstore.staged": 5,
     "expstore.verify": 5,
     "expstore.repair": 5,
     # 6: edges: dataset formats, framework integrations, test helpers

@@ -324,6 +324,40 @@ def test_disk_full_during_flush_keeps_every_row(store):
     other.close()
 
 
+def test_a_background_write_error_surfaces_and_nothing_is_lost(store):
+    """The add that fills a shard hands it to the background thread; that write hits a full
+    disk. The next add raises WriteFailedError (nothing staged by it), every row stays staged
+    and readable, a flush while the disk is full raises too, and the flush after space is
+    back writes it all: another process then reads every row."""
+    w = store.writers[0]
+    S = store.layout.shard_rows
+    committed = w.committed.count
+    disk = FullDisk(store.backend, budget=0)
+    while w.count % S:  # one-step adds up to the shard boundary: none waits for a write
+        store.add(**_step(store))
+    w.wait()  # the background write has failed by now
+    n = len(store)
+    with pytest.raises(WriteFailedError, match=r"No space left on device.*lane 0 keeps"):
+        store.add(**_step(store))
+    assert len(store) == n and check_all(store) == n and w.pending  # kept, staged
+    assert disk.failed and w.committed.count == committed
+    with pytest.raises(WriteFailedError):  # still full: the retry fails, nothing is lost
+        store.flush()
+    with pytest.raises(WriteFailedError):  # and more steps are refused before staging
+        store.add(**_step(store))
+    assert len(store) == n and check_all(store) == n
+    other = es.open(store.url)
+    assert int(other.index.committed[0]) == committed
+    disk.free()
+    store.add(**_step(store))  # retries the failed shard first, then stages the step
+    assert not w.pending and w.committed.count == (committed // S + 1) * S
+    store.flush()
+    other.refresh()
+    assert int(other.index.committed[0]) == w.count and check_all(other) == len(store)
+    assert verify_store(store.url).ok
+    other.close()
+
+
 def _can_mount() -> bool:
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False

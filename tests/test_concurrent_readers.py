@@ -73,7 +73,11 @@ def test_reader_never_serves_rows_a_killed_writer_left_uncommitted(workdir):
     assert os.read(r, 1) == b"x"
     reader.refresh()  # reads committed rows of the shard: opens the uncommitted version
     sessions = crash.Log.read(log, 1)
-    committed = data.check_lane(reader, 0, sessions.session_of, sessions.start_counts(0))
+    # (it also sees the rows the frozen writer staged in shared memory: not committed)
+    assert int(reader.index.count[0]) > int(reader.index.committed[0])
+    committed = data.check_lane(reader, 0, sessions.session_of, sessions.start_counts(0),
+                                steps=np.arange(int(reader.index.lower_bound()[0]),
+                                                int(reader.index.committed[0])))
     p.kill()
     p.join()
     with es.open(url, "r+") as w:  # the next writer: same steps, other bytes
@@ -116,3 +120,26 @@ def test_a_reader_more_than_a_lap_behind_catches_up(workdir, monkeypatch):
         len(reader)
     writer.close()
     reader.close()
+
+
+def test_readers_see_rows_never_flushed(workdir):
+    """The writer only adds (it never flushes; full shards are committed in the background):
+    samplers in other processes and DataLoader workers read its open shards' rows from its
+    shared-memory staging, every one checked byte for byte."""
+    res = concurrent.run(workdir, seconds=7, readers=2, loader_workers=2, adds_only=True,
+                         lag=0.05)
+    assert not res.errors, res.errors[0]
+    assert res.samples > 1_000 and all(r.samples > 200 for r in res.readers)
+    assert all(r.unflushed > 0 for r in res.readers), [r.unflushed for r in res.readers]
+    print("\n" + _report(res) + f", unflushed {[r.unflushed for r in res.readers]}")
+
+
+def test_samplers_see_unflushed_rows_while_the_writer_is_killed(workdir):
+    """Staged rows of a writer killed before flushing them were never committed: a reader
+    that saw them drops them at its next refresh and never mixes them with the next
+    writer's rows at the same steps."""
+    res = concurrent.run(workdir, seconds=7, readers=1, restart_every=1.0, lag=0.1,
+                         adds_only=True)
+    assert not res.errors, res.errors[0]
+    assert res.writer_sessions >= 4 and res.samples > 500 and res.readers[0].unflushed > 0
+    print("\n" + _report(res) + f", unflushed {res.readers[0].unflushed}")

@@ -101,3 +101,50 @@ def test_checker_catches_a_wrong_byte(workdir):
         store.extend(batch, lane=1)
     with pytest.raises(AssertionError, match="lane 1 step .* reward"):
         crash.check_store(url, log)
+
+
+def test_kills_while_the_background_thread_writes(workdir):
+    """A writer that only adds: every commit is a full shard written by its background
+    thread. Frozen there at each crash point (the caller's thread goes on adding until its
+    shard buffers run out), then killed: every committed row survives."""
+    url, log = os.path.join(workdir, "s.zarr"), os.path.join(workdir, "log")
+    crash.create_store(url)
+    rng = np.random.default_rng(20261124)
+    plan = [p for p in POINTS for _ in range(2)] + [None] * 4
+    rng.shuffle(plan)
+    rows = 0
+    for k, point in enumerate(plan):
+        kill = crash.kill_once(url, log, k, rng, point=point, nth=int(rng.integers(1, 4)),
+                               delay=float(rng.uniform(0.05, 0.4)), adds_only=True)
+        if point is not None:
+            assert kill.reached, f"kill {k}: crash point {point} never reached"
+            assert kill.background, f"kill {k}: {point} was not reached by the writing thread"
+        rows += crash.check_store(url, log).rows
+    crash.writer(url, log, len(plan), seed=5, ops=100, adds_only=True)
+    final = crash.check_store(url, log)
+    assert min(final.counts) > 32 * 4, "the writers should have wrapped every lane"
+    print(f"\n{len(plan)} kills of an adds-only writer, {rows + final.rows} rows checked")
+
+
+def test_kill_with_rows_staged_in_shared_memory(workdir):
+    """kill -9 with rows added but not flushed: they were in shared memory, visible to
+    readers while the writer lived; the store reopens at the last flush (verify clean),
+    readers ignore the dead writer's staging, and the next writer replaces it."""
+    url, log = os.path.join(workdir, "s.zarr"), os.path.join(workdir, "log")
+    crash.create_store(url)
+    staged = crash.kill_staged(url, log, 0, seed=3, steps=50)
+    assert all(c > m for c, m in zip(staged.counts, staged.committed))
+    assert len(staged.files) == 3  # one staging file per lane, left behind
+    for path, ino in staged.files.items():
+        assert os.stat(path).st_ino == ino
+    reader = es.open(url)  # a dead writer's staged rows are not rows
+    assert reader.index.count.tolist() == staged.committed
+    reader.refresh()
+    assert reader.index.count.tolist() == staged.committed
+    reader.close()
+    res = crash.check_store(url, log)  # reopened at the flush, byte for byte, verify clean
+    assert res.counts == staged.committed
+    crash.writer(url, log, 1, seed=4, ops=40)  # the next writer takes the lanes over
+    for path, ino in staged.files.items():
+        assert not os.path.exists(path) or os.stat(path).st_ino != ino
+    assert crash.check_store(url, log).rows > res.rows

@@ -183,11 +183,13 @@ def test_export_of_an_env_store(tmp_path):
         for lane in range(2):
             for ep in range(6):
                 n = int(rng.integers(2, 30))
+                obs = rng.integers(1, 256, SHAPE, dtype=np.uint8)
                 for t in range(n):
                     end = t == n - 1 and ep < 5  # the last episode stays open
-                    store.add(rng.integers(1, 256, SHAPE, dtype=np.uint8), int(rng.integers(6)),
-                              float(rng.normal()), rng.integers(1, 256, SHAPE, dtype=np.uint8),
+                    nxt = rng.integers(1, 256, SHAPE, dtype=np.uint8)
+                    store.add(obs, int(rng.integers(6)), float(rng.normal()), nxt,
                               end and ep % 2 == 0, end and ep % 2 == 1, lane=lane, sid=sid)
+                    obs = nxt  # the next step starts where this one ended
                     sid += 1
     out = export_dopamine(tmp_path / "env.zarr", tmp_path / "ck")
     assert find_suffixes(tmp_path / "ck") == [0, 1] and out.episodes == 10

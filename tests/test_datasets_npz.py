@@ -19,13 +19,16 @@ def spec() -> es.Spec:
 
 def write(store: es.Store, lane: int, steps: int, rng: np.random.Generator,
           end_every: int = 7, finish_last: bool = False) -> None:
+    obs = None
     for t in range(steps):
         end = (t + 1) % end_every == 0 or (finish_last and t == steps - 1)
-        obs = {"pixels": rng.integers(0, 256, (6, 6), np.uint8), "vec": rng.normal(size=2)}
+        if obs is None:
+            obs = {"pixels": rng.integers(0, 256, (6, 6), np.uint8), "vec": rng.normal(size=2)}
         nxt = {"pixels": rng.integers(0, 256, (6, 6), np.uint8), "vec": rng.normal(size=2)}
         store.add(obs, {"move": int(rng.integers(4)), "force": rng.normal(size=2)},
                   float(rng.normal()), nxt, end and t % 2 == 0, end and t % 2 == 1, lane=lane,
                   obstacle=int(rng.integers(100)), logp=float(rng.normal()))
+        obs = None if end else nxt  # the next step starts from this step's next_obs
 
 
 def same_rows(a: es.Store, b: es.Store) -> None:

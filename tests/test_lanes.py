@@ -185,8 +185,8 @@ def test_lease_objects_and_release(tmp_path):
     store.close()
     again = es.open(url, mode="r+", lane=1)  # released: free at once
     again.close()
-    with pytest.raises(es.StoreLockedError, match="does not hold"):
-        write(again, 1, 0, 3, session=1)  # a closed store writes nothing
+    with pytest.raises(ValueError, match="the store is closed"):
+        write(again, 1, 0, 3, session=1)  # a closed store writes nothing, and says why
 
 
 def test_sampler_refresh_every_picks_up_rows_of_other_writers(tmp_path):

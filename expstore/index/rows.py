@@ -121,6 +121,21 @@ class RowIndex:
         alive = steps >= self.lower_bound()[lane]
         self._emit("added", rows[((flags & FLAG_LAST) == 0) & alive])
 
+    def put_row(self, lane: int, step: int, episode_step: int, flags: int) -> None:
+        """One staged row, ``put`` without arrays (the per-step path of ``Store.add``).
+
+        A final row is announced too (listeners skip it as an anchor), so a listener waiting
+        for a row's successor (``PriorityIndex(lag=1)``) learns the step before it has one.
+        """
+        row = lane * self.lane_capacity + step % self.lane_capacity
+        self.episode_step[row] = episode_step
+        self.flags[row] = flags
+        if step >= self.count[lane]:
+            self.count[lane] = step + 1
+        self.last_lane = lane
+        if self._listeners:
+            self._emit("added", np.array([row], np.int64))
+
     # -- queries ---------------------------------------------------------------------------
     def steps(self, rows: np.ndarray) -> np.ndarray:
         """Step id of each row (``-1`` where the slot was never written)."""

@@ -5,8 +5,10 @@ Its ``batch_sampler`` (:class:`PlanGroups`) draws read plans from an expstore sa
 the main process: rows and the lane steps expected there, a few integers per sample. One
 DataLoader item is ``batches_per_message`` plans (default: about 512 samples' worth), so
 the per-item cost of DataLoader's queues is shared by small batches. A worker executes
-the item in one ``__getitems__`` call against storage only (no index, no IPC back):
-checks every row's step, replaces overwritten samples with spares, and writes the
+the item in one ``__getitems__`` call against storage (no index, no IPC back), and, on a
+local store, the writers' shared-memory staging for rows not committed when the item was
+planned (``PlannedSource``): checks every row's step, replaces overwritten samples with
+spares, and writes the
 batches into one of its shared-memory slots (``transport``): frame stacks are gathered
 straight into the slot, and the main process receives only the slot's number.
 
@@ -93,14 +95,18 @@ class StoreDataset(torch.utils.data.Dataset):
         self._writer: SlotWriter | None = None
         self._local_source = local_source  # num_workers=0: read staged rows too
         self._reader = None
+        self._staged: PlannedSource | None = None
         self._pid = -1
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_reader"], d["_local_source"], d["_pid"], d["_writer"] = None, None, -1, None
+        d["_staged"] = None
         return d
 
-    def _source(self) -> Any:
+    def _source(self, staged: Any = None) -> Any:
+        """Where this process reads: the store's own source (no workers), else its shard
+        reader, and rows staged in shared memory where the plans include some."""
         if self._local_source is not None:
             return self._local_source
         if self._reader is None or self._pid != os.getpid():
@@ -110,8 +116,17 @@ class StoreDataset(torch.utils.data.Dataset):
             backend = backend_for(self.url, self.storage_options)
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
                                        row_cache_bytes=self.cache_bytes)
+            self._staged = None
             self._pid = os.getpid()
-        return self._reader
+        if staged is None or not staged[0].any():
+            return self._reader
+        if self._staged is None:
+            from ..storage.staging import StagedLanes
+
+            self._staged = PlannedSource(self._reader, StagedLanes(
+                self._reader.backend.root, self.layout), self.layout)
+        self._staged.snapshot = staged
+        return self._staged
 
     def __len__(self) -> int:
         return self.layout.capacity
@@ -124,7 +139,7 @@ class StoreDataset(torch.utils.data.Dataset):
 
     def read(self, plans: list[ReadPlan], pack: bool) -> Message | LocalBatches:
         """Every batch of ``plans``; ``pack``: written into a shared slot (a worker)."""
-        source = self._source()
+        source = self._source(getattr(plans, "staged", None))
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
         t0 = _now()
@@ -165,6 +180,74 @@ class StoreDataset(torch.utils.data.Dataset):
         return self._writer
 
 
+class PlanItem(list):
+    """One DataLoader item: plans, and (``staged``) per lane the writer session whose staged
+    rows they may name and the committed count when they were drawn (``None``: plans of
+    committed rows only)."""
+
+    staged: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class PlannedSource:
+    """A worker's rows: steps committed when planned from storage (the shard reader), the
+    others from the writers' shared staging (``storage/staging.py``): copied and checked
+    there, or from storage once their writer says they were committed since."""
+
+    def __init__(self, reader: Any, lanes: Any, layout: Layout) -> None:
+        self.reader = reader
+        self.lanes = lanes
+        self.L = layout.lane_capacity
+        self.snapshot: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+
+    @property
+    def stats(self) -> Any:
+        return self.reader.stats
+
+    def _staged(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """(delivered, committed since) for rows planned as staged."""
+        sessions = self.snapshot[0]
+        lane = rows // self.L
+        ok = np.zeros(len(rows), bool)
+        late = np.zeros(len(rows), bool)
+        for i in np.unique(lane).tolist():
+            sel = np.flatnonzero(lane == i)
+            part = np.empty((len(sel), *out.shape[1:]), out.dtype)
+            got, committed = self.lanes.read(i, int(sessions[i]), name, steps[sel], part)
+            out[sel[got]] = part[got]
+            ok[sel] = got
+            late[sel] = ~got & (steps[sel] < committed)
+        return ok, late
+
+    def _mask(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        return steps >= self.snapshot[1][rows // self.L]
+
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        staged = self._mask(rows, steps)
+        if not staged.any():
+            return self.reader.read(name, rows, steps, out)
+        sel = np.flatnonzero(staged)
+        part = np.empty((len(sel), *out.shape[1:]), out.dtype)
+        got, late = self._staged(name, rows[sel], steps[sel], part)
+        ok = np.zeros(len(rows), bool)
+        out[sel[got]] = part[got]
+        ok[sel[got]] = True
+        rest = np.union1d(np.flatnonzero(~staged), sel[late])
+        if len(rest):
+            buf = np.empty((len(rest), *out.shape[1:]), out.dtype)
+            ok[rest] = self.reader.read(name, rows[rest], steps[rest], buf)
+            out[rest] = buf
+        return ok
+
+    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray) -> Any:
+        staged = self._mask(rows, steps)
+        if not staged.any():
+            return self.reader.read_held(name, rows, steps)
+        return self.reader.read_held(name, rows, steps, staged=(
+            staged, lambda r, s, out: self._staged(name, r, s, out)))
+
+
 @dataclass
 class LocalBatches:
     """What :meth:`StoreDataset.read` returns without workers: tensors and host counts."""
@@ -180,24 +263,33 @@ class PlanGroups:
     """
 
     def __init__(self, sampler: Any, batch_size: int, view: ReaderView, group: int = 1,
-                 num_batches: int | None = None) -> None:
+                 num_batches: int | None = None, staged: Any = None) -> None:
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.view = view
         self.group = max(1, int(group))
         self.num_batches = num_batches
+        self.staged = staged  # () -> (sessions, committed) when plans may name staged rows
 
     def plan(self) -> Any:
         """One batch's plan."""
         return self.sampler.plan(self.batch_size, view=self.view)
+
+    def item(self, plans: list[Any]) -> PlanItem:
+        """``plans`` as one DataLoader item (with what a worker needs to read them)."""
+        item = PlanItem(plans)
+        if self.staged is not None:
+            item.staged = self.staged()
+        return item
 
     def __iter__(self) -> Iterator[list[ReadPlan]]:
         total, done = self.num_batches, 0
         while total is None or done < total:
             k = self.group if total is None else min(self.group, total - done)
             plan_batches = getattr(self.sampler, "plan_batches", None)
-            yield (plan_batches(k, self.batch_size, self.view) if plan_batches is not None
-                   else merge_plans([self.plan() for _ in range(k)]))
+            yield self.item(plan_batches(k, self.batch_size, self.view)
+                            if plan_batches is not None
+                            else merge_plans([self.plan() for _ in range(k)]))
             done += k
 
     def __len__(self) -> int:
@@ -239,7 +331,7 @@ class StoreLoader(DataLoader):
         """A whole batch was overwritten in flight (the writer lapped the guard band):
         plan again and read it here, in the main process."""
         for _ in range(attempts):
-            got = self.dataset.read([self.plans.plan()], pack=False)
+            got = self.dataset.read(self.plans.item([self.plans.plan()]), pack=False)
             self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
             if not got.host[_ALL_STALE][0]:
                 return got.batches[0]
@@ -300,10 +392,13 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
 
     ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
-    call ``sampler.update_priorities`` on it. With workers, only rows flushed to storage are
-    sampled, ``guard`` rows (default: one shard) ahead of the writer are kept clear, and
-    ``spare`` extra samples per batch (default ``max(2, batch_size // 16)``) replace rows
-    overwritten between planning and reading. ``cache_bytes``: per-worker decoded-chunk
+    call ``sampler.update_priorities`` on it. With workers, ``guard`` rows (default: one
+    shard) ahead of the writer are kept clear, and ``spare`` extra samples per batch
+    (default ``max(2, batch_size // 16)``) replace rows overwritten between planning and
+    reading. Workers read rows not flushed yet from the writers' shared staging where the
+    store publishes it (a local store: ``store.publishes_staging``), so nothing is flushed
+    for them; elsewhere (object stores) the store is flushed here and only flushed rows are
+    sampled. ``cache_bytes``: per-worker decoded-chunk
     cache. ``device="cuda"`` copies batches with ``non_blocking=True`` (use pin_memory).
     ``batches_per_message``: batches a worker reads in one call and sends at once (default
     ``max(1, 512 // batch_size)``: small batches share the per-message cost); priorities
@@ -314,11 +409,15 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     check_batch(batch_size)
     if sampler is None:
         sampler = UniformSampler(store)
+    staged = None
     if num_workers > 0:
         shard_guard = store.layout.shard_rows if guard is None else guard
-        view = ReaderView(committed_only=True, guard=shard_guard,
+        shared = bool(getattr(store, "publishes_staging", False))
+        view = ReaderView(committed_only=not shared, guard=shard_guard,
                           spare=max(2, batch_size // 16) if spare is None else spare)
-        if store.mode != "r":
+        if shared:
+            staged = store.staged_snapshot
+        elif store.mode != "r":
             store.flush()
     else:
         view = ReaderView(guard=guard or 0)
@@ -332,5 +431,5 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                       multiprocessing_context=multiprocessing_context)
     group = 1 if num_workers == 0 else (
         max(1, 512 // batch_size) if batches_per_message is None else batches_per_message)
-    plans = PlanGroups(sampler, batch_size, view, group, num_batches)
+    plans = PlanGroups(sampler, batch_size, view, group, num_batches, staged)
     return StoreLoader(dataset, plans, device=device, **kwargs)

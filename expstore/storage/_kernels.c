@@ -12,6 +12,11 @@
  *   decode_blobs(blobs, dst, out, row_bytes, checksum)
  *       the same for chunks already in memory (remote stores).
  *
+ *   encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, checksum)
+ *       the writer's side: encode many rows, one blosc frame each (numcodecs' own
+ *       blosc_compress_ctx, passed by address), crc32c appended, in one call without the
+ *       GIL, so a background writer does not take the GIL from the env loop per frame.
+ *
  *   copy_rows(src, src_rows, dst, dst_rows, row_bytes)
  *       gather/scatter whole rows (frame stacks into a batch) with one memcpy each:
  *       numpy's take moves 84x84 rows at ~2.5 GB/s here, memcpy at ~7.
@@ -412,6 +417,79 @@ done:
     return result;
 }
 
+/* ---- batch encoding ------------------------------------------------------------ */
+
+/* numcodecs' blosc_compress_ctx (the function numcodecs.blosc.compress calls): its address
+   comes from the caller, so the frames are byte for byte what numcodecs would write. */
+typedef int (*blosc_compress_ctx_fn)(int clevel, int doshuffle, size_t typesize,
+                                     size_t nbytes, const void *src, void *dest,
+                                     size_t destsize, const char *compressor,
+                                     size_t blocksize, int numinternalthreads);
+
+#define BLOSC_MAX_OVERHEAD 16
+
+static PyObject *encode_rows(PyObject *self, PyObject *args) {
+    unsigned long long fn_addr;
+    PyObject *src_o;
+    Py_ssize_t n, row_bytes, typesize, blocksize;
+    int clevel, shuffle, checksum;
+    const char *cname;
+    if (!PyArg_ParseTuple(args, "KOnnniisnp", &fn_addr, &src_o, &n, &row_bytes, &typesize,
+                          &clevel, &shuffle, &cname, &blocksize, &checksum))
+        return NULL;
+    held_buffer src = {0};
+    PyObject *blob = NULL, *sizes = NULL, *result = NULL;
+    if (take(src_o, &src, 0, 0, "src")) goto done;
+    if (n < 0 || row_bytes <= 0 || typesize <= 0 || src.view.len < n * row_bytes ||
+        fn_addr == 0) {
+        PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
+        goto done;
+    }
+    Py_ssize_t each = row_bytes + BLOSC_MAX_OVERHEAD + 4;
+    blob = PyBytes_FromStringAndSize(NULL, n * each);
+    sizes = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (blob == NULL || sizes == NULL) goto done;
+    blosc_compress_ctx_fn fn = (blosc_compress_ctx_fn)(uintptr_t)fn_addr;
+    const uint8_t *in = src.view.buf;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(blob);
+    int64_t *sz = (int64_t *)PyBytes_AS_STRING(sizes);
+    Py_ssize_t at = 0, failed = -1;
+    int code = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int k = fn(clevel, shuffle, (size_t)typesize, (size_t)row_bytes, in + i * row_bytes,
+                   out + at, (size_t)(row_bytes + BLOSC_MAX_OVERHEAD), cname,
+                   (size_t)blocksize, 1);
+        if (k <= 0) {
+            failed = i;
+            code = k;
+            break;
+        }
+        if (checksum) {
+            uint32_t c = crc32c(out + at, (size_t)k);
+            uint8_t le[4] = {(uint8_t)c, (uint8_t)(c >> 8), (uint8_t)(c >> 16),
+                             (uint8_t)(c >> 24)};
+            memcpy(out + at + k, le, 4);
+            k += 4;
+        }
+        sz[i] = k;
+        at += k;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed >= 0) {
+        PyErr_Format(PyExc_RuntimeError, "error during blosc compression of row %zd: %d",
+                     failed, code);
+        goto done;
+    }
+    if (_PyBytes_Resize(&blob, at) != 0) goto done;
+    result = Py_BuildValue("(OO)", blob, sizes);
+done:
+    release(&src);
+    Py_XDECREF(blob);
+    Py_XDECREF(sizes);
+    return result;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     held_buffer b = {0};
     if (take(arg, &b, 0, 0, "data")) {
@@ -435,6 +513,12 @@ static PyMethodDef methods[] = {
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
      "then copied without the GIL."},
+    {"encode_rows", encode_rows, METH_VARARGS,
+     "encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, "
+     "checksum) -> (blob, sizes)\n\nEncode rows 0..n of src (row_bytes each) as one blosc "
+     "frame each with blosc_compress_ctx at address fn (numcodecs' own), each followed by "
+     "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
+     "Runs without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
     {NULL, NULL, 0, NULL},
 };

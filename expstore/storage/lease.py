@@ -4,10 +4,18 @@ A writer of lane ``i`` holds ``_state/lane_<i>.lease``, a small JSON object nami
 (host, pid, boot id, a random id) and an expiry time (wall clock, seconds since the epoch).
 It is taken when a store is opened with ``mode="r+"`` for that lane, renewed whenever
 a third of its ``ttl`` has passed (checked on every add and before every flush) and
-released on ``close()``. Another writer gets :class:`~expstore.errors.StoreLockedError`
-naming the lane, the owner and the expiry. A lease may be taken over when it has
-expired, was released, or belongs to a dead process of the same machine (or to this
-process: the earlier ``Store`` then fails on its next flush).
+released on ``close()``, when its ``Store`` is garbage-collected and when the process
+exits. Another writer gets :class:`~expstore.errors.StoreLockedError` naming the lane, the
+owner and the expiry. A lease may be taken over when it has expired, was released, or
+belongs to a dead process of the same machine, or to this process: a second ``Store``
+object opening a lane (a re-run notebook cell) takes it from the first at once, which then
+fails at its next add, extend or flush (the registry of leases held by this process).
+
+A writer that lost its lease must never commit: before the first write of each shard and
+before every lane state commit, :class:`LeasedBackend` reads the lease object back (one
+GET) and compares its version with the one this writer wrote last, so a takeover by
+another process (its lease expired by that host's clock, say) is seen before anything of
+this writer reaches storage.
 
 Every change is a conditional write (:meth:`Backend.put_if`): ``If-None-Match: *`` to
 create, ``If-Match: <tag read>`` to renew or take over, so two racing writers cannot both
@@ -29,12 +37,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 
 from ..errors import LeaseUnsupportedError, PreconditionFailed, StoreLockedError
 from .backends import Backend
+from .state import state_key
 
 DEFAULT_TTL = 60.0  # seconds
 
@@ -87,6 +98,32 @@ class Owner:
             return True
 
 
+#: Leases this process holds: (store URL, lane) -> the holder. A new holder of the same
+#: lane (another Store object of this process) marks the previous one lost at once.
+_HELD: dict[tuple[str, int], weakref.ref[LaneLease]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _register(lease: LaneLease) -> None:
+    key = (lease.backend.url, lease.lane)
+    with _HELD_LOCK:
+        ref = _HELD.get(key)
+        prev = ref() if ref is not None else None
+        _HELD[key] = weakref.ref(lease)
+    if prev is not None and prev is not lease and prev.held:
+        prev.held = False
+        prev.lost = (f"another Store object of this process (pid {os.getpid()}) opened lane "
+                     f"{lease.lane} for writing and took its lease")
+
+
+def _unregister(lease: LaneLease) -> None:
+    key = (lease.backend.url, lease.lane)
+    with _HELD_LOCK:
+        ref = _HELD.get(key)
+        if ref is not None and ref() in (lease, None):
+            del _HELD[key]
+
+
 def require_atomic_writes(backend: Backend) -> None:
     """Raise :class:`LeaseUnsupportedError` unless ``backend`` has atomic conditional writes."""
     if backend.atomic_conditional_writes:
@@ -112,6 +149,8 @@ class LaneLease:
         self.tag: str | None = None  # version of the lease object we wrote last
         self.renewed_at = 0.0  # time.monotonic() of our last successful write
         self.held = False
+        self.lost: str | None = None  # why this holder lost the lease, when it knows
+        self.pid = os.getpid()  # a forked child's copy never writes the lease
         self._seq = 0
 
     @property
@@ -174,6 +213,9 @@ class LaneLease:
                 if not self.backend.atomic_conditional_writes:  # learnt from this write
                     self.release()
                     require_atomic_writes(self.backend)
+                self.lost = None
+                self.pid = os.getpid()
+                _register(self)
                 return
         cur = self.backend.get_tagged(self.key)
         parsed = self._parse(cur[0]) if cur else None
@@ -208,32 +250,50 @@ class LaneLease:
         except PreconditionFailed:
             if self._confirm(body):  # our write landed, its reply was lost
                 return
-            self.held = False
-            cur = self.backend.get_tagged(self.key)
-            parsed = self._parse(cur[0]) if cur else None
-            who = parsed[0].describe() if parsed else "nobody (lease deleted)"
-            raise StoreLockedError(
-                f"{self.where}: lane {self.lane}: this writer lost its lease to {who} "
-                f"(it expired, or the lane was opened for writing elsewhere); rows not "
-                f"flushed by this writer were not committed") from None
+            self._lost_to(self.backend.get_tagged(self.key))
         if not self._confirm(body):
             self.held = False
             raise StoreLockedError(f"{self.where}: lane {self.lane}: lease renewal was "
                                    "overwritten by another writer")
 
-    def ensure(self, fraction: float = 1 / 3) -> None:
-        """Renew when more than ``fraction * ttl`` seconds passed since the last write."""
+    def _lost_to(self, cur: tuple[bytes, str] | None) -> None:
+        """Mark the lease lost to whoever holds the object ``cur`` now, and raise."""
+        self.held = False
+        parsed = self._parse(cur[0]) if cur else None
+        who = parsed[0].describe() if parsed else "nobody (lease deleted)"
+        self.lost = (f"this writer lost its lease to {who} (it expired, or the lane was "
+                     "opened for writing elsewhere)")
+        raise StoreLockedError(f"{self.where}: lane {self.lane}: {self.lost}; rows not "
+                               "flushed by this writer were not committed") from None
+
+    def verify(self) -> None:
+        """One GET: raise :class:`StoreLockedError` unless the lease object on storage is
+        still the version this writer wrote last (nobody took the lane over since)."""
+        self.ensure()
+        cur = self.backend.get_tagged(self.key)
+        if cur is None or cur[1] != self.tag:
+            self._lost_to(cur)
+
+    def ensure(self, fraction: float = 1 / 3) -> bool:
+        """Renew when more than ``fraction * ttl`` seconds passed since the last write;
+        whether it renewed (a renewal proves ownership: it is a conditional write)."""
         if not self.held:
+            why = self.lost or "released (the store was closed) or lost"
             raise StoreLockedError(f"{self.where}: lane {self.lane}: this writer does not "
-                                   "hold the lane's lease (released or lost)")
+                                   f"hold the lane's lease: {why}; rows it had not flushed "
+                                   "were not committed")
         if time.monotonic() - self.renewed_at > fraction * self.ttl:
             self.renew()
+            return True
+        return False
 
     def release(self) -> None:
-        """Give the lease up (an expired record naming us); no-op if no longer ours."""
-        if not self.held:
+        """Give the lease up (an expired record naming us); no-op if no longer ours, or in
+        a forked child of the process that took it."""
+        if not self.held or os.getpid() != self.pid:
             return
         self.held = False
+        _unregister(self)
         try:
             self.backend.put_if(self.key, self._doc(0.0), self.tag)
         except PreconditionFailed:
@@ -243,14 +303,22 @@ class LaneLease:
 class LeasedBackend:
     """A lane writer's view of the backend: every write first makes sure the lane's lease
     has at least 2/3 of its ttl left (renewing it), so a writer that lost its lane stops
-    before touching storage."""
+    before touching storage; and before the first write after a lane state commit (a
+    shard) and before every lane state commit it checks the lease object is still its own
+    (:meth:`LaneLease.verify`, one GET, unless it just renewed): a writer whose lease was
+    taken over never overwrites the new owner's shards nor commits a state."""
 
     def __init__(self, backend: Backend, lease: LaneLease) -> None:
         self._backend = backend
         self.lease = lease
+        self._state_key = state_key(lease.lane)
+        self._checked = False  # ownership verified since the last lane state commit
 
     def put(self, key: str, data: bytes) -> None:
-        self.lease.ensure()
+        commit = key == self._state_key
+        if not self.lease.ensure() and (commit or not self._checked):
+            self.lease.verify()
+        self._checked = not commit
         self._backend.put(key, data)
 
     def __getattr__(self, name: str):

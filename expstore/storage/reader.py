@@ -22,6 +22,7 @@ read error) go through the general path above, which re-opens, re-checks and rep
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ from ..errors import ObjectChanged, StoreCorruptError
 from .backends import Backend, Handle
 from .kernels import native
 from .layout import Layout
-from .read_cache import RowCache, ShardTable, serve, serve_held
+from .read_cache import RowCache, ShardTable, parse_head_retrying, serve, serve_held
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
 
 
@@ -50,6 +51,9 @@ class ReadStats:
     stale: int = 0
     extra: dict = field(default_factory=dict)
 
+
+#: ``read(rows, steps, out) -> (ok, committed)``: rows a writer staged (``read_held``)
+StagedRead = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 #: reads of more rows (loading the index, verifying) skip the batch path: they touch
 #: every row of each shard, so the general path's per-shard work is already amortized
@@ -189,10 +193,10 @@ class ShardReader:
                 self.backend.close_object(h)
                 continue
             try:
-                head = parse_head(raw, n_chunks,
-                                  f"{self.backend.url}/{self.layout.shard_key(name, shard)}")
+                h, raw, head = parse_head_retrying(
+                    self.backend, self.layout.shard_key(name, shard), h, raw, size, n_chunks,
+                    self.stats)
             except StoreCorruptError as e:
-                self.backend.close_object(h)
                 bad = e
                 continue
             self.stats.bytes += len(raw)
@@ -296,7 +300,8 @@ class ShardReader:
         out[rest] = part
         return ok
 
-    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
+    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,
+                  staged: tuple[np.ndarray, StagedRead] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Rows of a frame field (one row per chunk) without copying them out of this
         reader's frame cache: ``(values, pos, ok)`` with row ``i`` in ``values[pos[i]]``
@@ -304,7 +309,10 @@ class ShardReader:
         read of ``name``. ``None`` where this read cannot be served so (another field kind,
         no cache or kernel, too many rows to place): use :meth:`read`.
 
-        ``rows``/``steps`` must be distinct (row, step) pairs.
+        ``rows``/``steps`` must be distinct (row, step) pairs. ``staged = (mask, read)``:
+        rows of ``mask`` are not committed (a writer's staged rows): they are read with
+        ``read(rows, steps, out) -> (ok, committed)`` instead of from storage, except those
+        it did not deliver and says are ``committed`` since.
         """
         table, cache = self.tables.get(name), self.row_caches.get(name)
         if (table is None or not table.per_row or not cache or not self.kernel_ok[name]
@@ -312,7 +320,10 @@ class ShardReader:
             return None
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
-        shards, slots, ready = self._ready(table, rows, steps)
+        mask = None if staged is None else staged[0]
+        shards, slots, ready = self._ready(table, rows, steps, mask)
+        if mask is not None:
+            ready &= ~mask
         got = serve_held(table, cache, self.layout.checksum, rows, steps, shards, slots,
                          ready, self.stats)
         if got is None:
@@ -321,6 +332,19 @@ class ShardReader:
         f = self.layout.fields[name]
         values = cache.data.view(f.dtype).reshape(len(cache.data), *f.shape)
         rest = np.flatnonzero(~ok)
+        if mask is not None and len(rest):
+            mine = rest[mask[rest]]
+            if len(mine):
+                part = np.empty((len(mine), *f.shape), f.dtype)
+                got_staged, committed = staged[1](rows[mine], steps[mine], part)
+                values[pos[mine[got_staged]]] = part[got_staged]
+                ok[mine[got_staged]] = True
+                late = mine[~got_staged & committed]  # committed meanwhile: on storage
+                rest = np.union1d(rest[~mask[rest]], late)
+                if len(late):
+                    self._bump(shards[late], steps[late])
+            else:
+                rest = rest[~mask[rest]]
         if len(rest):  # not cached, or not trusted: the general path, not cached again
             part = np.empty((len(rest), *f.shape), f.dtype)  # (slots now held by this read)
             try:
@@ -330,17 +354,25 @@ class ShardReader:
             values[pos[rest]] = part
         return values, pos, ok
 
-    def _ready(self, table: ShardTable, rows: np.ndarray, steps: np.ndarray
+    def _ready(self, table: ShardTable, rows: np.ndarray, steps: np.ndarray,
+               staged: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Shard and slot of each row, and which rows a cached trusted version holds."""
+        """Shard and slot of each row, and which rows a cached trusted version holds.
+        Steps asked for are committed (``known``), except those of ``staged``."""
         S = self.layout.shard_rows
         shards = rows // S
         slots = rows - shards * S
+        if staged is None:
+            self._bump(shards, steps)
+        elif not staged.all():
+            self._bump(shards[~staged], steps[~staged])
+        return shards, slots, table.ready(shards, slots, steps)
+
+    def _bump(self, shards: np.ndarray, steps: np.ndarray) -> None:
         if self.layout.lanes == 1:
             self.known[0] = max(int(self.known[0]), int(steps.max()) + 1)
         else:
             np.maximum.at(self.known, shards // self.layout.shards_per_lane, steps + 1)
-        return shards, slots, table.ready(shards, slots, steps)
 
     def _read_batch(self, name: str, table: ShardTable, rows: np.ndarray, steps: np.ndarray,
                     out: np.ndarray) -> np.ndarray:

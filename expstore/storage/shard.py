@@ -7,7 +7,10 @@ Layout of one shard object (``index_location="start"``)::
 The index is exactly what the zarr v3 sharding spec asks for, so plain ``zarr`` reads every
 shard. The header sits in bytes no index entry points at (zarr never reads it): it records
 ``first_step`` (the lane step of the shard's row 0 in this lap) and ``n_rows`` written, so a
-reader can prove that the version it holds contains the step it was asked for.
+reader can prove that the version it holds contains the step it was asked for. The header
+also carries the crc32c of the index it was written with (in bytes older versions left
+zero): a header read with another version's index (a torn read of a shard rewritten in
+place, see ``ShardImage``) is refused, and the reader reads again.
 
 Checksums (stores made with ``Layout.checksum``, flag ``CHECKSUMS`` in the header): every
 inner chunk ends with the crc32c of its bytes (zarr's ``crc32c`` codec, declared in the array
@@ -29,7 +32,8 @@ import numpy as np
 from ..errors import ChecksumError
 
 MAGIC = b"EXPS"
-HEADER = struct.Struct("<4sHHqiI8x")  # magic, version, flags, first_step, n_rows, crc32c
+#: magic, version, flags, first_step, n_rows, crc32c of the header, crc32c of the index
+HEADER = struct.Struct("<4sHHqiII4x")
 HEADER_SIZE = HEADER.size  # 32 bytes
 CHECKSUMS = 1  # header flag: inner chunks end with a crc32c, the header crc32c is set
 FORMAT_VERSION = 1
@@ -108,6 +112,39 @@ def encoder(codec: numcodecs.abc.Codec) -> Callable[[np.ndarray], bytes]:
         return enc + crc32c.crc32c(enc).to_bytes(4, "little")
 
     return encode_checked
+
+
+def rows_encoder(codec: numcodecs.abc.Codec, dtype: np.dtype
+                 ) -> Callable[[np.ndarray, int], tuple[bytes, np.ndarray]] | None:
+    """``encode(rows, n)``: the first ``n`` chunks of ``rows`` (C-contiguous, equal-sized
+    chunks along axis 0), each as ``encoder(codec)`` encodes it, in one C call without the
+    GIL: ``(concatenated bytes, sizes)``. ``None`` without the C kernel or for other codecs.
+    """
+    from .kernels import native
+
+    checked = isinstance(codec, Checked)
+    inner = codec.inner if checked else codec
+    if native is None or not hasattr(native, "encode_rows") or \
+            not isinstance(inner, numcodecs.Blosc):
+        return None
+    try:
+        import ctypes
+
+        from numcodecs import blosc
+
+        fn = ctypes.cast(ctypes.CDLL(blosc.__file__).blosc_compress_ctx, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    cname = inner.cname.decode() if isinstance(inner.cname, bytes) else inner.cname
+    args = (int(np.dtype(dtype).itemsize), int(inner.clevel), int(inner.shuffle), cname,
+            int(inner.blocksize), checked)
+    encode_rows = native.encode_rows
+
+    def encode(rows: np.ndarray, n: int) -> tuple[bytes, np.ndarray]:
+        blob, sizes = encode_rows(fn, rows, n, rows.nbytes // n, *args)
+        return blob, np.frombuffer(sizes, np.int64)
+
+    return encode
 
 
 def decoder(cfg: dict[str, Any], checksum: bool = False) -> Callable[[bytes, np.ndarray], None]:
@@ -202,7 +239,7 @@ def assemble(chunks: list[bytes | None], first_step: int, n_rows: int,
     """Shard bytes from encoded inner chunks (``None`` = not written).
 
     ``checksum``: the chunks already end with their crc32c (``Checked`` codec); the header
-    says so and gets its own crc32c.
+    says so. The header always carries its own crc32c and the index's.
     """
     n = len(chunks)
     index = np.full((n, 2), EMPTY, dtype="<u8")
@@ -211,15 +248,113 @@ def assemble(chunks: list[bytes | None], first_step: int, n_rows: int,
         if c is not None:
             index[i] = (offset, len(c))
             offset += len(c)
-    ib = index.tobytes()
-    head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, first_step, n_rows, 0)
-    if checksum:
-        head = HEADER.pack(MAGIC, FORMAT_VERSION, CHECKSUMS, first_step, n_rows, 0)
-        head = HEADER.pack(MAGIC, FORMAT_VERSION, CHECKSUMS, first_step, n_rows,
-                           _head_crc(head))
-    parts = [ib, struct.pack("<I", crc32c.crc32c(ib)), head]
+    parts = [_prefix(index, first_step, n_rows, checksum)]
     parts += [c for c in chunks if c is not None]
     return b"".join(parts)
+
+
+def _prefix(index: np.ndarray, first_step: int, n_rows: int, checksum: bool) -> bytes:
+    """Index, its crc32c and the header, bound to that index by its crc32c."""
+    ib = index.tobytes()
+    icrc = crc32c.crc32c(ib)
+    flags = CHECKSUMS if checksum else 0
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, flags, first_step, n_rows, 0, icrc)
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, flags, first_step, n_rows, _head_crc(head), icrc)
+    return ib + struct.pack("<I", icrc) + head
+
+
+class ShardImage:
+    """One field's shard object, assembled as rows arrive (``update``) instead of from
+    scratch at every flush: each inner chunk is encoded once, when complete, and appended;
+    the index is an array updated in place. A partial last chunk (a whole-shard chunk of a
+    scalar field, usually) is encoded at each ``update`` and appended too, with its unused
+    rows set to the fill value; the previous one stays behind as unreferenced bytes.
+
+    So within one lap of a shard every version of the object is a prefix-extension of the
+    one before, outside its first ``prefix`` bytes (index and header): a byte any version
+    references holds the same value in all later ones. That is what lets a local backend
+    rewrite a file in place that a reader may still hold open (``LocalBackend.put`` with a
+    ``Rewrite``). ``compact()`` gives the object without unreferenced bytes.
+    """
+
+    def __init__(self, n_chunks: int, rows_per_chunk: int, encode: Callable[[np.ndarray], bytes],
+                 fill: Any = 0, encode_many: Callable | None = None) -> None:
+        self.n_chunks = n_chunks
+        self.R = rows_per_chunk
+        self.encode = encode
+        self.encode_many = encode_many  # ``rows_encoder``: many chunks in one call
+        self.fill = fill
+        self.prefix = index_size(n_chunks) + HEADER_SIZE
+        self.buf = bytearray(self.prefix)
+        self.index = np.full((n_chunks, 2), EMPTY, dtype="<u8")
+        self.done = 0  # complete chunks encoded
+        self.n = 0  # rows covered by the last update
+        self.loose = False  # unreferenced bytes (replaced partial chunks) in ``buf``
+        self._partial = False  # the last chunk appended is a partial one
+
+    def reset(self) -> None:
+        del self.buf[self.prefix:]
+        self.index.fill(EMPTY)
+        self.done = self.n = 0
+        self.loose = self._partial = False
+
+    def update(self, rows: np.ndarray, n: int) -> None:
+        """Cover the first ``n`` rows of ``rows`` (the shard's staging array)."""
+        if n == self.n:
+            return
+        if self._partial:  # the partial chunk appended last is re-encoded below
+            self.loose = True
+            self._partial = False
+        R, buf, index, encode = self.R, self.buf, self.index, self.encode
+        full = n // R
+        if full > self.done:  # (one index update for all new chunks: this runs per row)
+            at = len(buf)
+            if self.encode_many is not None and rows.flags.c_contiguous:
+                blob, size = self.encode_many(rows[self.done * R: full * R], full - self.done)
+                buf += blob
+                size = size.astype(np.uint64)
+            else:
+                sizes = []
+                one = R == 1 and rows.ndim > 1  # a row is a contiguous chunk as it is
+                for c in range(self.done, full):
+                    enc = encode(rows[c] if one
+                                 else np.ascontiguousarray(rows[c * R:(c + 1) * R]))
+                    sizes.append(len(enc))
+                    buf += enc
+                size = np.array(sizes, np.uint64)
+            index[self.done:full, 1] = size
+            index[self.done:full, 0] = at + np.cumsum(size) - size
+        self.done = full
+        if n % R:
+            chunk = rows[full * R:(full + 1) * R].copy()
+            chunk[n - full * R:] = self.fill  # rows not written read as the fill value
+            enc = encode(chunk)
+            index[full] = (len(buf), len(enc))
+            buf += enc
+            self._partial = True
+        self.n = n
+
+    def seal(self, first_step: int, n_rows: int, checksum: bool) -> memoryview:
+        """The object's bytes (a view of ``buf``, valid until the next ``update``)."""
+        self.buf[: self.prefix] = _prefix(self.index, first_step, n_rows, checksum)
+        return memoryview(self.buf)
+
+    def compact(self, first_step: int, n_rows: int, checksum: bool) -> bytes:
+        """The object's bytes without unreferenced ones (a copy)."""
+        if not self.loose:
+            return bytes(self.seal(first_step, n_rows, checksum))
+        buf = memoryview(self.buf)
+        index = np.full_like(self.index, EMPTY)
+        parts = []
+        at = self.prefix
+        for c in range(self.n_chunks):
+            off, size = self.index[c]
+            if off == EMPTY:
+                continue
+            parts.append(buf[int(off):int(off) + int(size)])
+            index[c] = (at, size)
+            at += int(size)
+        return b"".join([_prefix(index, first_step, n_rows, checksum), *parts])
 
 
 def parse_head(buf: bytes, n_chunks: int, where: str) -> ShardHead:
@@ -231,15 +366,18 @@ def parse_head(buf: bytes, n_chunks: int, where: str) -> ShardHead:
         raise StoreCorruptError(f"{where}: shard truncated ({len(buf)} bytes, need "
                                 f"{isz + HEADER_SIZE} for its index)")
     ib = bytes(buf[: isz - 4])
-    (crc,) = struct.unpack("<I", buf[isz - 4 : isz])
-    if crc32c.crc32c(ib) != crc:
+    (index_crc,) = struct.unpack("<I", buf[isz - 4 : isz])
+    if crc32c.crc32c(ib) != index_crc:
         raise StoreCorruptError(f"{where}: shard index fails its crc32c check")
     head = bytes(buf[isz : isz + HEADER_SIZE])
-    magic, version, flags, first_step, n_rows, crc = HEADER.unpack(head)
+    magic, version, flags, first_step, n_rows, crc, icrc = HEADER.unpack(head)
     if magic != MAGIC:
         raise StoreCorruptError(f"{where}: not an expstore shard (bad header magic)")
     if (flags & CHECKSUMS or crc) and _head_crc(head) != crc:  # a flipped flag counts too
         raise StoreCorruptError(f"{where}: shard header fails its crc32c check")
+    if icrc and icrc != index_crc:  # (older shards leave it 0)
+        raise StoreCorruptError(f"{where}: shard header was written with another index (read "
+                            "while the object was rewritten, or corrupted)")
     if version > FORMAT_VERSION:
         raise StoreCorruptError(f"{where}: shard format version {version} is newer than "
                                 f"this expstore supports ({FORMAT_VERSION})")

@@ -1,64 +1,138 @@
-"""The append path of one lane: stage the current shard in RAM, write whole shards.
+"""The append path of one lane: stage rows in a small pool of shard buffers, write full
+shards on a background thread, flush the open shard incrementally.
 
-Rows arrive already validated. Each field's current shard is staged raw; complete inner
-chunks are encoded once and cached, so re-flushing a partly filled shard only encodes
-the new tail. A flush (docs/architecture.md §4):
+Rows arrive already validated. The lane stages them in the current shard buffer (raw per
+field: in shared memory on local stores, ``staging.py``, so readers on this machine see
+them at once). A full shard is handed to the store's :class:`Background` thread, which
+encodes it (blosc/zstd release the GIL) and writes it, followed by the lane state that
+commits it (docs/architecture.md §4), in the order shards were handed over; its buffer
+returns to the pool once written. The ``advance`` that completes a shard only swaps
+buffers; when every buffer is waiting for its write (storage slower than the caller), it
+waits for the oldest one: RAM stays bounded. ``flush()`` waits for the queued shards,
+writes the open one and commits. Each field's shard object is assembled incrementally
+(``shard.ShardImage``): a flush encodes only rows added since the last one, and on local
+disk rewrites the object in place through a spare link (``backends.local.Rewrite``).
 
-1. if the shard about to be written replaces rows the on-disk state still calls intact
-   (ring wrap-around), commit a state that drops them first;
-2. write every field's shard object (atomic replace);
-3. commit the lane state covering the new rows.
-
-When a write fails (disk full, read-only storage) nothing committed changes and no staged
-row is dropped: a full shard that could not be written waits in ``pending`` (RAM), later
-rows keep staging, and the next :meth:`LaneWriter.flush` writes everything in order.
+A write that fails (disk full, read-only storage) changes nothing committed and drops no
+row: the shard waits in ``pending`` (RAM), later shards of the lane wait behind it, the
+error surfaces on the caller's thread (:meth:`LaneWriter.poll`, then the store's next
+``add``/``extend``/``flush``), and the next :meth:`LaneWriter.flush` writes everything
+in order. A forked child's copy of a writer refuses to write (its parent owns the lane).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..errors import WriteFailedError
+from ..errors import StoreLockedError, WriteFailedError
 from ..rows import FLAG_LAST
 from . import faults
 from .backends import Backend
+from .backends.local import Lineage, Rewrite, RewritingPuts
+from .background import FORKS, Background, check_lease
 from .layout import Layout
-from .shard import assemble, encoder
-from .state import LaneState, write_state
+from .shard import ShardImage, encoder, rows_encoder
+from .staging import N_WORD as _N
+from .staging import SharedStaging
+from .state import LaneState, state_key, write_state
 
+#: shard buffers per lane: 3 while a shard buffer (all fields) is at most this many bytes, else 2
+POOL_BYTES = 64 << 20
 
-@dataclass
 class _Shard:
-    """Rows of one shard staged in RAM: raw per field, plus the inner chunks encoded so far."""
+    """One buffer of the pool: a shard's rows (``staging``: field -> ``shard_rows`` rows),
+    its objects as assembled so far (``images``), and where it sits in shared memory."""
 
-    first_step: int
-    staging: dict[str, np.ndarray]
-    encoded: dict[str, list[bytes | None]]
-    n: int = 0
+    def __init__(self, slot: int, staging: dict[str, np.ndarray],
+                 images: dict[str, ShardImage]) -> None:
+        self.slot = slot  # buffer of the shared staging file, -1: private memory
+        self.staging = staging
+        self.images = images
+        self.first_step = 0
+        self.n = 0
+        self.done = True  # its background write finished (or was skipped)
+        self.clean = True  # ``images`` hold nothing (reset after the shard was written)
+        self.spare_dir: str | None = None  # spare files of its partial flushes (local)
+        self.lineages: list[Lineage] = []  # and their open descriptors
 
 
 class LaneWriter:
-    """Appends rows to lane ``lane``; ``count`` counts rows added (staged or committed)."""
+    """Appends rows to lane ``lane``; ``count`` counts rows added (staged or committed).
+
+    ``committed`` is the lane state on storage as this thread last learnt it (results of
+    background writes are applied by :meth:`poll`). ``background``: the store's writing
+    thread (one of its own if ``None``). ``shared_root``: a local store's root, to stage
+    in shared memory (``None``: private memory).
+    """
 
     def __init__(self, backend: Backend, layout: Layout, state: LaneState,
-                 on_shard_written: Callable[[int], None] | None = None) -> None:
+                 on_shard_written: Callable[[int], None] | None = None,
+                 background: Background | None = None, shared_root: str | None = None,
+                 n_buffers: int | None = None) -> None:
         self.backend = backend
         self.layout = layout
         self.lane = state.lane
-        self.committed = state
+        self._disk = state  # what storage holds (owned by the background thread meanwhile)
+        self.committed = LaneState(**vars(state))
         self.count = state.count
         self.valid_from = state.valid_from
         self.episodes = state.episodes
         self.on_shard_written = on_shard_written
         self.codecs = {n: layout.codec(n) for n in layout.fields}
         self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
+        self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
+        self.bg = background if background is not None else Background()
+        self.forks = FORKS[0]
         S = layout.shard_rows
-        self.cur = self._new_shard(self.count - self.count % S)
-        self.cur.n = self.count % S
+        shard_bytes = sum(S * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+                          for f in layout.fields.values())
+        self.n_buffers = n_buffers or (3 if shard_bytes <= POOL_BYTES else 2)
+        self.shared = (SharedStaging.create(shared_root, self.lane, layout, self.n_buffers)
+                       if shared_root is not None else None)
+        self._free = [self._buffer(b) for b in range(self.n_buffers)]
+        self._rows = S
+        # the shared header's per-buffer words (staging.py): rows published at 4b + _N
+        self._published = self.shared.published if self.shared is not None else None
+        self._size = self.n_buffers
         self.pending: list[_Shard] = []  # full shards whose write failed, oldest first
+        self.queued: list[_Shard] = []  # full shards handed to the background thread
+        self._cv = threading.Condition()  # the background thread finished a shard
+        self._results: deque = deque()  # (shard, error, state) from the background thread
+        self._halted = False  # a background write failed: later ones of the lane wait
+        self._lost_to = 0  # rows before this step were dropped unwritten (a lap behind)
+        self.error: BaseException | None = None  # a background error not yet reported
+        self._spares: dict[str, Lineage] = {}  # the open shard's objects (partial flushes)
+        self._spare_root = f"_state/spare/lane_{self.lane}"
+        self._session = os.urandom(4).hex()
+        self._local = getattr(backend, "is_local", False) and hasattr(backend, "remove_tree")
+        self._state_lineage = Lineage(f"{self._spare_root}/{self._session}/state", False)
+        if self._local:
+            backend.remove_tree(self._spare_root)  # a dead writer's leftovers
+        self.cur = self._free.pop()
+        self.cur.first_step = self.count - self.count % S
+        self.cur.n = self.count % S
+        if self.cur.slot >= 0:
+            self.shared.begin(self.cur.slot, self.cur.first_step)
+            self.shared.set_committed(self.count)
+
+    def _buffer(self, b: int) -> _Shard:
+        L = self.layout
+        if self.shared is not None and 0 <= b < self.n_buffers:
+            staging = self.shared.buffers[b]
+        else:
+            b = -1
+            staging = {n: np.empty((L.shard_rows, *f.shape), f.dtype)
+                       for n, f in L.fields.items()}
+        images = {n: ShardImage(L.chunks_per_shard(n), L.chunk_rows(n), self.encoders[n],
+                                -1 if n == "_step_id" else 0, self.many[n]) for n in L.fields}
+        return _Shard(b, staging, images)
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -77,158 +151,387 @@ class LaneWriter:
     def dirty(self) -> bool:
         return self.count != self.committed.count
 
+    @property
+    def session(self) -> int:
+        """Number of the shared staging this writer publishes (0: none)."""
+        return self.shared.session if self.shared is not None else 0
+
     def shard_index(self, step: int) -> int:
         """Global shard number of ``step`` in this lane."""
         L = self.layout
         return self.lane * L.shards_per_lane + (step % L.lane_capacity) // L.shard_rows
 
-    def _new_shard(self, first_step: int) -> _Shard:
-        L = self.layout
-        staging = {n: np.full((L.shard_rows, *f.shape), -1 if n == "_step_id" else 0, f.dtype)
-                   for n, f in L.fields.items()}
-        encoded = {n: [None] * L.chunks_per_shard(n) for n in L.fields}
-        return _Shard(first_step, staging, encoded)
-
     def load_partial(self, rows: dict[str, np.ndarray]) -> None:
         """Restore the staged rows of a partly written shard (after reopening)."""
         for name, arr in rows.items():
             self.cur.staging[name][: len(arr)] = arr
+        if self.cur.slot >= 0:
+            self.shared.publish(self.cur.slot, self.cur.n)
 
     def staged(self, name: str, steps: np.ndarray) -> np.ndarray:
         """Values of rows still only in RAM (``committed.count <= steps < count``)."""
         steps = np.asarray(steps, np.int64)
-        if not self.pending:
-            return self.cur.staging[name][steps - self.cur.first_step]
+        cur = self.cur
+        if not self.pending and not self.queued:
+            return cur.staging[name][steps - cur.first_step]
         out = np.empty((len(steps), *self.layout.fields[name].shape),
                        self.layout.fields[name].dtype)
-        for sh in (*self.pending, self.cur):
+        for sh in (*self.pending, *self.queued, cur):
             sel = (steps >= sh.first_step) & (steps < sh.first_step + sh.n)
             out[sel] = sh.staging[name][steps[sel] - sh.first_step]
         return out
 
+    @property
+    def inherited(self) -> bool:
+        """This object was copied into a forked child (its parent owns the lane)."""
+        return self.forks != FORKS[0]
+
+    def _check_owner(self) -> None:
+        if self.forks != FORKS[0]:
+            raise StoreLockedError(
+                f"{self.backend.url}: lane {self.lane}: this store object was inherited "
+                "from the process that opened it (a fork), which owns the lane: open the "
+                "store again in this process to write")
+
     # -- appending -----------------------------------------------------------------------
-    def append(self, rows: dict[str, np.ndarray]) -> tuple[int, int]:
-        """Stage ``m`` consecutive rows; whole shards are written as they fill.
+    def slot(self, retry: bool = True) -> tuple[dict[str, np.ndarray], int]:
+        """Where the next row goes: the current shard's staging buffers (field -> array of
+        ``shard_rows`` rows) and the row index in them (room for one row). Write every field
+        of that row (meta fields included), then call :meth:`advance`. ``retry``: first
+        write shards whose write failed (raising before anything is staged if it fails
+        again); ``False`` for a row that must follow the row just staged (a final row)."""
+        if self.forks != FORKS[0]:
+            self._check_owner()
+        if retry and self.pending:  # an earlier write failed: retry before staging more
+            self.flush()
+        if self.cur.n == 0:
+            self._enter_shard()
+        return self.cur.staging, self.cur.n
+
+    def advance(self, rows: int = 1) -> None:
+        """The row written at :meth:`slot` is staged (published to readers); a full shard
+        goes to the background thread and a free buffer becomes current (waiting for the
+        oldest write when none is free)."""
+        cur = self.cur
+        n = cur.n = cur.n + rows
+        self.count += rows
+        if cur.slot >= 0:
+            self._published[cur.slot * 4 + _N] = n  # after the row's data (staging.py)
+        if n == self._rows:
+            self._hand_off()
+
+    def append(self, rows: dict[str, np.ndarray], retry: bool = True) -> tuple[int, int]:
+        """Stage ``m`` consecutive rows; full shards are written as they fill, and the call
+        returns once they are (their write overlaps with staging the rows after them).
 
         Returns ``(first_step, m)``. Every field (meta included) must be present. If a
         shard write fails, every row is still staged and :class:`WriteFailedError` is
-        raised at the end (``count`` tells what was staged).
+        raised at the end (``count`` tells what was staged). ``retry``: as for :meth:`slot`.
         """
-        if self.pending:  # an earlier write failed: retry before staging more
+        self._check_owner()
+        if retry and self.pending:  # an earlier write failed: retry before staging more
             self.flush()
         m = len(rows["_flags"])
         start = self.count
         S = self.layout.shard_rows
-        error: WriteFailedError | None = None
         done = 0
         while done < m:
-            if self.cur.n == 0:
+            cur = self.cur
+            if cur.n == 0:
                 self._enter_shard()
-            take = min(S - self.cur.n, m - done)
-            for name, buf in self.cur.staging.items():
-                buf[self.cur.n : self.cur.n + take] = rows[name][done : done + take]
-            self.cur.n += take
-            self.count += take
+            take = min(S - cur.n, m - done)
+            for name, buf in cur.staging.items():
+                buf[cur.n : cur.n + take] = rows[name][done : done + take]
             done += take
-            if self.cur.n == S:
-                if error is None and not self.pending:
-                    try:
-                        self.flush()
-                    except WriteFailedError as e:
-                        error = e
-                if self.dirty:  # not written: keep it in RAM
-                    self._retire()
-                self.cur.n = 0
+            self.advance(take)
+        self.wait()
+        error = self.take_error()
         if error is not None:
             raise error
         return start, m
 
     def _enter_shard(self) -> None:
         L = self.layout
-        self.cur.first_step = self.count
-        for name, buf in self.cur.staging.items():
-            buf.fill(-1 if name == "_step_id" else 0)
-            self.cur.encoded[name] = [None] * L.chunks_per_shard(name)
+        if self.cur.slot < 0:
+            self._promote()
+        cur = self.cur
+        cur.first_step = self.count
+        if not cur.clean:
+            self._reset(cur)
+        if cur.slot >= 0:
+            self.shared.begin(cur.slot, cur.first_step)
         # Rows of the previous lap in this shard's slots are gone for this process now.
         self.valid_from = max(self.valid_from, self.count + L.shard_rows - L.lane_capacity)
 
-    def _retire(self) -> None:
-        """Move the full current shard to ``pending`` (its write failed or is queued)."""
+    def _hand_off(self) -> None:
+        """The current shard is full: queue its write (behind a failed one: keep it) and
+        make a free buffer current. (Kept to a few operations: this runs inside an add.)"""
+        if self.forks != FORKS[0]:
+            self._check_owner()
+        sh = self.cur
+        if self._spares:
+            sh.spare_dir = self._spare_dir(sh)
+            sh.lineages = list(self._spares.values())
+            self._spares = {}
+        if self.pending or self._halted:
+            self.wait()  # (skipped behind the failed one: now in ``pending``, in order)
+            self._keep(sh)
+        else:
+            sh.done = False
+            self.queued.append(sh)
+            bg = self.bg
+            if bg.thread is None:
+                bg.start()
+            bg.jobs.append((self, sh))
+            if bg.state["sleeping"]:
+                bg.wake.set()
+        free = self._free  # (finished writes are applied by the next poll, not here)
+        cur = free.pop() if free else self._take()
+        cur.n = 0
+        self.cur = cur
+
+    def _promote(self) -> None:
+        """Move the current shard from a private buffer (taken while writes failed) into a
+        free shared one, so that readers on this machine see its rows again."""
+        cur = self.cur
+        shm = next((b for b in self._free if b.slot >= 0), None)
+        if cur.slot >= 0 or shm is None:
+            return
+        self._free.remove(shm)
+        n = cur.n
+        for name, arr in cur.staging.items():
+            shm.staging[name][:n] = arr[:n]
+        shm.images, cur.images = cur.images, shm.images
+        shm.clean, cur.clean = cur.clean, shm.clean
+        shm.first_step, shm.n = cur.first_step, n
+        self.shared.begin(shm.slot, shm.first_step)
+        self.shared.publish(shm.slot, n)
+        self.cur = shm
+        self._recycle(cur)
+
+    def _spare_dir(self, sh: _Shard) -> str:
+        return f"{self._spare_root}/{self._session}/{sh.first_step}"
+
+    def _reset(self, sh: _Shard) -> None:
+        for img in sh.images.values():
+            img.reset()
+        sh.clean = True
+
+    def _keep(self, sh: _Shard) -> None:
+        """Keep a full shard not written in ``pending``; shards a lap older than it are
+        overwritten by it and dropped unwritten."""
         L = self.layout
-        self.pending = [p for p in self.pending
-                        if p.first_step + L.lane_capacity > self.cur.first_step]
-        self.pending.append(self.cur)
-        self.cur = self._new_shard(self.cur.first_step + L.shard_rows)
+        keep = []
+        for p in self.pending:
+            if p.first_step + L.lane_capacity > sh.first_step:
+                keep.append(p)
+            else:
+                self._lost_to = max(self._lost_to, p.first_step + p.n)
+                self._recycle(p)
+        self.pending = keep + [sh]
+
+    def _take(self) -> _Shard:
+        """A free buffer: waits for the oldest queued write when none is free; grows the
+        pool (private memory) when the others all hold shards whose write failed."""
+        self.poll()
+        while not self._free:
+            if not self.queued:
+                self._size += 1
+                return self._buffer(-1)
+            self._wait_for(self.queued[0])
+            self.poll()
+        return self._free.pop()
+
+    def _wait_for(self, sh: _Shard) -> None:
+        self.bg.hurry()
+        with self._cv:
+            while not sh.done:
+                self._cv.wait()
+
+    def _recycle(self, sh: _Shard) -> None:
+        if self._size > self.n_buffers and sh.slot < 0:
+            self._size -= 1  # an extra buffer: dropped
+        else:
+            self._free.append(sh)
+
+    # -- the background thread's side -----------------------------------------------------
+    def _background_write(self, sh: _Shard) -> None:
+        state = error = None
+        try:
+            if not self._halted:
+                self._commit(sh, partial=False, background=True)
+                state = LaneState(**vars(self._disk))
+                self._reset(sh)  # ready for its next shard (here: not inside an add)
+        except BaseException as e:  # reported on the caller's thread
+            self._halted = True
+            error = e
+        self._results.append((sh, error, state))
+        with self._cv:
+            sh.done = True
+            self._cv.notify_all()
+
+    def poll(self) -> BaseException | None:
+        """Apply finished background writes on the caller's thread: commits, recycled
+        buffers, shards whose write failed moved to ``pending``. Returns the first error
+        not yet reported (also kept in ``error`` until :meth:`take_error`)."""
+        if self.forks != FORKS[0]:
+            return None
+        results = self._results
+        while results:
+            sh, err, state = results.popleft()
+            self.queued.remove(sh)
+            if state is not None:
+                self.committed = state
+                self._recycle(sh)
+                if self.on_shard_written is not None:
+                    self.on_shard_written(self.shard_index(sh.first_step))
+            else:
+                self.pending.append(sh)
+                if err is not None and self.error is None:
+                    self.error = err
+        return self.error
+
+    def take_error(self) -> BaseException | None:
+        """The background error not reported yet (cleared)."""
+        error, self.error = self.error, None
+        return error
+
+    def wait(self) -> None:
+        """Wait for every queued shard of the lane to be written (or to fail)."""
+        while self.queued:
+            self._wait_for(self.queued[0])
+            self.poll()
 
     # -- committing ----------------------------------------------------------------------
     def flush(self) -> bool:
         """Write staged shards and commit the lane state; ``False`` if nothing to do.
 
-        Raises :class:`WriteFailedError` (an ``OSError``) naming the object that could not
-        be written; committed rows stay intact and staged rows stay in RAM.
+        Waits for the shards queued for the background thread first. Raises
+        :class:`WriteFailedError` (an ``OSError``) naming the object that could not be
+        written; committed rows stay intact and staged rows stay in RAM.
         """
+        self._check_owner()
+        self.wait()
         if not self.dirty:
+            self.error = None
             return False
         while self.pending:
-            self._write(self.pending[0])
+            sh = self.pending[0]
+            self._commit(sh, partial=False)
             self.pending.pop(0)
-        if self.dirty:
-            self._write(self.cur)
+            self.committed = LaneState(**vars(self._disk))
+            self._recycle(sh)
+            if self.on_shard_written is not None:
+                self.on_shard_written(self.shard_index(sh.first_step))
+        self._halted = False
+        self.error = None  # what failed before is written now
+        self._promote()
+        if self.count > self._disk.count:
+            self._commit(self.cur, partial=True)
+            self.committed = LaneState(**vars(self._disk))
+            if self.on_shard_written is not None:
+                self.on_shard_written(self.shard_index(self.cur.first_step))
         return True
 
-    def _write(self, sh: _Shard) -> None:
+    def close(self) -> None:
+        """After the last flush: the open shard's objects are rewritten without the bytes
+        its in-place flushes left unreferenced; stop publishing staged rows, drop spares."""
+        if self.forks != FORKS[0]:
+            return
+        cur, L = self.cur, self.layout
+        if self._local and cur.n and not self.dirty:
+            with contextlib.suppress(OSError):  # committed either way; only tidier
+                for name, img in cur.images.items():
+                    if img.loose and img.n == cur.n:
+                        self.backend.put(L.shard_key(name, self.shard_index(cur.first_step)),
+                                         img.compact(cur.first_step, cur.n, L.checksum))
+        if self.shared is not None:
+            self.shared.close()
+        for lin in (*self._spares.values(), self._state_lineage):
+            lin.close()
+        if self._local:
+            self.backend.remove_tree(f"{self._spare_root}/{self._session}")
+
+    def _commit(self, sh: _Shard, partial: bool, background: bool = False) -> None:
+        """Write ``sh`` (every field's object) and the lane state covering it (§4)."""
         L = self.layout
-        st = self.committed
+        st = self._disk
         end = sh.first_step + sh.n
         # replacing the shard object drops the previous lap's rows in all its slots
-        valid_from = max(st.valid_from, sh.first_step + L.shard_rows - L.lane_capacity)
+        valid_from = max(st.valid_from, sh.first_step + L.shard_rows - L.lane_capacity,
+                         min(self._lost_to, sh.first_step))
         shard = self.shard_index(sh.first_step)
+        backend = self._background_backend() if background else self.backend
+        states = (RewritingPuts(backend, self._state_lineage) if self._local
+                  else backend)
         key = "_state"
         try:
+            if background:  # (the caller's thread: LeasedBackend checks it)
+                self._check_lease()
             if valid_from > st.valid_from:
                 if faults.ARMED:
                     faults.hit("flush.drop")
-                key = f"_state/lane_{self.lane}.json"
+                key = state_key(self.lane)
                 drop = min(valid_from, st.count)
-                write_state(self.backend, LaneState(st.lane, st.count, drop, st.episodes,
-                                                    st.generation))
+                write_state(states, LaneState(st.lane, st.count, drop, st.episodes,
+                                              st.generation))
                 st.valid_from = drop
                 st.generation += 1
+            sh.clean = False
             for i, name in enumerate(L.fields):
                 key = L.shard_key(name, shard)
-                self.backend.put(key, assemble(self._chunks(sh, name), sh.first_step, sh.n,
-                                               L.checksum))
+                img = sh.images[name]
+                img.update(sh.staging[name], sh.n)
+                self._put(backend, key, name, img, sh, partial)
                 if faults.ARMED and i == 0:
                     faults.hit("flush.shards")
             if faults.ARMED:
                 faults.hit("flush.state")
-            key = f"_state/lane_{self.lane}.json"
+            key = state_key(self.lane)
+            if background:
+                self._check_lease()
             new_rows = slice(max(st.count - sh.first_step, 0), sh.n)
             finals = int(np.count_nonzero(sh.staging["_flags"][new_rows] & FLAG_LAST))
             new = LaneState(st.lane, end, valid_from, st.episodes + finals, st.generation)
-            write_state(self.backend, new)
+            write_state(states, new)
         except OSError as e:
             raise WriteFailedError(
                 e.errno, f"{self.backend.url}/{key}: write failed ({e.strerror or e}); lane "
                 f"{self.lane} keeps {self.count - st.count} uncommitted rows in RAM for the "
                 f"next flush(); committed rows are intact") from e
-        self.committed = new
+        self._disk = new
+        if self.shared is not None:
+            self.shared.set_committed(end)
         if faults.ARMED:
             faults.hit("flush.done")
-        if self.on_shard_written is not None:
-            self.on_shard_written(shard)
+        if not partial and sh.spare_dir is not None:
+            for lin in sh.lineages:
+                lin.close()
+            backend.remove_tree(sh.spare_dir)  # the shard's next lap starts from new files
+            sh.spare_dir, sh.lineages = None, []
 
-    def _chunks(self, sh: _Shard, name: str) -> list[bytes | None]:
-        R = self.layout.chunk_rows(name)
-        cache = sh.encoded[name]
-        encode = self.encoders[name]
-        buf = sh.staging[name]
-        full = sh.n // R
-        for c in range(full):
-            if cache[c] is None:
-                cache[c] = encode(np.ascontiguousarray(buf[c * R : (c + 1) * R]))
-        out: list[bytes | None] = list(cache[:full])
-        if sh.n % R:
-            out.append(encode(np.ascontiguousarray(buf[full * R : (full + 1) * R])))
-        out += [None] * (len(cache) - len(out))
-        return out
+    def _put(self, backend: Any, key: str, name: str, img: ShardImage, sh: _Shard,
+             partial: bool) -> None:
+        L = self.layout
+        if not partial or not self._local:
+            if self._local and not img.loose:  # the image as it is, without a copy
+                img.seal(sh.first_step, sh.n, L.checksum)
+                backend.put(key, img.buf)
+            else:
+                backend.put(key, img.compact(sh.first_step, sh.n, L.checksum))
+            return
+        lin = self._spares.get(name)
+        if lin is None:
+            lin = self._spares[name] = Lineage(f"{self._spare_dir(sh)}/{name.replace('/', '%')}")
+        img.seal(sh.first_step, sh.n, L.checksum)
+        backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
+
+    def _background_backend(self) -> Any:
+        """The backend for the background thread: a lane lease is checked there
+        (:func:`check_lease`), not renewed (the caller's thread renews it on every add; two
+        threads renewing at once would see each other's renewal as a takeover)."""
+        inner = getattr(self.backend, "_backend", None)
+        return inner if inner is not None and hasattr(self.backend, "lease") else self.backend
+
+    def _check_lease(self) -> None:
+        check_lease(getattr(self.backend, "lease", None), self.backend.url, self.lane)

@@ -34,6 +34,7 @@ class ReaderResult:
     not_enough: int = 0  # sample() calls before enough rows existed
     refreshes: int = 0
     stale_replaced: int = 0  # samples found overwritten and replaced (loader stats)
+    unflushed: int = 0  # samples of rows not committed when sampled (read from staging)
     seconds: float = 0.0
     error: str | None = None
 
@@ -78,6 +79,7 @@ def reader(url: str, log_path: str, seconds: float, max_samples: int | None = No
                     continue
                 log = crash.Log.read(log_path, lanes)
                 res.samples += data.check_batch(batch, store.index, log.session_of)
+                res.unflushed += _unflushed(store, batch)
                 res.frames += 2 * data.STACK * batch_size
                 res.batches += 1
     except Exception:
@@ -109,12 +111,20 @@ def _loader_reads(store: Any, log_path: str, res: ReaderResult, done: Any, batch
             log = crash.Log.read(log_path, store.lanes)
             res.samples += data.check_batch(batch, None, log.session_of,
                                             store.layout.lane_capacity)
+            res.unflushed += _unflushed(store, batch)
             res.frames += 2 * data.STACK * batch_size
             res.batches += 1
         res.refreshes = -1  # refreshed by the sampler every 20 ms
         res.stale_replaced = int(loader.stats.stale_replaced)
     finally:
         del it
+
+
+def _unflushed(store: Any, batch: dict) -> int:
+    """Samples whose next row (or the row itself) was not committed: rows another
+    process staged, read from shared memory."""
+    lane = np.asarray(batch["index"]) // store.layout.lane_capacity
+    return int((np.asarray(batch["step_id"]) + 1 >= store.index.committed[lane]).sum())
 
 
 @dataclass
@@ -136,10 +146,11 @@ class RunResult:
 def run(workdir: str, seconds: float, readers: int = 1, loader_workers: int = 0,
         restart_every: float | None = None, max_samples: int | None = None,
         batch_size: int = 64, seed: int = 0, lanes: int = 3, shard_rows: int = 32,
-        shards_per_lane: int = 4, lag: float = 0.05) -> RunResult:
+        shards_per_lane: int = 4, lag: float = 0.05, adds_only: bool = False) -> RunResult:
     """Writer + ``readers`` reader processes (the last one uses ``loader_workers`` DataLoader
     workers when > 0) for ``seconds``; the writer is SIGKILLed and restarted every
-    ``restart_every`` seconds."""
+    ``restart_every`` seconds. ``adds_only``: the writer never flushes (``crash.writer``):
+    readers see its open shards' rows only through its shared-memory staging."""
     url, log_path = os.path.join(workdir, "store.zarr"), os.path.join(workdir, "writer.log")
     crash.create_store(url, lanes=lanes, shard_rows=shard_rows, shards_per_lane=shards_per_lane)
     if os.path.exists(log_path):
@@ -148,7 +159,7 @@ def run(workdir: str, seconds: float, readers: int = 1, loader_workers: int = 0,
     rng = np.random.default_rng(seed)
     session = 0
     w = ctx.Process(target=crash.writer, args=(url, log_path, session, int(rng.integers(2**31))),
-                    daemon=True)
+                    kwargs={"adds_only": adds_only}, daemon=True)
     w.start()
     queue = ctx.Queue()
     procs = []
@@ -173,7 +184,7 @@ def run(workdir: str, seconds: float, readers: int = 1, loader_workers: int = 0,
                 session += 1
                 w = ctx.Process(target=crash.writer,
                                 args=(url, log_path, session, int(rng.integers(2**31))),
-                                daemon=True)
+                                kwargs={"adds_only": adds_only}, daemon=True)
                 w.start()
                 last = time.monotonic()
             if all(not p.is_alive() for p in procs) and queue.empty() and len(results) < readers:

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,12 +64,15 @@ def priority(lane: int, steps: np.ndarray) -> np.ndarray:
 
 
 def writer(url: str, log_path: str, session: int, seed: int, ops: int | None = None,
-           ready: Any = None, priorities: bool = True) -> None:
+           ready: Any = None, priorities: bool = True, adds_only: bool = False) -> None:
     """Append random batches to every lane of the store until killed (or ``ops`` done).
 
     With ``priorities``, a :class:`PrioritizedSampler` rides along: after every explicit
     flush the writer sets the priority of each live row whose step is a multiple of 3 to
     :func:`priority`, flushes again (which saves them) and logs a ``P`` line.
+    ``adds_only``: one-step ``add`` calls only, never ``extend`` or ``flush``: every commit
+    is a full shard written by the background thread (so are the crash points reached),
+    and the rows of the open shards stay staged (in shared memory) until the writer ends.
     """
     store = store_api.open(url, "r+")
     lanes = store.lanes
@@ -83,6 +87,8 @@ def writer(url: str, log_path: str, session: int, seed: int, ops: int | None = N
     while ops is None or done < ops:
         done += 1
         u = rng.random()
+        if adds_only:
+            u = 0.4 + 0.5 * u  # add: one lane, or every lane
         if u < 0.4:  # extend one lane
             lane = int(rng.integers(lanes))
             batch, _ = data.make_steps(lane, store.writers[lane].count,
@@ -181,11 +187,12 @@ class Kill:
     point: str | None  # crash point it was frozen at, None = a random moment
     reached: bool  # the crash point was reached (else it was killed at the time limit)
     seconds: float
+    background: bool = False  # frozen in the background thread writing full shards
 
 
 def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
               point: str | None = None, nth: int = 1, delay: float = 0.2,
-              timeout: float = 20.0) -> Kill:
+              timeout: float = 20.0, adds_only: bool = False) -> Kill:
     """Fork a writer and SIGKILL it: frozen at ``point`` (``nth`` hit), else after ``delay`` s.
 
     A frozen point not reached within ``timeout`` seconds is killed anyway (``reached`` is
@@ -194,11 +201,11 @@ def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
     ctx = mp.get_context("fork")
     r, w = os.pipe()
     proc = ctx.Process(target=_child, args=(url, log_path, session, int(rng.integers(2**31)),
-                                            point, nth, w), daemon=True)
+                                            point, nth, w, adds_only), daemon=True)
     t0 = time.monotonic()
     proc.start()
     os.close(w)
-    reached = False
+    reached = background = False
     try:
         msg = _read_line(r, timeout)  # "ready" once the session is logged
         if msg != "ready":
@@ -206,7 +213,9 @@ def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
         if point is None:
             time.sleep(delay)
         else:
-            reached = _read_line(r, timeout) == "crash " + point
+            line = _read_line(r, timeout)
+            reached = line.split(" (")[0] == "crash " + point
+            background = line.endswith("(background)")
     finally:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
@@ -214,22 +223,109 @@ def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
         os.close(r)
     if proc.exitcode not in (-signal.SIGKILL, 0):
         raise RuntimeError(f"crash writer failed with exit code {proc.exitcode}")
-    return Kill(session, point, reached, time.monotonic() - t0)
+    return Kill(session, point, reached, time.monotonic() - t0, background)
 
 
 def _child(url: str, log_path: str, session: int, seed: int, point: str | None, nth: int,
-           fd: int) -> None:
+           fd: int, adds_only: bool = False) -> None:
     def say(msg: str) -> None:
         os.write(fd, (msg + "\n").encode())
 
+    def frozen(name: str) -> None:
+        where = threading.current_thread().name
+        say(f"crash {name}" + (" (background)" if where == "expstore-writer" else ""))
+
     def ready() -> None:  # armed once the store is open: the points are in the write path
-        faults.arm(point, nth, notify=lambda name: say("crash " + name))
+        faults.arm(point, nth, notify=frozen)
         say("ready")
 
     try:
-        writer(url, log_path, session, seed, ready=ready)
+        writer(url, log_path, session, seed, ready=ready, adds_only=adds_only)
     except BaseException as e:  # report instead of dying silently
         say(f"error {type(e).__name__}: {e}")
+        raise
+
+
+@dataclass
+class StagedKill:
+    """A writer killed with rows staged: what it had committed and added, per lane, and
+    its shared-memory staging files (path -> inode) as it left them."""
+
+    committed: list[int]
+    counts: list[int]
+    files: dict[str, int]
+
+
+def kill_staged(url: str, log_path: str, session: int, seed: int, steps: int = 100,
+                timeout: float = 20.0) -> StagedKill:
+    """Fork a writer that adds ``steps`` one-step rows per lane, flushes, adds up to a
+    shard's worth more without flushing (rows staged in shared memory), says so, and is
+    SIGKILLed. The store must reopen at that flush (``check_store``)."""
+    ctx = mp.get_context("fork")
+    r, w = os.pipe()
+    proc = ctx.Process(target=_staged_child, args=(url, log_path, session, seed, steps, w),
+                       daemon=True)
+    proc.start()
+    os.close(w)
+    try:
+        msg = _read_line(r, timeout)
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        os.close(r)
+    if not msg.startswith("staged "):
+        raise RuntimeError(f"staged writer did not get there: {msg!r}")
+    import json
+
+    got = json.loads(msg[len("staged "):])
+    return StagedKill(got["committed"], got["counts"], got["files"])
+
+
+def _staged_child(url: str, log_path: str, session: int, seed: int, steps: int,
+                  fd: int) -> None:
+    import json
+
+    from ..storage.staging import staging_path
+
+    try:
+        store = store_api.open(url, "r+")
+        lanes = store.lanes
+        _log(log_path, "S", session, [store.writers[i].count for i in range(lanes)])
+        rng = np.random.default_rng(seed)
+
+        def add(lane: int) -> None:
+            b, _ = data.make_steps(lane, store.writers[lane].count, 1, session)
+            one = _index(b, 0)
+            store.add(one["obs"], one["action"], one["reward"], one["next_obs"],
+                      one["terminated"], one["truncated"], lane=lane, session=one["session"])
+
+        for _ in range(steps):
+            for lane in range(lanes):
+                add(lane)
+        store.flush()
+        _log(log_path, "F", session, [store.writers[i].committed.count for i in range(lanes)])
+        S = store.layout.shard_rows
+        for lane in range(lanes):  # staged, never flushed: not in the log's F lines
+            for _ in range(int(rng.integers(1, S))):
+                add(lane)
+            while store.writers[lane].count % S == 0:  # (a full shard is not staged)
+                add(lane)
+        for lane in range(lanes):  # full shards among them are committed (background)
+            store.writers[lane].wait()
+        store._poll_writes()
+        files = {}
+        for lane in range(lanes):
+            path = staging_path(store.backend.root, lane)
+            if os.path.exists(path):
+                files[path] = os.stat(path).st_ino
+        got = {"committed": [store.writers[i].committed.count for i in range(lanes)],
+               "counts": [store.writers[i].count for i in range(lanes)], "files": files}
+        os.write(fd, ("staged " + json.dumps(got) + "\n").encode())
+        while True:
+            time.sleep(3600)
+    except BaseException as e:
+        os.write(fd, f"error {type(e).__name__}: {e}\n".encode())
         raise
 
 

@@ -59,6 +59,9 @@ class EpisodeWriter:
         self.pos = [0] * n
         self.uid = [lane * 1_000_000 + 1 for lane in range(n)]
         self.desired = [self.rng.normal(size=2) for _ in range(n)]
+        #: achieved goal of each lane's open episode's next step (what its last step gave
+        #: as next_obs), so a continuing segment starts from it
+        self.open_goal: list[np.ndarray | None] = [None] * n
 
     def _obs(self, lane: int, step: int, uid: int, pos: int) -> np.ndarray:
         return np.array([lane, step, uid, pos], np.float64)
@@ -78,18 +81,21 @@ class EpisodeWriter:
             trunc[-1] = True
         final = self._obs(lane, s0 + T, uid, p0 + T)
         goals = self.rng.normal(size=(T + 1, 2))
+        if self.open_goal[lane] is not None and self.pos[lane]:
+            goals[0] = self.open_goal[lane]
+        self.open_goal[lane] = goals[T] if end == "open" else None
         des = self.desired[lane]
         batch: dict[str, Any] = {"action": np.arange(s0, s0 + T, dtype=np.int64),
                                  "reward": reward, "terminated": term, "truncated": trunc}
+        nxt = np.concatenate([obs[1:], final[None]])  # each step's next_obs: the next obs
         if self.goal:
             batch["obs"] = {"observation": obs, "achieved_goal": goals[:T],
                             "desired_goal": np.repeat(des[None], T, 0)}
-            batch["next_obs"] = {"observation": np.repeat(final[None], T, 0),
-                                 "achieved_goal": np.repeat(goals[T:], T, 0),
+            batch["next_obs"] = {"observation": nxt, "achieved_goal": goals[1:],
                                  "desired_goal": np.repeat(des[None], T, 0)}
         else:
             batch["obs"] = obs
-            batch["next_obs"] = np.repeat(final[None], T, 0)
+            batch["next_obs"] = nxt
         self.store.extend(batch, lane=lane)
         log = self.log[lane]
         for i in range(T):

@@ -198,7 +198,7 @@ def _import_lane(store: Any, lane: int, ck: Checkpoint, stack: int, block_rows: 
                 batch["truncated"] = np.zeros(T, bool)
                 if done.any():
                     batch["next_obs"] = zeros[:T]
-                store.extend(batch, lane=lane)
+                store.extend(batch, lane=lane, check_next_obs=False)
                 ends = int(done.sum())
                 summary.steps += T
                 summary.episodes += ends

@@ -1,0 +1,309 @@
+"""Env steps into a store's lanes: checked values -> rows (``rows.py``) -> each lane's
+writer (storage) and the row index (RAM).
+
+Two paths store the same rows. One step (``Store.add``) is written field by field straight
+into the lane's staging buffers (``LaneWriter.slot``/``advance``): a handful of Python
+operations per field, no arrays built. Many steps (``Store.extend``, vector ``add``) go
+through :func:`~expstore.rows.encode_steps` and ``LaneWriter.append``.
+
+**Never a wrong ``next_obs``.** The store keeps ``next_obs`` only where an episode ends; it is
+otherwise the next row's ``obs``. So each lane holds the ``next_obs`` given with its newest
+step. When the lane's next step starts from another observation (two envs interleaved in
+one lane, transitions added out of order), the newest step is closed first: a final row
+holds its ``next_obs`` (the step keeps the flags it was given, so unless terminated it
+bootstraps from that row), and the new step starts a new episode. ``strict=True`` raises
+instead. Within an ``extend`` batch that gives every ``next_obs``, a step whose
+``next_obs`` differs from the next step's ``obs`` is closed the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import ValidationError, WriteFailedError
+from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
+from .step_check import StepCheck
+
+
+class Appender:
+    """The write path of one store: ``writers`` (lane -> LaneWriter), ``index`` (RowIndex).
+
+    ``open_step[lane]``: position in its episode of the lane's next row (0: a new episode).
+    ``held[lane]``: the checked ``next_obs`` of the lane's newest step while its episode is
+    open (``{obs field: array}``), ``None`` when unknown or the episode ended.
+    """
+
+    def __init__(self, spec: Any, writers: dict[int, Any], index: Any,
+                 strict: bool = False) -> None:
+        self.spec = spec
+        self.writers = writers
+        self.index = index
+        self.strict = strict
+        self.check = StepCheck(spec)
+        self.obs_names = list(spec.obs_names)
+        self.single_obs = spec.structure.get("obs", {"kind": "single"})["kind"] == "single"
+        self.names = list(spec.fields)
+        self.single_action = "action" in spec.fields
+        self.user_fields = [n for n in self.names if n not in spec.obs_names and
+                            n not in spec.action_names and n not in ("reward", "terminated",
+                                                                     "truncated")]
+        self.user_next = self.user_fields  # user fields a final row may take from next_<name>
+        self.open_step = np.zeros(index.lanes, np.int64)
+        self.held: list[dict[str, np.ndarray] | None] = [None] * index.lanes
+
+    # -- one step ----------------------------------------------------------------------------
+    def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
+                terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:
+        """Check one step of ``lane`` and stage its row (and its final row if it ends an
+        episode); nothing is stored when a value is refused."""
+        checks = self.check.checks
+        if self.single_obs:
+            vals = {"obs": checks["obs"](obs)}
+        else:
+            vals = {n: checks[n](v) for n, v in self.spec.flatten("obs", obs).items()}
+        if self.single_action:
+            vals["action"] = checks["action"](action)
+        else:
+            vals.update((n, checks[n](v))
+                        for n, v in self.spec.flatten("action", action).items())
+        vals["reward"] = checks["reward"](reward)
+        term = bool(checks["terminated"](terminated))
+        trunc = bool(checks["truncated"](truncated))
+        vals["terminated"], vals["truncated"] = term, trunc
+        if extras or self.user_fields:
+            known = self._extras(extras)
+            for name in self.user_fields:
+                vals[name] = checks[name](known.get(name))
+        done = term or trunc
+        final_obs = finals = None
+        if done:
+            if next_obs is None:
+                raise ValidationError("next_obs: required for steps that end an episode "
+                                      "(terminated or truncated)")
+            final_obs = self._next_obs(next_obs)
+            finals = {k[5:]: checks[k[5:]](v) for k, v in extras.items()
+                      if k.startswith("next_") and k[5:] in self.user_next}
+        held = self.held[lane]
+        closes = held is not None and not self._continues(held, vals)
+        if closes:
+            if self.strict:
+                raise ValidationError(
+                    f"obs: lane {lane}'s newest step gave a next_obs that this step's obs "
+                    "does not continue (strict=True); write interleaved envs to separate "
+                    "lanes, or open the store with strict=False to close the step first")
+            held = self._checked_held(lane)
+        new_held = None if done or next_obs is None else self._hold(next_obs)
+        self._retry_failed(lane)
+        error = self._close(lane, held) if closes else None
+        error = self._stage(lane, vals, term, trunc, final_obs, finals or {}) or error
+        self.held[lane] = new_held
+        if error is not None:
+            raise error
+
+    def _extras(self, extras: dict[str, Any]) -> dict[str, Any]:
+        fields = self.spec.fields
+        unknown = [k for k in extras if k not in fields and not (
+            k.startswith("next_") and k[5:] in self.user_next)]
+        if unknown:
+            raise ValidationError(f"unknown field(s) {unknown}; the spec has {list(fields)}")
+        return extras
+
+    def _next_obs(self, next_obs: Any) -> dict[str, Any]:
+        given = ({"obs": next_obs} if self.single_obs
+                 else self.spec.flatten("obs", next_obs))
+        check = self.check.next
+        return {name: check[name](given[name]) for name in self.obs_names}
+
+    def _hold(self, next_obs: Any) -> dict[str, np.ndarray]:
+        """A copy of ``next_obs`` to compare the lane's next step with (checked only if it
+        is ever stored: see :meth:`_checked_held`); a frame stack keeps its newest frame."""
+        given = ({"obs": next_obs} if self.single_obs
+                 else self.spec.flatten("obs", next_obs))
+        out = {}
+        for name in self.obs_names:
+            v, f = given[name], self.spec.fields[name]
+            if type(v) is not np.ndarray or v.dtype != f.dtype:
+                v = self.check.next[name](v)  # as the step's obs will be: cast, checked
+            elif f.stack and v.shape == (f.stack, *f.shape):
+                v = v[-1]
+            out[name] = np.array(v, copy=True)
+        return out
+
+    def _checked_held(self, lane: int) -> dict[str, Any]:
+        """The held ``next_obs`` of the lane, checked before it is stored in a final row
+        (a refused value drops it: the newest step stays without a final row)."""
+        held = self.held[lane]
+        try:
+            return {name: self.check.next[name](v) for name, v in held.items()}
+        except ValidationError as e:
+            self.held[lane] = None
+            raise ValidationError(f"lane {lane}'s newest step: {e} (its next_obs is stored "
+                                  "now, as this step does not continue it)") from None
+
+    @staticmethod
+    def _continues(held: dict[str, np.ndarray], vals: dict[str, Any]) -> bool:
+        """Whether the step's observation is exactly (byte for byte) the held one."""
+        for name, h in held.items():
+            v = vals[name]
+            if not (type(v) is np.ndarray and v.shape == h.shape and v.dtype == h.dtype):
+                v = np.asarray(v, h.dtype) if np.shape(v) == h.shape else None
+            if v is None or v.tobytes() != h.tobytes():
+                return False
+        return True
+
+    def _stage(self, lane: int, vals: dict[str, Any], term: bool, trunc: bool,
+               final_obs: dict[str, Any] | None, finals: dict[str, Any]) -> Any:
+        """Stage the step's row (+ its final row); returns a shard write error to raise
+        once the index knows the rows (they are staged either way)."""
+        ep = int(self.open_step[lane])
+        flag = (FLAG_FIRST if ep == 0 else 0) | (FLAG_TERMINATED if term else 0) | (
+            FLAG_TRUNCATED if trunc else 0)
+        error = self._row(lane, vals, ep, flag)
+        if final_obs is None:
+            self.open_step[lane] = ep + 1
+            return error
+        row = {name: 0 for name in self.names}
+        row.update(final_obs)
+        row.update(finals)
+        error = self._row(lane, row, ep + 1, FLAG_LAST) or error
+        self.open_step[lane] = 0
+        self.writers[lane].episodes += 1
+        return error
+
+    def _row(self, lane: int, vals: dict[str, Any], ep: int, flag: int) -> Any:
+        """Stage one row (shards whose write failed were retried by the caller first:
+        :meth:`_retry_failed`); a shard write error, after staging, is returned."""
+        w = self.writers[lane]
+        bufs, i = w.slot(retry=False)
+        for name, v in vals.items():
+            bufs[name][i] = v
+        step = w.count
+        bufs["_step_id"][i] = step
+        bufs["_episode_step"][i] = ep
+        bufs["_flags"][i] = flag
+        error = None
+        try:
+            w.advance()
+        except WriteFailedError as e:  # staged; only the shard write failed
+            error = e
+        idx = self.index
+        if w.valid_from > idx.valid_from[lane]:
+            idx.set_valid_from(lane, w.valid_from)
+        idx.put_row(lane, step, ep, flag)
+        idx.committed[lane] = w.committed.count
+        return error
+
+    def _retry_failed(self, lane: int) -> None:
+        """Write shards whose write failed before staging more: raises (nothing staged,
+        nothing changed) while the storage still refuses."""
+        w = self.writers[lane]
+        if w.pending:
+            w.flush()
+
+    def _close(self, lane: int, held: dict[str, Any]) -> Any:
+        """End the lane's open episode after its newest step: a final row holding the
+        (checked) ``next_obs`` given with that step, whose flags stay as given. Returns a
+        shard write error (the row is staged either way)."""
+        row: dict[str, Any] = {name: 0 for name in self.names}
+        row.update(held)
+        error = self._row(lane, row, int(self.open_step[lane]), FLAG_LAST)
+        self.held[lane] = None
+        self.open_step[lane] = 0
+        self.writers[lane].episodes += 1
+        return error
+
+    # -- one step in every lane ---------------------------------------------------------------
+    def add_lanes(self, vals: dict[str, np.ndarray]) -> None:
+        """One checked step per lane (``validate_steps`` output with leading axis
+        ``lanes``; ``next_<obs field>`` present when ``next_obs`` was given)."""
+        lanes = len(vals["reward"])
+        nxt = ({n: vals["next_" + n] for n in self.obs_names}
+               if "next_" + self.obs_names[0] in vals else None)
+        user_finals = [n for n in self.user_next if "next_" + n in vals]
+        closes = [lane for lane in range(lanes) if self.held[lane] is not None and not
+                  self._continues(self.held[lane], {n: vals[n][lane] for n in self.obs_names})]
+        if closes and self.strict:
+            raise ValidationError(f"obs: lane {closes[0]}'s newest step gave a next_obs that "
+                                  "this step's obs does not continue (strict=True)")
+        for lane in range(lanes):  # raising here leaves every lane untouched
+            self._retry_failed(lane)
+        held = {lane: self._checked_held(lane) for lane in closes}
+        errors = [e for e in (self._close(lane, held[lane]) for lane in closes)
+                  if e is not None]
+        kept = None if nxt is None else {n: np.array(v, copy=True) for n, v in nxt.items()}
+        names = self.names
+        term, trunc = vals["terminated"], vals["truncated"]
+        for lane in range(lanes):
+            row = {name: vals[name][lane] for name in names}
+            done = bool(term[lane] or trunc[lane])
+            final_obs = None if not done or nxt is None else {n: v[lane] for n, v in nxt.items()}
+            finals = {n: vals["next_" + n][lane] for n in user_finals} if done else {}
+            error = self._stage(lane, row, bool(term[lane]), bool(trunc[lane]), final_obs,
+                                finals)
+            self.held[lane] = None if done or kept is None else {
+                n: v[lane] for n, v in kept.items()}
+            if error is not None:  # the step is staged; only its shard write failed
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    # -- many steps --------------------------------------------------------------------------
+    def add_many(self, lane: int, vals: dict[str, np.ndarray], check_next_obs: bool = True
+                 ) -> None:
+        """Stage ``T`` checked consecutive steps of ``lane`` (``validate_steps`` output);
+        ``check_next_obs=False``: ``next_obs`` is read only where an episode ends."""
+        T = len(vals["reward"])
+        if T == 0:
+            return
+        nxt = {n: vals["next_" + n] for n in self.obs_names if "next_" + n in vals}
+        held = self.held[lane]
+        closes = held is not None and not self._continues(
+            held, {n: vals[n][0] for n in self.obs_names})
+        if closes and self.strict:
+            raise ValidationError(f"obs: lane {lane}'s newest step gave a next_obs that the "
+                                  "batch's first obs does not continue (strict=True)")
+        complete = check_next_obs and len(nxt) == len(self.obs_names)
+        if complete and T > 1:  # a step whose next_obs is not the next step's obs ends there
+            broken = np.zeros(T, bool)
+            for n in self.obs_names:
+                a, b = vals[n][1:], nxt[n][:-1]
+                broken[:-1] |= ~(a == b).reshape(T - 1, -1).all(axis=1)
+            broken &= ~(vals["terminated"] | vals["truncated"])
+            if broken.any() and self.strict:
+                raise ValidationError(f"obs: step {int(np.argmax(broken)) + 1} of the batch "
+                                      "does not continue the step before it (its next_obs "
+                                      "differs; strict=True)")
+            ends = (vals["terminated"] | vals["truncated"] | broken) if broken.any() else None
+        else:
+            ends = None
+        held = self._checked_held(lane) if closes else None
+        self._retry_failed(lane)  # raises before anything is staged
+        error = self._close(lane, held) if closes else None
+        error = self._append_rows(lane, vals, ends) or error
+        done = bool(vals["terminated"][-1] | vals["truncated"][-1])
+        self.held[lane] = None if done or not complete else {
+            n: np.array(v[-1], copy=True) for n, v in nxt.items()}
+        if error is not None:
+            raise error
+
+    def _append_rows(self, lane: int, vals: dict[str, np.ndarray],
+                     ends: np.ndarray | None = None) -> WriteFailedError | None:
+        """Stage the rows of ``vals`` (a final row after each step of ``ends``, default:
+        those that end an episode); a shard write error after staging is returned."""
+        w = self.writers[lane]
+        rows, next_open, n_final = encode_steps(vals, self.names, int(self.open_step[lane]),
+                                                w.count, ends)
+        start = w.count
+        error: WriteFailedError | None = None
+        try:
+            w.append(rows, retry=False)
+        except WriteFailedError as e:  # all rows staged, a shard write failed
+            error = e
+        w.episodes += n_final
+        self.open_step[lane] = next_open
+        self.index.set_valid_from(lane, w.valid_from)
+        self.index.put(lane, start, rows["_episode_step"], rows["_flags"], committed=False)
+        self.index.committed[lane] = w.committed.count
+        return error

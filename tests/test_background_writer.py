@@ -1,0 +1,337 @@
+"""Full shards written by a background thread, flushes that rewrite only what changed, and
+the open shards' staging in shared memory (docs/architecture.md §4).
+
+Rows come from ``expstore.testing.data`` (every byte derives from lane, step and writer
+session), so every check is byte for byte.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import expstore as es
+from expstore.errors import StoreLockedError
+from expstore.storage import shard as shard_mod
+from expstore.storage.backends.local import LocalBackend
+from expstore.storage.kernels import native
+from expstore.storage.staging import SharedStaging, StagedLanes, staging_path, sweep
+from expstore.testing import data, scratch_dir
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    with scratch_dir(str(tmp_path)) as d:
+        yield d
+
+
+def _session0(lane, steps):
+    return np.zeros(len(np.atleast_1d(steps)), np.int64)
+
+
+def check_all(store) -> int:
+    return sum(data.check_lane(store, lane, _session0, {0}) for lane in range(store.lanes))
+
+
+def make(workdir, lanes=1, shard_rows=32, shards=4, **kw):
+    url = os.path.join(workdir, "s.zarr")
+    return es.create(url, data.spec(), capacity=lanes * shard_rows * shards, lanes=lanes,
+                     shard_rows=shard_rows, **kw)
+
+
+def add(store, lane=0, n=1):
+    for _ in range(n):
+        b, _ = data.make_steps(lane, store.writers[lane].count, 1, 0)
+        one = {k: ({kk: vv[0] for kk, vv in v.items()} if isinstance(v, dict) else v[0])
+               for k, v in b.items()}
+        store.add(one["obs"], one["action"], one["reward"], one["next_obs"],
+                  one["terminated"], one["truncated"], lane=lane, session=one["session"])
+
+
+# -- shard objects assembled incrementally -------------------------------------------------
+@pytest.mark.parametrize("dtype,shape,rows_per_chunk", [
+    (np.uint8, (6, 5), 1), (np.float32, (), 16), (np.int64, (), 4), (np.bool_, (), 16)])
+def test_incremental_image_equals_a_shard_assembled_at_once(dtype, shape, rows_per_chunk):
+    S = 16
+    codec = shard_mod.Checked(shard_mod.make_codec({"name": "blosc"}, np.dtype(dtype).itemsize))
+    enc = shard_mod.encoder(codec)
+    many = shard_mod.rows_encoder(codec, np.dtype(dtype))
+    rng = np.random.default_rng(0)
+    rows = (rng.random((S, *shape)) * 100).astype(dtype)
+    for encode_many in (None, many):
+        img = shard_mod.ShardImage(S // rows_per_chunk, rows_per_chunk, enc, 0, encode_many)
+        n = 0
+        for step in (1, 2, 1, 5, 3, 4):  # flushes after uneven numbers of rows
+            n += step
+            img.update(rows, n)
+            R = rows_per_chunk
+            chunks = []
+            for c in range(S // R):
+                if c * R >= n:
+                    chunks.append(None)
+                    continue
+                part = rows[c * R:(c + 1) * R].copy()
+                part[max(n - c * R, 0):] = 0
+                chunks.append(enc(np.ascontiguousarray(part)))
+            want = shard_mod.assemble(chunks, 100, n, True)
+            assert img.compact(100, n, True) == want
+            head = shard_mod.parse_head(bytes(img.seal(100, n, True)), S // R, "x")
+            assert head.n_rows == n and head.first_step == 100
+
+
+def test_a_header_read_with_another_version_of_the_index_is_refused():
+    a = shard_mod.assemble([b"abcd", None], 0, 1, True)
+    b = shard_mod.assemble([b"abcd", b"efgh"], 0, 2, True)
+    isz = shard_mod.index_size(2)
+    mixed = a[:isz] + b[isz:isz + shard_mod.HEADER_SIZE]  # old index, new header
+    with pytest.raises(es.StoreCorruptError, match="another index"):
+        shard_mod.parse_head(mixed, 2, "x")
+
+
+@pytest.mark.skipif(native is None or not hasattr(native, "encode_rows"),
+                    reason="C kernel not built")
+def test_batch_encoder_writes_what_numcodecs_writes():
+    codec = shard_mod.Checked(shard_mod.make_codec({"name": "blosc"}, 1))
+    rows = np.random.default_rng(1).integers(0, 8, (50, 84, 84), dtype=np.uint8)
+    blob, sizes = shard_mod.rows_encoder(codec, np.dtype(np.uint8))(rows, 50)
+    one = shard_mod.encoder(codec)
+    assert blob == b"".join(one(r) for r in rows) and sizes.sum() == len(blob)
+
+
+def test_plain_zarr_reads_a_shard_flushed_in_place_many_times(workdir):
+    store = make(workdir, shard_rows=64, shards=2)
+    for _ in range(40):  # 40 flushes of one partly filled shard
+        add(store, n=1)
+        store.flush()
+    g = zarr.open_group(store.url[len("file://"):], mode="r")
+    n = store.writers[0].count
+    assert np.array_equal(g["_step_id"][:n], np.arange(n))
+    assert np.array_equal(g["obs.pixels"][:n], store.read("obs.pixels", np.arange(n)))
+    assert (g["_step_id"][n:64] == -1).all()  # rows not written read as the fill value
+    store.close()
+
+
+def test_a_flush_writes_what_was_added_since_the_last_one(workdir, monkeypatch):
+    """The cost of a flush follows the rows added since the last one, not the open shard:
+    the bytes written by a one-row flush stay flat as the shard fills."""
+    store = make(workdir, shard_rows=512, shards=2)
+    written = []
+    real = os.pwrite
+
+    def counting(fd, buf, offset):
+        written[-1] += len(buf)
+        return real(fd, buf, offset)
+
+    monkeypatch.setattr(os, "pwrite", counting)
+    per_flush = []
+    for _ in range(300):
+        add(store, n=1)
+        written.append(0)
+        store.flush()
+        per_flush.append(written[-1])
+    early, late = np.median(per_flush[10:30]), np.median(per_flush[-20:])
+    assert late < 1.5 * early + 4096, (early, late)
+    store.close()
+
+
+# -- the background thread ---------------------------------------------------------------
+class Gate:
+    """Hold the background thread's shard writes until ``open()``."""
+
+    def __init__(self, backend):
+        self.backend, self.real = backend, backend.put
+        self.event = threading.Event()
+        self.waited = 0
+        backend.put = self.put
+
+    def put(self, key, data):
+        if threading.current_thread().name == "expstore-writer":
+            self.waited += 1
+            self.event.wait()
+        self.real(key, data)
+
+    def open(self):
+        self.event.set()
+
+
+def test_the_add_that_fills_a_shard_does_not_wait_for_its_write(workdir):
+    store = make(workdir)
+    S = store.layout.shard_rows
+    gate = Gate(store.backend)
+    w = store.writers[0]
+    add(store, n=3 * S // 2)  # a full shard goes to the background thread, which is held
+    assert w.queued and w.committed.count == 0
+    assert check_all(store) == len(store)  # rows of the queued shard read from its buffer
+    other = es.open(store.url)  # another reader: committed rows when opened, ...
+    assert int(other.index.count[0]) == 0
+    other.refresh()  # ... and what writers staged since, from shared memory
+    assert int(other.index.count[0]) == w.count and check_all(other) == w.count
+    gate.open()
+    w.wait()
+    store._poll_writes()
+    assert w.committed.count == S and int(store.index.committed[0]) == S
+    other.refresh()
+    assert int(other.index.committed[0]) == S and check_all(other) == w.count
+    store.close()
+    other.close()
+
+
+def test_when_every_buffer_waits_for_its_write_the_next_add_waits(workdir):
+    store = make(workdir, shard_rows=16, shards=8)
+    S = store.layout.shard_rows
+    gate = Gate(store.backend)
+    w = store.writers[0]
+    k = w.n_buffers
+    add(store, n=(k - 1) * S)  # k - 1 full shards queued, the last buffer current
+    assert len(w.queued) == k - 1
+    timer = threading.Timer(0.3, gate.open)
+    timer.start()
+    t0 = time.monotonic()
+    add(store, n=S)  # fills the last buffer: no free one until the oldest write is done
+    assert time.monotonic() - t0 >= 0.25
+    timer.join()
+    store.flush()
+    assert w.committed.count == w.count and check_all(store) == len(store)
+    store.close()
+
+
+def test_a_forked_child_cannot_write_through_its_parent_store(workdir):
+    store = make(workdir)
+    add(store, n=40)
+    path = staging_path(store.backend.root, 0)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        try:
+            add(store, n=1)
+            q.put("added")
+        except StoreLockedError as e:
+            q.put("refused" if "fork" in str(e) else str(e))
+        store.close()  # no flush, no lease release, no unlink: all the parent's
+        q.put(os.path.exists(path))
+
+    p = ctx.Process(target=child)
+    p.start()
+    assert q.get(timeout=30) == "refused" and q.get(timeout=30) is True
+    p.join(30)
+    add(store, n=40)  # the parent goes on as before
+    store.flush()
+    assert check_all(store) == len(store) and os.path.exists(path)
+    store.close()
+    assert not os.path.exists(path)
+
+
+# -- shared-memory staging -----------------------------------------------------------------
+def test_another_process_sees_staged_rows_byte_for_byte(workdir):
+    store = make(workdir, lanes=2)
+    ctx = mp.get_context("fork")
+    r, w = ctx.Pipe()
+
+    def writer():
+        s = es.open(store.url, "r+")
+        add(s, 0, 45)
+        add(s, 1, 10)
+        s.writers[0].wait()  # the full shard of lane 0 is committed (in the background)
+        r.send([s.writers[i].count for i in range(2)])
+        r.recv()  # stay alive (and unflushed) until the reader has looked
+        s.close()
+
+    store.close()
+    p = ctx.Process(target=writer, daemon=True)
+    p.start()
+    try:
+        counts = w.recv()
+        reader = es.open(store.url)
+        reader.refresh()
+        assert reader.index.count.tolist() == counts
+        assert int(reader.index.committed[0]) == 32 and int(reader.index.committed[1]) == 0
+        assert check_all(reader) == sum(counts)
+        batch = reader.sample(64)  # samplers see them
+        data.check_batch(batch, reader.index, _session0)
+    finally:
+        w.send("done")
+        p.join(30)
+    reader.refresh()  # closed: flushed, and the staging is gone
+    assert reader.index.committed.tolist() == counts and check_all(reader) == sum(counts)
+    reader.close()
+
+
+def test_a_recycled_buffer_is_never_read_as_the_rows_it_held(workdir):
+    store = make(workdir, shard_rows=16, shards=8)
+    add(store, n=10)
+    lanes = StagedLanes(store.backend.root, store.layout, recheck=0)
+    m = lanes.lane(0)
+    steps = np.arange(10)
+    out = np.empty((10, *data.SHAPE), np.uint8)
+    assert m.read("obs.pixels", steps, out).all()
+    w = store.writers[0]
+    w.shared.begin(w.cur.slot, 1000)  # the writer recycles that buffer for another shard
+    assert not m.read("obs.pixels", steps, out).any()
+    store.close()
+
+
+def test_readers_ignore_a_dead_writers_staging_and_it_is_swept(workdir):
+    store = make(workdir)
+    add(store, n=10)
+    path = staging_path(store.backend.root, 0)
+    ctx = mp.get_context("fork")
+
+    def dies():
+        kept = SharedStaging.create(store.backend.root, 5, store.layout, 2)
+        assert kept is not None
+        os._exit(0)  # killed, in effect: nothing runs on the way out
+
+    p = ctx.Process(target=dies)
+    p.start()
+    p.join(30)  # a writer of lane 5 that died without closing: its file stays
+    dead = staging_path(store.backend.root, 5)
+    assert os.path.exists(dead)
+    assert StagedLanes(store.backend.root, store.layout, recheck=0).lane(5) is None
+    assert sweep() >= 1 and not os.path.exists(dead) and os.path.exists(path)
+    store.close()
+
+
+def test_loader_workers_read_rows_never_flushed(workdir):
+    store = make(workdir, shard_rows=64, shards=4)
+    add(store, n=120)
+    assert store.publishes_staging
+    loader = es.make_loader(store, batch_size=16, num_workers=2, num_batches=8, guard=0)
+    assert not loader.plans.view.committed_only
+    assert int(store.index.committed[0]) == 64  # make_loader flushed nothing
+    n = 0
+    for batch in loader:
+        data.check_batch({k: v.numpy() for k, v in batch.items()}, None, _session0,
+                         store.layout.lane_capacity)
+        n += int((batch["step_id"].numpy() + 1 >= 64).sum())
+    assert n > 0, "no sample of a staged row"
+    loader.close()
+    store.close()
+
+
+def test_a_store_not_on_this_machine_flushes_for_its_loader():
+    store = es.create("memory://bg-writer-test", data.spec(), capacity=128, shard_rows=32,
+                      lease_ttl=None)
+    add(store, n=40)
+    assert not store.publishes_staging and store.writers[0].shared is None
+    assert int(store.index.committed[0]) < store.writers[0].count  # rows only staged
+    loader = es.make_loader(store, batch_size=8, num_workers=2, num_batches=1)
+    assert loader.plans.view.committed_only  # workers read storage only: flushed for them
+    assert int(store.index.committed[0]) == store.writers[0].count
+    del loader
+    store.close()
+
+
+def test_total_bytes_counts_a_file_with_two_names_once(workdir):
+    b = LocalBackend(workdir)
+    b.put("a/x", b"1" * 10000)
+    os.link(os.path.join(workdir, "a/x"), os.path.join(workdir, "a/y"))
+    one = b.total_bytes("a")
+    os.remove(os.path.join(workdir, "a/y"))
+    assert b.total_bytes("a") == one
