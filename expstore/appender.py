@@ -49,7 +49,6 @@ class Appender:
         self.user_fields = [n for n in self.names if n not in spec.obs_names and
                             n not in spec.action_names and n not in ("reward", "terminated",
                                                                      "truncated")]
-        self.user_next = self.user_fields  # user fields a final row may take from next_<name>
         self.open_step = np.zeros(index.lanes, np.int64)
         self.held: list[dict[str, np.ndarray] | None] = [None] * index.lanes
 
@@ -84,15 +83,11 @@ class Appender:
                                       "(terminated or truncated)")
             final_obs = self._next_obs(next_obs)
             finals = {k[5:]: checks[k[5:]](v) for k, v in extras.items()
-                      if k.startswith("next_") and k[5:] in self.user_next}
+                      if k.startswith("next_") and k[5:] in self.user_fields}
         held = self.held[lane]
         closes = held is not None and not self._continues(held, vals)
         if closes:
-            if self.strict:
-                raise ValidationError(
-                    f"obs: lane {lane}'s newest step gave a next_obs that this step's obs "
-                    "does not continue (strict=True); write interleaved envs to separate "
-                    "lanes, or open the store with strict=False to close the step first")
+            self._refuse_if_strict(lane, "this step's obs")
             held = self._checked_held(lane)
         new_held = None if done or next_obs is None else self._hold(next_obs)
         self._retry_failed(lane)
@@ -105,7 +100,7 @@ class Appender:
     def _extras(self, extras: dict[str, Any]) -> dict[str, Any]:
         fields = self.spec.fields
         unknown = [k for k in extras if k not in fields and not (
-            k.startswith("next_") and k[5:] in self.user_next)]
+            k.startswith("next_") and k[5:] in self.user_fields)]
         if unknown:
             raise ValidationError(f"unknown field(s) {unknown}; the spec has {list(fields)}")
         return extras
@@ -161,16 +156,27 @@ class Appender:
         flag = (FLAG_FIRST if ep == 0 else 0) | (FLAG_TERMINATED if term else 0) | (
             FLAG_TRUNCATED if trunc else 0)
         error = self._row(lane, vals, ep, flag)
+        self.open_step[lane] = ep + 1
         if final_obs is None:
-            self.open_step[lane] = ep + 1
             return error
-        row = {name: 0 for name in self.names}
-        row.update(final_obs)
-        row.update(finals)
-        error = self._row(lane, row, ep + 1, FLAG_LAST) or error
+        return self._final_row(lane, {**final_obs, **finals}) or error
+
+    def _final_row(self, lane: int, values: dict[str, Any]) -> Any:
+        """The final row ending the lane's open episode: ``values`` (the final observation,
+        user fields' ``next_<field>``), zeros elsewhere. Returns a shard write error."""
+        row: dict[str, Any] = {name: 0 for name in self.names}
+        row.update(values)
+        error = self._row(lane, row, int(self.open_step[lane]), FLAG_LAST)
         self.open_step[lane] = 0
         self.writers[lane].episodes += 1
         return error
+
+    def _refuse_if_strict(self, lane: int, what: str) -> None:
+        if self.strict:
+            raise ValidationError(
+                f"obs: lane {lane}'s newest step gave a next_obs that {what} does not "
+                "continue (strict=True); write interleaved envs to separate lanes, or open "
+                "the store with strict=False to close the step first")
 
     def _row(self, lane: int, vals: dict[str, Any], ep: int, flag: int) -> Any:
         """Stage one row (shards whose write failed were retried by the caller first:
@@ -206,12 +212,8 @@ class Appender:
         """End the lane's open episode after its newest step: a final row holding the
         (checked) ``next_obs`` given with that step, whose flags stay as given. Returns a
         shard write error (the row is staged either way)."""
-        row: dict[str, Any] = {name: 0 for name in self.names}
-        row.update(held)
-        error = self._row(lane, row, int(self.open_step[lane]), FLAG_LAST)
+        error = self._final_row(lane, held)
         self.held[lane] = None
-        self.open_step[lane] = 0
-        self.writers[lane].episodes += 1
         return error
 
     # -- one step in every lane ---------------------------------------------------------------
@@ -221,12 +223,11 @@ class Appender:
         lanes = len(vals["reward"])
         nxt = ({n: vals["next_" + n] for n in self.obs_names}
                if "next_" + self.obs_names[0] in vals else None)
-        user_finals = [n for n in self.user_next if "next_" + n in vals]
+        user_finals = [n for n in self.user_fields if "next_" + n in vals]
         closes = [lane for lane in range(lanes) if self.held[lane] is not None and not
                   self._continues(self.held[lane], {n: vals[n][lane] for n in self.obs_names})]
-        if closes and self.strict:
-            raise ValidationError(f"obs: lane {closes[0]}'s newest step gave a next_obs that "
-                                  "this step's obs does not continue (strict=True)")
+        if closes:
+            self._refuse_if_strict(closes[0], "this step's obs")
         for lane in range(lanes):  # raising here leaves every lane untouched
             self._retry_failed(lane)
         held = {lane: self._checked_held(lane) for lane in closes}
@@ -261,9 +262,8 @@ class Appender:
         held = self.held[lane]
         closes = held is not None and not self._continues(
             held, {n: vals[n][0] for n in self.obs_names})
-        if closes and self.strict:
-            raise ValidationError(f"obs: lane {lane}'s newest step gave a next_obs that the "
-                                  "batch's first obs does not continue (strict=True)")
+        if closes:
+            self._refuse_if_strict(lane, "the batch's first obs")
         complete = check_next_obs and len(nxt) == len(self.obs_names)
         if complete and T > 1:  # a step whose next_obs is not the next step's obs ends there
             broken = np.zeros(T, bool)
