@@ -177,11 +177,13 @@ def expstore_single(kind: str, steps: list[tuple], tmp: str, i: int, fsync: bool
 
 
 def vector_steps(steps: list[tuple], lanes: int) -> list[tuple]:
-    out = []
-    for j in range(0, len(steps) - lanes + 1, lanes):
-        part = steps[j:j + lanes]
-        out.append(tuple(np.stack([np.asarray(s[k]) for s in part]) for k in range(6)))
-    return out
+    """The steps as ``lanes`` envs stepped together give them: lane ``j`` plays the ``j``-th
+    contiguous part of ``steps``, so each lane's next step continues its previous one (its
+    ``obs`` is the previous ``next_obs``) except after an episode's end, as in a real
+    vector env. Call ``i`` holds step ``i`` of every part, stacked on a leading axis."""
+    per = len(steps) // lanes
+    return [tuple(np.stack([np.asarray(steps[j * per + i][k]) for j in range(lanes)])
+                  for k in range(6)) for i in range(per)]
 
 
 def expstore_vector(kind: str, vsteps: list[tuple], lanes: int, tmp: str, i: int) -> dict:

@@ -25,14 +25,16 @@ import numpy as np
 from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
 from .step_check import StepCheck
+from .storage.lane_rows import LaneRows
 
 
 class Appender:
     """The write path of one store: ``writers`` (lane -> LaneWriter), ``index`` (RowIndex).
 
     ``open_step[lane]``: position in its episode of the lane's next row (0: a new episode).
-    ``held[lane]``: the checked ``next_obs`` of the lane's newest step while its episode is
-    open (``{obs field: array}``), ``None`` when unknown or the episode ended.
+    ``held_ok[lane]``: whether the lane holds the ``next_obs`` of its newest step (its
+    episode is open), in ``held_vals[obs field][lane]`` (the field's dtype and shape: a
+    frame stack's newest frame); ``False`` when unknown or the episode ended.
     """
 
     def __init__(self, spec: Any, writers: dict[int, Any], index: Any,
@@ -50,7 +52,11 @@ class Appender:
                             n not in spec.action_names and n not in ("reward", "terminated",
                                                                      "truncated")]
         self.open_step = np.zeros(index.lanes, np.int64)
-        self.held: list[dict[str, np.ndarray] | None] = [None] * index.lanes
+        fields = spec.fields
+        self.held_ok = np.zeros(index.lanes, bool)
+        self.held_vals = {n: np.zeros((index.lanes, *fields[n].shape), fields[n].dtype)
+                          for n in self.obs_names}
+        self.lane_rows: LaneRows | None = None  # the vector path's table (first vector add)
 
     # -- one step ----------------------------------------------------------------------------
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
@@ -84,8 +90,7 @@ class Appender:
             final_obs = self._next_obs(next_obs)
             finals = {k[5:]: checks[k[5:]](v) for k, v in extras.items()
                       if k.startswith("next_") and k[5:] in self.user_fields}
-        held = self.held[lane]
-        closes = held is not None and not self._continues(held, vals)
+        closes = self.held_ok[lane] and not self._continues(lane, vals)
         if closes:
             self._refuse_if_strict(lane, "this step's obs")
             held = self._checked_held(lane)
@@ -93,7 +98,7 @@ class Appender:
         self._retry_failed(lane)
         error = self._close(lane, held) if closes else None
         error = self._stage(lane, vals, term, trunc, final_obs, finals or {}) or error
-        self.held[lane] = new_held
+        self._set_held(lane, new_held)
         if error is not None:
             raise error
 
@@ -112,8 +117,9 @@ class Appender:
         return {name: check[name](given[name]) for name in self.obs_names}
 
     def _hold(self, next_obs: Any) -> dict[str, np.ndarray]:
-        """A copy of ``next_obs`` to compare the lane's next step with (checked only if it
-        is ever stored: see :meth:`_checked_held`); a frame stack keeps its newest frame."""
+        """``next_obs`` to compare the lane's next step with (checked only if it is ever
+        stored: see :meth:`_checked_held`), to copy with :meth:`_set_held`; a frame stack
+        keeps its newest frame."""
         given = ({"obs": next_obs} if self.single_obs
                  else self.spec.flatten("obs", next_obs))
         out = {}
@@ -123,25 +129,33 @@ class Appender:
                 v = self.check.next[name](v)  # as the step's obs will be: cast, checked
             elif f.stack and v.shape == (f.stack, *f.shape):
                 v = v[-1]
-            out[name] = np.array(v, copy=True)
+            out[name] = v
         return out
+
+    def _set_held(self, lane: int, held: dict[str, Any] | None) -> None:
+        """The lane's held ``next_obs`` becomes a copy of ``held`` (``None``: none)."""
+        if held is None:
+            self.held_ok[lane] = False
+            return
+        for name, v in held.items():
+            self.held_vals[name][lane] = v
+        self.held_ok[lane] = True
 
     def _checked_held(self, lane: int) -> dict[str, Any]:
         """The held ``next_obs`` of the lane, checked before it is stored in a final row
         (a refused value drops it: the newest step stays without a final row)."""
-        held = self.held[lane]
         try:
-            return {name: self.check.next[name](v) for name, v in held.items()}
+            return {name: self.check.next[name](held[lane])
+                    for name, held in self.held_vals.items()}
         except ValidationError as e:
-            self.held[lane] = None
+            self.held_ok[lane] = False
             raise ValidationError(f"lane {lane}'s newest step: {e} (its next_obs is stored "
                                   "now, as this step does not continue it)") from None
 
-    @staticmethod
-    def _continues(held: dict[str, np.ndarray], vals: dict[str, Any]) -> bool:
-        """Whether the step's observation is exactly (byte for byte) the held one."""
-        for name, h in held.items():
-            v = vals[name]
+    def _continues(self, lane: int, vals: dict[str, Any]) -> bool:
+        """Whether the step's observation is exactly (byte for byte) the lane's held one."""
+        for name, held in self.held_vals.items():
+            h, v = held[lane], vals[name]
             if not (type(v) is np.ndarray and v.shape == h.shape and v.dtype == h.dtype):
                 v = np.asarray(v, h.dtype) if np.shape(v) == h.shape else None
             if v is None or v.tobytes() != h.tobytes():
@@ -199,6 +213,8 @@ class Appender:
             idx.set_valid_from(lane, w.valid_from)
         idx.put_row(lane, step, ep, flag)
         idx.committed[lane] = w.committed.count
+        if self.lane_rows is not None:
+            self.lane_rows.stale.add(lane)
         return error
 
     def _retry_failed(self, lane: int) -> None:
@@ -213,42 +229,91 @@ class Appender:
         (checked) ``next_obs`` given with that step, whose flags stay as given. Returns a
         shard write error (the row is staged either way)."""
         error = self._final_row(lane, held)
-        self.held[lane] = None
+        self.held_ok[lane] = False
         return error
 
     # -- one step in every lane ---------------------------------------------------------------
     def add_lanes(self, vals: dict[str, np.ndarray]) -> None:
         """One checked step per lane (``validate_steps`` output with leading axis
-        ``lanes``; ``next_<obs field>`` present when ``next_obs`` was given)."""
+        ``lanes``; ``next_<obs field>`` present when ``next_obs`` was given), every lane's
+        row staged at once (:class:`~expstore.storage.lane_rows.LaneRows`): the same rows
+        as :meth:`add_one` for each lane in turn."""
         lanes = len(vals["reward"])
         nxt = ({n: vals["next_" + n] for n in self.obs_names}
                if "next_" + self.obs_names[0] in vals else None)
-        user_finals = [n for n in self.user_fields if "next_" + n in vals]
-        closes = [lane for lane in range(lanes) if self.held[lane] is not None and not
-                  self._continues(self.held[lane], {n: vals[n][lane] for n in self.obs_names})]
-        if closes:
-            self._refuse_if_strict(closes[0], "this step's obs")
-        for lane in range(lanes):  # raising here leaves every lane untouched
-            self._retry_failed(lane)
-        held = {lane: self._checked_held(lane) for lane in closes}
-        errors = [e for e in (self._close(lane, held[lane]) for lane in closes)
-                  if e is not None]
-        kept = None if nxt is None else {n: np.array(v, copy=True) for n, v in nxt.items()}
-        names = self.names
+        closes = self._broken(vals, lanes)
+        if len(closes):
+            self._refuse_if_strict(int(closes[0]), "this step's obs")
+        lr = self.lane_rows
+        if lr is None:
+            lr = self.lane_rows = LaneRows([self.writers[i] for i in range(lanes)])
+        for w in lr.writers:  # raising here leaves every lane untouched
+            if w.pending:
+                w.flush()
+        held = {lane: self._checked_held(lane) for lane in closes.tolist()}
+        errors = [e for e in (self._close(lane, held[lane]) for lane in held) if e is not None]
         term, trunc = vals["terminated"], vals["truncated"]
-        for lane in range(lanes):
-            row = {name: vals[name][lane] for name in names}
-            done = bool(term[lane] or trunc[lane])
-            final_obs = None if not done or nxt is None else {n: v[lane] for n, v in nxt.items()}
-            finals = {n: vals["next_" + n][lane] for n in user_finals} if done else {}
-            error = self._stage(lane, row, bool(term[lane]), bool(trunc[lane]), final_obs,
-                                finals)
-            self.held[lane] = None if done or kept is None else {
-                n: v[lane] for n, v in kept.items()}
-            if error is not None:  # the step is staged; only its shard write failed
-                errors.append(error)
+        ep = self.open_step.copy()
+        flags = (ep == 0).view(np.uint8) * FLAG_FIRST
+        flags |= term.view(np.uint8) * FLAG_TERMINATED
+        flags |= trunc.view(np.uint8) * FLAG_TRUNCATED
+        rows = {name: vals[name] for name in self.names}
+        rows["_episode_step"], rows["_flags"] = ep, flags
+        self._put_lanes(lr, rows, ep, flags, None)
+        self.open_step += 1
+        done = term | trunc
+        if done.any():  # final rows of the lanes whose episode ended
+            d = np.flatnonzero(done)
+            finals: dict[str, Any] = {}
+            for name in self.names:
+                if name in self.obs_names:
+                    finals[name] = nxt[name][d]
+                elif "next_" + name in vals and name in self.user_fields:
+                    finals[name] = vals["next_" + name][d]
+                else:
+                    f = self.spec.fields[name]
+                    finals[name] = np.zeros((len(d), *f.shape), f.dtype)
+            ep_f = self.open_step[d]
+            flags_f = np.full(len(d), FLAG_LAST, np.uint8)
+            finals["_episode_step"], finals["_flags"] = ep_f, flags_f
+            self._put_lanes(lr, finals, ep_f, flags_f, d)
+            self.open_step[d] = 0
+            for lane in d.tolist():
+                self.writers[lane].episodes += 1
+        if nxt is None:
+            self.held_ok[:lanes] = False
+        else:
+            for n, v in nxt.items():
+                self.held_vals[n][:lanes] = v
+            self.held_ok[:lanes] = ~done
         if errors:
             raise errors[0]
+
+    def _broken(self, vals: dict[str, np.ndarray], lanes: int) -> np.ndarray:
+        """Lanes whose held ``next_obs`` this step's ``obs`` does not continue (byte for
+        byte)."""
+        ok = self.held_ok[:lanes]
+        if not ok.any():
+            return np.zeros(0, np.int64)
+        differ = np.zeros(lanes, bool)
+        for n in self.obs_names:
+            a = np.ascontiguousarray(vals[n]).view(np.uint8).reshape(lanes, -1)
+            h = self.held_vals[n][:lanes].view(np.uint8).reshape(lanes, -1)
+            differ |= (a != h).any(axis=1)
+        return np.flatnonzero(ok & differ)
+
+    def _put_lanes(self, lr: LaneRows, rows: dict[str, np.ndarray], ep: np.ndarray,
+                   flags: np.ndarray, lanes: np.ndarray | None) -> None:
+        """Stage one row per lane (of ``lanes``; all when ``None``) and index it (a
+        background write's error surfaces at the store's next call, as for one step)."""
+        steps, changed = lr.put(rows, lanes)
+        idx = self.index
+        for lane in changed:
+            w = self.writers[lane]
+            if w.valid_from > idx.valid_from[lane]:
+                idx.set_valid_from(lane, w.valid_from)
+            idx.committed[lane] = w.committed.count
+        idx.put_lanes(lanes, steps, ep, flags)
 
     # -- many steps --------------------------------------------------------------------------
     def add_many(self, lane: int, vals: dict[str, np.ndarray], check_next_obs: bool = True
@@ -259,9 +324,8 @@ class Appender:
         if T == 0:
             return
         nxt = {n: vals["next_" + n] for n in self.obs_names if "next_" + n in vals}
-        held = self.held[lane]
-        closes = held is not None and not self._continues(
-            held, {n: vals[n][0] for n in self.obs_names})
+        closes = self.held_ok[lane] and not self._continues(
+            lane, {n: vals[n][0] for n in self.obs_names})
         if closes:
             self._refuse_if_strict(lane, "the batch's first obs")
         complete = check_next_obs and len(nxt) == len(self.obs_names)
@@ -283,8 +347,8 @@ class Appender:
         error = self._close(lane, held) if closes else None
         error = self._append_rows(lane, vals, ends) or error
         done = bool(vals["terminated"][-1] | vals["truncated"][-1])
-        self.held[lane] = None if done or not complete else {
-            n: np.array(v[-1], copy=True) for n, v in nxt.items()}
+        self._set_held(lane, None if done or not complete else {
+            n: v[-1] for n, v in nxt.items()})
         if error is not None:
             raise error
 
@@ -306,4 +370,6 @@ class Appender:
         self.index.set_valid_from(lane, w.valid_from)
         self.index.put(lane, start, rows["_episode_step"], rows["_flags"], committed=False)
         self.index.committed[lane] = w.committed.count
+        if self.lane_rows is not None:
+            self.lane_rows.stale.add(lane)
         return error

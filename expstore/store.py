@@ -468,6 +468,19 @@ class Store:
             lease.ensure()  # renews when a third of its ttl has passed
         return self.writers[lane]
 
+    def _ensure_leases(self) -> None:
+        """``lease.ensure()`` for every lane (a vector ``add``), skipped while every lease
+        is held and none is due for renewal (a third of its ttl after its last renewal)."""
+        leases = self.leases
+        if not leases:
+            return
+        if time.monotonic() < self.__dict__.get("_lease_due", 0.0) and all(
+                lease.held for lease in leases.values()):
+            return
+        for lease in leases.values():
+            lease.ensure()  # raises if lost; renews when a third of its ttl has passed
+        self._lease_due = min(lease.renewed_at + lease.ttl / 3 for lease in leases.values())
+
     def add(self, obs: Any = None, action: Any = None, reward: Any = None,
             next_obs: Any = None, terminated: Any = None, truncated: Any = None,
             lane: int | None = None, **extras: Any) -> None:
@@ -490,8 +503,10 @@ class Store:
         if type(reward) is np.ndarray and reward.ndim and lane is not None:
             refuse_many_steps(self.spec, reward, lane, self.lanes, len(self.write_lanes))
         if lane is None and self.lanes > 1:
-            for i in range(self.lanes):
-                self._writer(i)
+            if self._closed or len(self.writers) != self.lanes:
+                for i in range(self.lanes):
+                    self._writer(i)  # raises, naming what is not writable
+            self._ensure_leases()
             batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated,
                                    truncated, extras, (self.lanes,))
             self._appender.add_lanes(batch)

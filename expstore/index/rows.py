@@ -39,6 +39,7 @@ class RowIndex:
         self.committed = np.zeros(lanes, np.int64)  # rows on storage (<= count)
         self.valid_from = np.zeros(lanes, np.int64)
         self.last_lane = 0  # lane that received rows most recently (CER)
+        self._lane_base = np.arange(lanes, dtype=np.int64) * lane_capacity  # lane's row 0
         self._listeners: list[Listener] = []
 
     @property
@@ -135,6 +136,25 @@ class RowIndex:
         self.last_lane = lane
         if self._listeners:
             self._emit("added", np.array([row], np.int64))
+
+    def put_lanes(self, lanes: np.ndarray | None, steps: np.ndarray,
+                  episode_step: np.ndarray, flags: np.ndarray) -> None:
+        """One staged row in each of ``lanes`` (distinct; ``None``: every lane): step
+        ``steps[i]`` of lane ``lanes[i]``; ``put_row`` for a vector env's step (final rows
+        announced too)."""
+        L = self.lane_capacity
+        if lanes is None:
+            rows = self._lane_base + steps % L
+            np.maximum(self.count, steps + 1, out=self.count)
+            self.last_lane = self.lanes - 1
+        else:
+            rows = lanes * L + steps % L
+            self.count[lanes] = np.maximum(self.count[lanes], steps + 1)
+            self.last_lane = int(lanes[-1])
+        self.episode_step[rows] = episode_step
+        self.flags[rows] = flags
+        if self._listeners:
+            self._emit("added", rows)
 
     # -- queries ---------------------------------------------------------------------------
     def steps(self, rows: np.ndarray) -> np.ndarray:

@@ -1,11 +1,13 @@
-"""The thread that writes a store's full shards, so that an ``add`` only swaps buffers.
+"""The threads that write a store's full shards, so that an ``add`` only swaps buffers.
 
-One thread per store (``Background``), first handed, first written: each lane's shards,
-and the lane states covering them, stay in order (docs/architecture.md §4). What it runs
-is ``LaneWriter._background_write``; results go back to the caller's thread through the
-writer (``LaneWriter.poll``). ``FORKS[0]`` counts the forks of this process as the child
-sees them: a writer inherited by a forked child (DataLoader workers fork) knows it is not
-its own and refuses to write.
+A few threads per store (``Background``), each serving the lanes ``lane % threads``: a
+lane's shards, and the lane states covering them, are written by one thread, first handed,
+first written, so they stay in order (docs/architecture.md §4); several lanes' shards are
+written at once (a vector env fills every lane's shard in the same ``add``, and their
+fsyncs overlap). What a thread runs is ``LaneWriter._background_write``; results go back to
+the caller's thread through the writer (``LaneWriter.poll``). ``FORKS[0]`` counts the forks
+of this process as the child sees them: a writer inherited by a forked child (DataLoader
+workers fork) knows it is not its own and refuses to write.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Any
 
 FORKS = [0]  # forks of this process so far, as seen by the child (writers remember theirs)
 
+#: writing threads per store at most (a store with fewer lanes starts fewer)
+THREADS = 4
+
 
 def _forked() -> None:
     FORKS[0] += 1
@@ -29,12 +34,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
+class Worker:
+    """One writing thread: its job queue, its wake-up event, whether it sleeps."""
+
+    def __init__(self, news: dict, poll: float, idle: float) -> None:
+        self.jobs: deque = deque()
+        self.wake = threading.Event()
+        self.state = {"sleeping": False}
+        # the thread holds no reference to this object: collecting it stops the thread
+        self.thread = threading.Thread(target=_run, name="expstore-writer", daemon=True,
+                                       args=(self.jobs, self.wake, self.state, news, poll,
+                                             idle))
+        self.thread.start()
+        weakref.finalize(self, _stop, self.jobs, self.wake)
+
+
 class Background:
-    """The thread that writes full shards of one store's lanes, first handed, first written
-    (so each lane's shards, and the lane states covering them, stay in order).
+    """The threads that write full shards of one store's lanes: lane ``i``'s shards go to
+    thread ``i % threads``, first handed, first written (so each lane's shards, and the
+    lane states covering them, stay in order). Threads start when first handed a shard.
 
     Handing a shard over is a deque append, with no wake-up: waking a thread from inside
-    an ``add`` costs a context switch (~30 µs here). The thread looks for work every
+    an ``add`` costs a context switch (~30 µs here). A thread looks for work every
     ``POLL`` seconds instead, and after ``IDLE`` seconds without any it blocks until the
     next hand-over wakes it.
     """
@@ -42,12 +63,11 @@ class Background:
     POLL = 0.002
     IDLE = 5.0
 
-    def __init__(self) -> None:
-        self.jobs: deque = deque()
-        self.wake = threading.Event()
-        self.state = {"news": False, "sleeping": False}  # shared with the thread
+    def __init__(self, threads: int = THREADS) -> None:
+        self.threads = max(1, int(threads))
+        self.workers: list[Worker | None] = [None] * self.threads
+        self.state = {"news": False}  # shared with the threads
         self.forks = FORKS[0]
-        self.thread: threading.Thread | None = None
 
     @property
     def news(self) -> bool:
@@ -55,31 +75,35 @@ class Background:
         return self.state["news"]
 
     def start(self) -> None:
-        if self.thread is None:
-            # the thread holds no reference to this object: collecting it stops the thread
-            self.thread = threading.Thread(target=_run, name="expstore-writer", daemon=True,
-                                           args=(self.jobs, self.wake, self.state,
-                                                 self.POLL, self.IDLE))
-            self.thread.start()
-            weakref.finalize(self, _stop, self.jobs, self.wake)
+        """Nothing to do: threads start when first handed a shard (kept for callers)."""
+
+    def worker(self, lane: int) -> Worker:
+        """The thread writing ``lane``'s shards (started on first use)."""
+        k = lane % self.threads
+        w = self.workers[k]
+        if w is None:
+            w = self.workers[k] = Worker(self.state, self.POLL, self.IDLE)
+        return w
 
     def submit(self, writer: Any, shard: Any) -> None:
-        if self.thread is None:
-            self.start()
-        self.jobs.append((writer, shard))
-        if self.state["sleeping"]:
-            self.wake.set()
+        w = self.worker(writer.lane)
+        w.jobs.append((writer, shard))
+        if w.state["sleeping"]:
+            w.wake.set()
 
     def hurry(self) -> None:
-        """The caller waits for a write: do not let it sleep out a poll interval."""
-        self.wake.set()
+        """The caller waits for a write: do not let a thread sleep out a poll interval."""
+        for w in self.workers:
+            if w is not None:
+                w.wake.set()
 
     def close(self) -> None:
-        """Stop the thread once the shards handed to it are written."""
-        if self.thread is not None and self.forks == FORKS[0] and self.thread.is_alive():
-            _stop(self.jobs, self.wake)
-            self.thread.join()
-        self.thread = None
+        """Stop the threads once the shards handed to them are written."""
+        for k, w in enumerate(self.workers):
+            if w is not None and self.forks == FORKS[0] and w.thread.is_alive():
+                _stop(w.jobs, w.wake)
+                w.thread.join()
+            self.workers[k] = None
 
 
 def _stop(jobs: deque, wake: threading.Event) -> None:
@@ -87,7 +111,8 @@ def _stop(jobs: deque, wake: threading.Event) -> None:
     wake.set()
 
 
-def _run(jobs: deque, wake: threading.Event, state: dict, poll: float, idle: float) -> None:
+def _run(jobs: deque, wake: threading.Event, state: dict, news: dict, poll: float,
+         idle: float) -> None:
     last = time.monotonic()
     while True:
         if jobs:
@@ -97,7 +122,7 @@ def _run(jobs: deque, wake: threading.Event, state: dict, poll: float, idle: flo
             writer, shard = job
             writer._background_write(shard)
             del writer, shard, job
-            state["news"] = True
+            news["news"] = True
             last = time.monotonic()
             continue
         if time.monotonic() - last < idle:

@@ -3,10 +3,10 @@ shards on a background thread, flush the open shard incrementally.
 
 Rows arrive already validated. The lane stages them in the current shard buffer (raw per
 field: in shared memory on local stores, ``staging.py``, so readers on this machine see
-them at once). A full shard is handed to the store's :class:`Background` thread, which
-encodes it (blosc/zstd release the GIL) and writes it, followed by the lane state that
-commits it (docs/architecture.md §4), in the order shards were handed over; its buffer
-returns to the pool once written. The ``advance`` that completes a shard only swaps
+them at once). A full shard is handed to the store's :class:`Background` thread serving
+the lane, which encodes it (blosc/zstd release the GIL) and writes it, followed by the lane
+state that commits it (docs/architecture.md §4), in the order the lane's shards were
+handed over; its buffer returns to the pool once written. The ``advance`` that completes a shard only swaps
 buffers; when every buffer is waiting for its write (storage slower than the caller), it
 waits for the oldest one: RAM stays bounded. ``flush()`` waits for the queued shards,
 writes the open one and commits. Each field's shard object is assembled incrementally
@@ -88,7 +88,10 @@ class LaneWriter:
         self.codecs = {n: layout.codec(n) for n in layout.fields}
         self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
         self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
-        self.bg = background if background is not None else Background()
+        self.bg = background if background is not None else Background(1)
+        self._worker: Any = None  # the thread of ``bg`` writing this lane (on first use)
+        #: called with the lane when the open shard moves to another buffer (``_promote``)
+        self.on_move: Callable[[int], None] | None = None
         self.forks = FORKS[0]
         S = layout.shard_rows
         shard_bytes = sum(S * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
@@ -279,12 +282,12 @@ class LaneWriter:
         else:
             sh.done = False
             self.queued.append(sh)
-            bg = self.bg
-            if bg.thread is None:
-                bg.start()
-            bg.jobs.append((self, sh))
-            if bg.state["sleeping"]:
-                bg.wake.set()
+            wk = self._worker
+            if wk is None:
+                wk = self._worker = self.bg.worker(self.lane)
+            wk.jobs.append((self, sh))
+            if wk.state["sleeping"]:
+                wk.wake.set()
         free = self._free  # (finished writes are applied by the next poll, not here)
         cur = free.pop() if free else self._take()
         cur.n = 0
@@ -308,6 +311,8 @@ class LaneWriter:
         self.shared.publish(shm.slot, n)
         self.cur = shm
         self._recycle(cur)
+        if self.on_move is not None:
+            self.on_move(self.lane)
 
     def _spare_dir(self, sh: _Shard) -> str:
         return f"{self._spare_root}/{self._session}/{sh.first_step}"

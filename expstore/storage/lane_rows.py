@@ -1,0 +1,130 @@
+"""One row in each of many lanes per call: the staging side of a vector env's ``add``.
+
+A vector env's ``add`` stages one row in every lane. Each lane stages in its own buffers
+(its own shared-memory file, ``staging.py``), so numpy cannot write them all with one
+assignment. :class:`LaneRows` keeps, per lane, the address of each field's current
+staging buffer and the rows staged there, and writes a field's rows of every lane with one
+call of the C kernel ``scatter_to`` (a memcpy per lane), then publishes every lane's new
+row count with one more (after the rows: readers see a row only once all of it is
+written). Without the C kernel, the same rows are written lane by lane with numpy.
+
+The table mirrors each writer's ``cur`` shard (``n``, ``first_step``, buffer addresses).
+Anything else that stages rows or moves a lane's open shard calls :meth:`LaneRows.touch`
+(the per-step and batch paths of the appender; ``LaneWriter._promote`` through its
+``on_move`` hook), and the lane is re-read before its next row here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .background import FORKS
+from .staging import _BUF0, N_WORD
+
+
+class LaneRows:
+    """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``)."""
+
+    def __init__(self, writers: list[Any]) -> None:
+        self.writers = writers
+        layout = writers[0].layout
+        self.names = list(layout.fields)
+        self.dtypes = [f.dtype for f in layout.fields.values()]
+        self.row_bytes = [f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+                          for f in layout.fields.values()]
+        self.row_bytes_col = np.array(self.row_bytes, np.int64)[:, None]
+        self.shard_rows = layout.shard_rows
+        L = len(writers)
+        self.all = np.arange(L)
+        self.n = np.zeros(L, np.int64)  # rows staged in the lane's current shard
+        self.first = np.zeros(L, np.int64)  # its first step
+        self.base = np.zeros((len(self.names), L), np.int64)  # field buffers' addresses
+        self.pub = np.zeros(L, np.int64)  # address of its published row count; 0: private
+        self.curs: list[Any] = [None] * L
+        self.stale = set(range(L))
+        for w in writers:
+            w.on_move = self.touch
+
+    def touch(self, lane: int) -> None:
+        """Lane ``lane`` staged rows or moved its open shard elsewhere: re-read it."""
+        self.stale.add(lane)
+
+    def _load(self, j: int) -> None:
+        w = self.writers[j]
+        c = w.cur
+        self.curs[j] = c
+        self.n[j] = c.n
+        self.first[j] = c.first_step
+        for f, name in enumerate(self.names):
+            self.base[f, j] = c.staging[name].ctypes.data
+        self.pub[j] = (w.shared.words.ctypes.data + 8 * (_BUF0 + 4 * c.slot + N_WORD)
+                       if c.slot >= 0 else 0)
+
+    def put(self, values: dict[str, np.ndarray], lanes: np.ndarray | None = None
+            ) -> tuple[np.ndarray, list[int]]:
+        """Stage row ``values[name][i]`` in lane ``lanes[i]`` (every lane when ``None``),
+        for every field but ``_step_id`` (the lanes' next step ids, written here).
+
+        Returns ``(steps, changed)``: each row's step id, and the lanes that entered a new
+        shard or handed a full one to the background writer (their ``valid_from`` and
+        committed count may have moved). Full shards are handed over as in
+        ``LaneWriter.advance``.
+        """
+        ws = self.writers
+        idx = self.all if lanes is None else lanes
+        if ws[int(idx[0])].forks != FORKS[0]:
+            ws[int(idx[0])]._check_owner()
+        if self.stale:
+            for j in list(self.stale):
+                self._load(j)
+            self.stale.clear()
+        n = self.n if lanes is None else self.n[idx]
+        changed: list[int] = []
+        if not n.all():  # lanes whose next row opens a shard
+            for j in idx[n == 0].tolist():
+                ws[j]._enter_shard()
+                self._load(j)
+                changed.append(j)
+            n = self.n if lanes is None else self.n[idx]
+        steps = (self.first if lanes is None else self.first[idx]) + n
+        curs = self.curs
+        native = kernels.native
+        if native is not None:
+            scatter = native.scatter_to
+            base = self.base if lanes is None else self.base[:, idx]
+            addrs = base + n * self.row_bytes_col  # (fields, lanes): each row's address
+            for f, name in enumerate(self.names):
+                src = steps if name == "_step_id" else values[name]
+                if src.dtype != self.dtypes[f] or not src.flags.c_contiguous:
+                    src = np.ascontiguousarray(src, self.dtypes[f])
+                scatter(src, addrs[f], self.row_bytes[f])
+            pub = self.pub if lanes is None else self.pub[idx]
+            published = n + 1
+            if not pub.all():
+                published, pub = published[pub != 0], pub[pub != 0]
+            if len(pub):
+                scatter(published, pub, 8)  # after the rows (staging.py)
+        else:
+            for i, j in enumerate(idx.tolist()):
+                c, row = curs[j], int(n[i])
+                for name in self.names:
+                    c.staging[name][row] = steps[i] if name == "_step_id" else values[name][i]
+                if c.slot >= 0:
+                    ws[j].shared.publish(c.slot, row + 1)
+        for j in idx.tolist():
+            curs[j].n += 1
+            ws[j].count += 1
+        if lanes is None:
+            n += 1  # (self.n itself)
+        else:
+            n = n + 1
+            self.n[idx] = n
+        if n.max() == self.shard_rows:
+            for j in idx[n == self.shard_rows].tolist():
+                ws[j]._hand_off()
+                self._load(j)
+                changed.append(j)
+        return steps, changed
