@@ -335,3 +335,118 @@ def test_total_bytes_counts_a_file_with_two_names_once(workdir):
     one = b.total_bytes("a")
     os.remove(os.path.join(workdir, "a/y"))
     assert b.total_bytes("a") == one
+
+
+# -- a vector env's add: one row in every lane per call ----------------------------------------
+def add_lanes(store, n=1):
+    """``n`` vector adds: one step of each lane (its next step, as ``add`` gives one)."""
+    for _ in range(n):
+        one = [data.make_steps(lane, store.writers[lane].count, 1, 0)[0]
+               for lane in range(store.lanes)]
+
+        def stacked(key, one=one):
+            if isinstance(one[0][key], dict):
+                return {k: np.concatenate([b[key][k] for b in one]) for k in one[0][key]}
+            return np.concatenate([b[key] for b in one])
+
+        store.add(stacked("obs"), stacked("action"), stacked("reward"), stacked("next_obs"),
+                  stacked("terminated"), stacked("truncated"), session=stacked("session"))
+
+
+@pytest.fixture(params=["native", "numpy"])
+def scatter(request, monkeypatch):
+    """The vector path with the C kernel, and without it (a build without a compiler)."""
+    if request.param == "native" and native is None:
+        pytest.skip("C kernel not built")
+    if request.param == "numpy":
+        monkeypatch.setattr("expstore.storage.kernels.native", None)
+    return request.param
+
+
+def test_vector_add_stores_the_rows_one_add_per_lane_stores(workdir, scatter):
+    # 3 lanes of 64 rows in 16-row shards: 150 vector adds wrap every lane around twice,
+    # episodes end (final rows) at different steps in each lane
+    vec = make(workdir, lanes=3, shard_rows=16, shards=4)
+    one = es.create(os.path.join(workdir, "one.zarr"), data.spec(), capacity=3 * 64, lanes=3,
+                    shard_rows=16)
+    for t in range(150):
+        add_lanes(vec)
+        for lane in range(3):
+            add(one, lane)
+        if t in (7, 70, 149):  # staged rows (shared memory), then as flushed
+            idx, ref = vec.index, one.index
+            assert idx.count.tolist() == ref.count.tolist()
+            assert idx.valid_from.tolist() == ref.valid_from.tolist()
+            assert np.array_equal(idx.flags, ref.flags)
+            assert np.array_equal(idx.episode_step, ref.episode_step)
+            assert check_all(vec) == check_all(one) == len(vec)
+            other = es.open(vec.url)  # a reader elsewhere: sees the staged rows at once
+            other.refresh()
+            assert other.index.count.tolist() == idx.count.tolist()
+            assert check_all(other) == len(vec)
+            other.close()
+    vec.close()
+    one.close()
+    again = es.open(vec.url)
+    assert check_all(again) == len(again) > 0
+    again.close()
+
+
+def test_vector_add_refuses_a_bad_lane_value_and_stores_nothing(workdir, scatter):
+    store = make(workdir, lanes=3, shard_rows=16, shards=4)
+    add_lanes(store, 5)
+    before = store.index.count.copy()
+    b = [data.make_steps(lane, store.writers[lane].count, 1, 0)[0] for lane in range(3)]
+    obs = {k: np.concatenate([x["obs"][k] for x in b]) for k in ("pixels", "vec")}
+    nxt = {k: np.concatenate([x["next_obs"][k] for x in b]) for k in ("pixels", "vec")}
+    obs["vec"][2, 1] = np.nan
+    with pytest.raises(es.ValidationError, match=r"^obs\.vec: expected finite values"):
+        store.add(obs, np.zeros(3, np.int64), np.zeros(3, np.float32), nxt,
+                  np.zeros(3, bool), np.zeros(3, bool), session=np.zeros(3, np.int32))
+    assert store.index.count.tolist() == before.tolist()
+    add_lanes(store, 40)  # the lanes go on as if nothing happened
+    store.flush()
+    assert check_all(store) == len(store)
+    store.close()
+
+
+def test_a_lane_whose_writes_stall_does_not_hold_up_the_other_lanes(workdir):
+    store = make(workdir, lanes=2, shard_rows=16, shards=4)
+    L = store.layout
+    lane0 = {L.shard_key(n, s) for n in L.fields for s in range(L.shards_per_lane)}
+    stalled, real = threading.Event(), store.backend.put
+
+    def put(key, blob):
+        if key in lane0 and threading.current_thread().name == "expstore-writer":
+            stalled.wait()
+        real(key, blob)
+
+    store.backend.put = put
+    w0, w1 = store.writers[0], store.writers[1]
+    add(store, 0, 16)  # lane 0's full shard: its write stalls
+    add(store, 1, 16)  # lane 1's full shard is written meanwhile, by another thread
+    deadline = time.monotonic() + 20
+    while w1.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+        w1.poll()
+    try:
+        assert w1.committed.count >= 16 and w0.committed.count == 0 and w0.queued
+    finally:
+        stalled.set()
+    store.flush()
+    assert [w.committed.count for w in (w0, w1)] == [w0.count, w1.count]
+    assert check_all(store) == len(store) >= 32
+    store.close()
+
+
+@pytest.mark.skipif(native is None, reason="C kernel not built")
+def test_scatter_kernel_copies_each_row_to_its_address():
+    dst = [np.zeros(5, np.float32) for _ in range(3)]
+    src = np.arange(15, dtype=np.float32).reshape(3, 5)
+    addrs = np.array([dst[2].ctypes.data, dst[0].ctypes.data, dst[1].ctypes.data], np.int64)
+    native.scatter_to(src, addrs, 20)
+    assert [d.tolist() for d in dst] == [src[1].tolist(), src[2].tolist(), src[0].tolist()]
+    with pytest.raises(ValueError, match="one row of row_bytes"):
+        native.scatter_to(src[:2], addrs, 20)
+    with pytest.raises(ValueError, match="null"):
+        native.scatter_to(src, np.zeros(3, np.int64), 20)
