@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
-from .step_check import StepCheck
+from .step_check import LanesCheck, StepCheck
 from .storage.lane_rows import LaneRows
 
 
@@ -57,6 +57,7 @@ class Appender:
         self.held_vals = {n: np.zeros((index.lanes, *fields[n].shape), fields[n].dtype)
                           for n in self.obs_names}
         self.lane_rows: LaneRows | None = None  # the vector path's table (first vector add)
+        self.lanes_check = LanesCheck(spec, index.lanes)  # a vector step's common case
 
     # -- one step ----------------------------------------------------------------------------
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,

@@ -108,3 +108,71 @@ class StepCheck:
 
     def __getitem__(self, name: str) -> Check:
         return self.checks[name]
+
+
+class LanesCheck:
+    """The checks of one step per lane (values with leading axis ``lanes``) for the common
+    case: a single obs and action field, no user fields, every value an array of exactly
+    the field's dtype (floats: any float dtype, cast as :func:`coerce` casts them) and shape
+    ``(lanes, *shape)`` (a stacked field's whole stacks accepted: their newest frames are
+    kept), finite and within bounds. ``check(...)`` returns ``validate_steps``' arrays for
+    such a step, else ``None``: the caller then runs ``validate_steps``, which handles any
+    value and names the error. Both give the same arrays.
+    """
+
+    def __init__(self, spec: Any, lanes: int) -> None:
+        fields = spec.fields
+        kinds = {spec.structure.get(k, {"kind": "single"})["kind"] for k in ("obs", "action")}
+        user = [n for n in fields if n not in ("obs", "action", "reward", "terminated",
+                                               "truncated")]
+        self.usable = kinds == {"single"} and not user
+        self.fields = {}
+        for name in ("obs", "action", "reward", "terminated", "truncated"):
+            if name not in fields:
+                self.usable = False
+                continue
+            f = fields[name]
+            self.fields[name] = (
+                f.dtype, (lanes, *f.shape), (lanes, f.stack, *f.shape) if f.stack else None,
+                spec.reject_nonfinite and f.dtype.kind == "f",
+                None if f.low is None else np.asarray(f.low),
+                None if f.high is None else np.asarray(f.high))
+
+    def check(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
+              truncated: Any, extras: dict[str, Any]) -> dict[str, np.ndarray] | None:
+        if not self.usable or extras:
+            return None
+        out = {}
+        for name, v in (("obs", obs), ("action", action), ("reward", reward),
+                        ("terminated", terminated), ("truncated", truncated)):
+            v = self._value(name, v)
+            if v is None:
+                return None
+            out[name] = v
+        if next_obs is None:
+            return None  # (required where an episode ends: validate_steps says so)
+        v = self._value("obs", next_obs)
+        if v is None:
+            return None
+        out["next_obs"] = v
+        return out
+
+    def _value(self, name: str, v: Any) -> np.ndarray | None:
+        dtype, want, stacked, finite, lo, hi = self.fields[name]
+        if type(v) is not np.ndarray:
+            return None
+        if v.dtype != dtype:
+            if not (v.dtype.kind == "f" and dtype.kind == "f"):
+                return None
+            v = v.astype(dtype)  # as coerce casts floats (precision only)
+        if v.shape != want:
+            if v.shape != stacked:
+                return None
+            v = v[:, -1]  # whole frame stacks given: their newest frames are stored
+        if finite:
+            r = v.ravel()
+            if not math.isfinite(float(r.dot(r))):  # a nan or inf (or squares beyond the
+                return None  # dtype): the general path checks it exactly
+        if lo is not None and (v < lo).any() or hi is not None and (v > hi).any():
+            return None
+        return v

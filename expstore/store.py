@@ -507,8 +507,11 @@ class Store:
                 for i in range(self.lanes):
                     self._writer(i)  # raises, naming what is not writable
             self._ensure_leases()
-            batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated,
-                                   truncated, extras, (self.lanes,))
+            batch = self._appender.lanes_check.check(obs, action, reward, next_obs,
+                                                     terminated, truncated, extras)
+            if batch is None:  # anything else: cast, checked, or refused naming the field
+                batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated,
+                                       truncated, extras, (self.lanes,))
             self._appender.add_lanes(batch)
             return
         lane = 0 if lane is None else lane

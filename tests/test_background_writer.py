@@ -440,13 +440,30 @@ def test_a_lane_whose_writes_stall_does_not_hold_up_the_other_lanes(workdir):
 
 
 @pytest.mark.skipif(native is None, reason="C kernel not built")
-def test_scatter_kernel_copies_each_row_to_its_address():
-    dst = [np.zeros(5, np.float32) for _ in range(3)]
-    src = np.arange(15, dtype=np.float32).reshape(3, 5)
-    addrs = np.array([dst[2].ctypes.data, dst[0].ctypes.data, dst[1].ctypes.data], np.int64)
-    native.scatter_to(src, addrs, 20)
-    assert [d.tolist() for d in dst] == [src[1].tolist(), src[2].tolist(), src[0].tolist()]
-    with pytest.raises(ValueError, match="one row of row_bytes"):
-        native.scatter_to(src[:2], addrs, 20)
-    with pytest.raises(ValueError, match="null"):
-        native.scatter_to(src, np.zeros(3, np.int64), 20)
+def test_stage_lanes_kernel_writes_each_lanes_row_then_its_count():
+    L, S = 3, 4
+    bufs = [{"x": np.zeros((S, 2), np.float32), "_step_id": np.full(S, -1, np.int64)}
+            for _ in range(L)]
+    names = ["x", "_step_id"]
+    base = np.array([[b[name].ctypes.data for b in bufs] for name in names], np.int64)
+    counts = np.zeros(L, np.int64)  # each lane's published row count
+    pub = np.array([counts[1:].ctypes.data, 0, counts.ctypes.data], np.int64)  # lane 1: none
+    n = np.array([3, 0, 1], np.int64)
+    first = np.array([100, 200, 300], np.int64)
+    lanes = np.array([2, 0], np.int64)
+    src = np.array([[1, 2], [3, 4]], np.float32)
+    steps = np.empty(2, np.int64)
+    full = native.stage_lanes((src, None), lanes, base, n, first, pub,
+                              np.array([8, 8], np.int64), 1, steps, S)
+    assert full == 1 and n.tolist() == [4, 0, 2] and steps.tolist() == [301, 103]
+    assert bufs[2]["x"][1].tolist() == [1, 2] and bufs[0]["x"][3].tolist() == [3, 4]
+    assert bufs[2]["_step_id"].tolist() == [-1, 301, -1, -1]
+    assert bufs[0]["_step_id"].tolist() == [-1, -1, -1, 103]
+    assert not bufs[1]["x"].any()
+    assert counts.tolist() == [2, 4, 0]  # lane 2's count at counts[0], lane 0's at counts[1]
+    with pytest.raises(IndexError, match="lane 3 out of range"):
+        native.stage_lanes((src, None), np.array([3], np.int64), base, n, first, pub,
+                           np.array([8, 8], np.int64), 1, steps, S)
+    with pytest.raises(ValueError, match="fewer than"):
+        native.stage_lanes((src[:1], None), lanes, base, n, first, pub,
+                           np.array([8, 8], np.int64), 1, steps, S)

@@ -312,3 +312,44 @@ def test_create_rounds_capacity_to_whole_shards(tmp_path):
     assert store.layout.shard_rows == 2048  # auto: a power of two near 1/32 of a lane
     assert store.capacity == 49 * 2048  # the smallest whole number of shards >= 100_000
     assert es.open(tmp_path / "s.zarr").capacity == 49 * 2048
+
+
+def test_a_vector_steps_quick_check_gives_what_the_general_check_gives():
+    from expstore.step_check import LanesCheck
+    from expstore.validate import validate_steps
+
+    spec = es.Spec.create(obs=es.Field((12, 10), np.uint8, stack=4),
+                          action=es.Field((), np.int64, low=0, high=5))
+    rng = np.random.default_rng(0)
+    stacks = rng.integers(0, 255, (3, 4, 12, 10), dtype=np.uint8)
+    step = [stacks, np.array([0, 5, 2]), np.array([0.5, -1.0, 2.0]),  # float64 rewards
+            np.roll(stacks, 1, axis=1), np.array([True, False, False]), np.zeros(3, bool)]
+    quick = LanesCheck(spec, 3)
+    got = quick.check(*step, {})
+    want = validate_steps(spec, *step, {}, (3,))
+    assert got is not None and sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+    # anything it does not take as it is goes to the general check (which casts or refuses)
+    for i, bad in [(1, np.array([0, 6, 2])), (1, np.array([0, 1, 2], np.int32)),
+                   (2, np.array([0.5, np.nan, 1.0])), (2, [0.5, 1.0, 2.0]),
+                   (0, stacks[:2]), (3, None)]:
+        assert quick.check(*step[:i], bad, *step[i + 1:], {}) is None
+    assert quick.check(*step, {"logp": np.zeros(3)}) is None
+    store_spec = image_spec()  # user fields: always the general check
+    assert LanesCheck(store_spec, 3).check(*step, {}) is None
+
+
+def test_vector_add_refuses_what_one_add_refuses(tmp_path):
+    store = es.create(tmp_path / "s.zarr", image_spec(), capacity=128, lanes=4, shard_rows=8)
+    obs = np.stack([frame(i) for i in range(4)])
+    ok = dict(obs=obs, action=np.arange(4), reward=np.zeros(4), next_obs=obs,
+              terminated=np.zeros(4, bool), truncated=np.zeros(4, bool), logp=np.zeros(4))
+    with pytest.raises(es.ValidationError, match=r"^action: value 6 at \(2,\) is above high"):
+        store.add(**{**ok, "action": np.array([0, 1, 6, 2])})
+    with pytest.raises(es.ValidationError, match=r"^reward: expected finite values"):
+        store.add(**{**ok, "reward": np.array([0.0, np.inf, 0.0, 0.0])})
+    assert store.index.count.tolist() == [0, 0, 0, 0]
+    store.add(**ok)
+    assert store.index.count.tolist() == [1, 1, 1, 1]
+    store.close()

@@ -17,9 +17,9 @@
  *       blosc_compress_ctx, passed by address), crc32c appended, in one call without the
  *       GIL, so a background writer does not take the GIL from the env loop per frame.
  *
- *   scatter_to(src, addrs, row_bytes)
+ *   stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full)
  *       the writer's side: one env step of every lane of a vector env into each lane's
- *       staging buffer, one memcpy per lane and field.
+ *       staging buffer, one memcpy per lane and field, then each lane's published count.
  *
  *   copy_rows(src, src_rows, dst, dst_rows, row_bytes)
  *       gather/scatter whole rows (frame stacks into a batch) with one memcpy each:
@@ -421,39 +421,111 @@ done:
     return result;
 }
 
-/* scatter_to(src, addrs, row_bytes): row i of src (row_bytes bytes) to the memory at address
-   addrs[i]. The rows of one env step across a vector env's lanes go to each lane's own
-   staging buffer (separate mappings) in one call. The addresses are the caller's: rows of
-   arrays it holds alive, each with room for row_bytes bytes. Rows are copied in order, so
-   a later call's stores (a published row count) become visible after these on x86-64. */
-static PyObject *scatter_to(PyObject *self, PyObject *args) {
-    PyObject *src_o, *addrs_o;
-    Py_ssize_t row_bytes;
-    if (!PyArg_ParseTuple(args, "OOn", &src_o, &addrs_o, &row_bytes)) return NULL;
-    held_buffer src = {0}, ad = {0};
+/* stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps)
+   One row in each lane of `lanes` (int64, k distinct lanes): field f's row i (srcs[f], k
+   rows of row_bytes[f] bytes; None for the step-id field `step_field`) goes to address
+   base[f, lane] + n[lane] * row_bytes[f] (base: int64 (fields, L), the lane's current shard
+   buffer of that field). The step id first[lane] + n[lane] is written to the step-id field
+   and to steps[i]. Then, after every row, the lane's published row count (the int64 at
+   address pub[lane], 0: none) becomes n[lane] + 1, and n[lane] is incremented. Returns how
+   many of the lanes now hold `full` rows. The addresses are the caller's: rows of arrays it holds alive, each with room for a row. */
+static PyObject *stage_lanes(PyObject *self, PyObject *args) {
+    PyObject *srcs_o, *lanes_o, *base_o, *n_o, *first_o, *pub_o, *rb_o, *steps_o;
+    Py_ssize_t step_field, full;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnOn", &srcs_o, &lanes_o, &base_o, &n_o, &first_o,
+                          &pub_o, &rb_o, &step_field, &steps_o, &full))
+        return NULL;
+    if (!PyTuple_Check(srcs_o)) {
+        PyErr_SetString(PyExc_TypeError, "stage_lanes: srcs must be a tuple");
+        return NULL;
+    }
+    Py_ssize_t F = PyTuple_GET_SIZE(srcs_o);
+    if (F > 256) {
+        PyErr_SetString(PyExc_ValueError, "stage_lanes: at most 256 fields");
+        return NULL;
+    }
+    held_buffer ln = {0}, bs = {0}, nb = {0}, fs = {0}, pb = {0}, rb = {0}, st = {0};
+    held_buffer src[256];
+    memset(src, 0, sizeof(src));
     PyObject *result = NULL;
-    if (take(src_o, &src, 0, 0, "src") || take(addrs_o, &ad, 8, 0, "addrs")) goto done;
-    Py_ssize_t n = ad.view.len / 8;
-    if (row_bytes <= 0 || src.view.len < n * row_bytes) {
-        PyErr_SetString(PyExc_ValueError, "scatter_to: src must hold one row of row_bytes "
-                                          "(> 0) bytes per address");
+    if (take(lanes_o, &ln, 8, 0, "lanes") || take(base_o, &bs, 8, 0, "base") ||
+        take(n_o, &nb, 8, 1, "n") || take(first_o, &fs, 8, 0, "first") ||
+        take(pub_o, &pb, 8, 0, "pub") || take(rb_o, &rb, 8, 0, "row_bytes") ||
+        take(steps_o, &st, 8, 1, "steps"))
+        goto done;
+    Py_ssize_t k = ln.view.len / 8, L = nb.view.len / 8;
+    if (rb.view.len / 8 != F || bs.view.len / 8 != F * L || fs.view.len / 8 != L ||
+        pb.view.len / 8 != L || st.view.len / 8 < k || step_field < 0 || step_field >= F) {
+        PyErr_SetString(PyExc_ValueError, "stage_lanes: base must be (fields, lanes), n, "
+                                          "first and pub one per lane, steps one per row");
         goto done;
     }
-    const int64_t *a = ad.view.buf;
-    const uint8_t *s = src.view.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (a[i] == 0) {
-            PyErr_Format(PyExc_ValueError, "scatter_to: address %zd is null", i);
+    const int64_t *lanes = ln.view.buf, *base = bs.view.buf, *first = fs.view.buf;
+    const int64_t *pub = pb.view.buf, *row_bytes = rb.view.buf;
+    int64_t *n = nb.view.buf, *steps = st.view.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (lanes[i] < 0 || lanes[i] >= L) {
+            PyErr_Format(PyExc_IndexError, "stage_lanes: lane %lld out of range",
+                         (long long)lanes[i]);
             goto done;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        memcpy((void *)(intptr_t)a[i], s + i * row_bytes, (size_t)row_bytes);
-    result = Py_None;
-    Py_INCREF(result);
+    for (Py_ssize_t f = 0; f < F; f++) {
+        if (row_bytes[f] <= 0) {
+            PyErr_SetString(PyExc_ValueError, "stage_lanes: row_bytes must be positive");
+            goto done;
+        }
+        if (f == step_field) {
+            if (row_bytes[f] != 8) {
+                PyErr_SetString(PyExc_ValueError, "stage_lanes: step ids are int64");
+                goto done;
+            }
+            continue;
+        }
+        if (take(PyTuple_GET_ITEM(srcs_o, f), &src[f], 0, 0, "src")) goto done;
+        if (src[f].view.len < k * row_bytes[f]) {
+            PyErr_Format(PyExc_ValueError, "stage_lanes: field %zd holds fewer than %zd rows",
+                         f, k);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t j = lanes[i];
+        steps[i] = first[j] + n[j];
+        for (Py_ssize_t f = 0; f < F; f++) {
+            int64_t at = base[f * L + j];
+            if (at == 0) {
+                PyErr_Format(PyExc_ValueError, "stage_lanes: lane %lld has no buffer",
+                             (long long)j);
+                goto done;
+            }
+            uint8_t *d = (uint8_t *)(intptr_t)at + n[j] * row_bytes[f];
+            if (f == step_field)
+                memcpy(d, &steps[i], 8);
+            else
+                memcpy(d, (const uint8_t *)src[f].view.buf + i * row_bytes[f],
+                       (size_t)row_bytes[f]);
+        }
+    }
+    /* the rows first, then their counts: a reader that sees a count sees its rows */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    Py_ssize_t n_full = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t j = lanes[i];
+        n[j] += 1;
+        if (pub[j]) __atomic_store_n((int64_t *)(intptr_t)pub[j], n[j], __ATOMIC_RELEASE);
+        if (n[j] == full) n_full++;
+    }
+    result = PyLong_FromSsize_t(n_full);
 done:
-    release(&src);
-    release(&ad);
+    for (Py_ssize_t f = 0; f < F && f < 256; f++) release(&src[f]);
+    release(&ln);
+    release(&bs);
+    release(&nb);
+    release(&fs);
+    release(&pb);
+    release(&rb);
+    release(&st);
     return result;
 }
 
@@ -553,10 +625,12 @@ static PyMethodDef methods[] = {
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
      "then copied without the GIL."},
-    {"scatter_to", scatter_to, METH_VARARGS,
-     "scatter_to(src, addrs, row_bytes)\n\nCopy row i of src (row_bytes bytes each) to the "
-     "memory at address addrs[i] (int64), in order. The caller guarantees each address has "
-     "room for a row (rows of arrays it holds)."},
+    {"stage_lanes", stage_lanes, METH_VARARGS,
+     "stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full) -> "
+     "int\n\nOne row in each lane of lanes: field f's row i to base[f, lane] + n[lane] * "
+     "row_bytes[f], the step id first[lane] + n[lane] into field step_field and steps[i]; "
+     "then each lane's published count (int64 at pub[lane], unless 0) = ++n[lane]. Returns "
+     "the lanes now holding full rows."},
     {"encode_rows", encode_rows, METH_VARARGS,
      "encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, "
      "checksum) -> (blob, sizes)\n\nEncode rows 0..n of src (row_bytes each) as one blosc "

@@ -4,8 +4,8 @@ A vector env's ``add`` stages one row in every lane. Each lane stages in its own
 (its own shared-memory file, ``staging.py``), so numpy cannot write them all with one
 assignment. :class:`LaneRows` keeps, per lane, the address of each field's current
 staging buffer and the rows staged there, and writes a field's rows of every lane with one
-call of the C kernel ``scatter_to`` (a memcpy per lane), then publishes every lane's new
-row count with one more (after the rows: readers see a row only once all of it is
+call of the C kernel ``stage_lanes`` (a memcpy per lane and field, then every lane's new
+published row count: after the rows, so readers see a row only once all of it is
 written). Without the C kernel, the same rows are written lane by lane with numpy.
 
 The table mirrors each writer's ``cur`` shard (``n``, ``first_step``, buffer addresses).
@@ -35,7 +35,8 @@ class LaneRows:
         self.dtypes = [f.dtype for f in layout.fields.values()]
         self.row_bytes = [f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
                           for f in layout.fields.values()]
-        self.row_bytes_col = np.array(self.row_bytes, np.int64)[:, None]
+        self.row_bytes_arr = np.array(self.row_bytes, np.int64)
+        self.step_field = self.names.index("_step_id")
         self.shard_rows = layout.shard_rows
         L = len(writers)
         self.all = np.arange(L)
@@ -89,41 +90,35 @@ class LaneRows:
                 self._load(j)
                 changed.append(j)
             n = self.n if lanes is None else self.n[idx]
-        steps = (self.first if lanes is None else self.first[idx]) + n
         curs = self.curs
         native = kernels.native
         if native is not None:
-            scatter = native.scatter_to
-            base = self.base if lanes is None else self.base[:, idx]
-            addrs = base + n * self.row_bytes_col  # (fields, lanes): each row's address
+            srcs = []
             for f, name in enumerate(self.names):
-                src = steps if name == "_step_id" else values[name]
-                if src.dtype != self.dtypes[f] or not src.flags.c_contiguous:
-                    src = np.ascontiguousarray(src, self.dtypes[f])
-                scatter(src, addrs[f], self.row_bytes[f])
-            pub = self.pub if lanes is None else self.pub[idx]
-            published = n + 1
-            if not pub.all():
-                published, pub = published[pub != 0], pub[pub != 0]
-            if len(pub):
-                scatter(published, pub, 8)  # after the rows (staging.py)
+                v = values.get(name) if f != self.step_field else None
+                if v is not None and (v.dtype != self.dtypes[f] or not v.flags.c_contiguous):
+                    v = np.ascontiguousarray(v, self.dtypes[f])
+                srcs.append(v)
+            steps = np.empty(len(idx), np.int64)
+            full = native.stage_lanes(tuple(srcs), idx, self.base, self.n, self.first,
+                                      self.pub, self.row_bytes_arr, self.step_field, steps,
+                                      self.shard_rows)
         else:
+            steps = (self.first if lanes is None else self.first[idx]) + n
             for i, j in enumerate(idx.tolist()):
                 c, row = curs[j], int(n[i])
                 for name in self.names:
                     c.staging[name][row] = steps[i] if name == "_step_id" else values[name][i]
                 if c.slot >= 0:
                     ws[j].shared.publish(c.slot, row + 1)
+            n = n + 1
+            self.n[idx] = n
+            full = int(np.count_nonzero(n == self.shard_rows))
         for j in idx.tolist():
             curs[j].n += 1
             ws[j].count += 1
-        if lanes is None:
-            n += 1  # (self.n itself)
-        else:
-            n = n + 1
-            self.n[idx] = n
-        if n.max() == self.shard_rows:
-            for j in idx[n == self.shard_rows].tolist():
+        if full:
+            for j in idx[self.n[idx] == self.shard_rows].tolist():
                 ws[j]._hand_off()
                 self._load(j)
                 changed.append(j)
