@@ -6,9 +6,9 @@ field: in shared memory on local stores, ``staging.py``, so readers on this mach
 them at once). A full shard is handed to the store's :class:`Background` thread serving
 the lane, which encodes it (blosc/zstd release the GIL) and writes it, followed by the lane
 state that commits it (docs/architecture.md §4), in the order the lane's shards were
-handed over; its buffer returns to the pool once written. The ``advance`` that completes a shard only swaps
-buffers; when every buffer is waiting for its write (storage slower than the caller), it
-waits for the oldest one: RAM stays bounded. ``flush()`` waits for the queued shards,
+handed over; its buffer returns to the pool once written. The ``advance`` that completes
+a shard only swaps buffers; when every buffer is waiting for its write (storage slower
+than the caller), it waits for the oldest one: RAM stays bounded. ``flush()`` waits for the queued shards,
 writes the open one and commits. Each field's shard object is assembled incrementally
 (``shard.ShardImage``): a flush encodes only rows added since the last one, and on local
 disk rewrites the object in place through a spare link (``backends.local.Rewrite``).
