@@ -8,10 +8,11 @@ the lane, which encodes it (blosc/zstd release the GIL) and writes it, followed 
 state that commits it (docs/architecture.md §4), in the order the lane's shards were
 handed over; its buffer returns to the pool once written. The ``advance`` that completes
 a shard only swaps buffers; when every buffer is waiting for its write (storage slower
-than the caller), it waits for the oldest one: RAM stays bounded. ``flush()`` waits for the queued shards,
-writes the open one and commits. Each field's shard object is assembled incrementally
-(``shard.ShardImage``): a flush encodes only rows added since the last one, and on local
-disk rewrites the object in place through a spare link (``backends.local.Rewrite``).
+than the caller), it waits for the oldest one: RAM stays bounded. ``flush()`` waits for
+the queued shards, writes the open one and commits. Each field's shard object is
+assembled incrementally (``shard.ShardImage``): a flush encodes only rows added since the
+last one, and on local disk rewrites the object in place through a spare link
+(``backends.local.Rewrite``).
 
 A write that fails (disk full, read-only storage) changes nothing committed and drops no
 row: the shard waits in ``pending`` (RAM), later shards of the lane wait behind it, the
