@@ -141,22 +141,45 @@ def torchrl_td(step: tuple):
 
 
 # -- timing ------------------------------------------------------------------------------------
-def per_call(fn, args: list[tuple]) -> dict[str, float]:
-    """Call ``fn(*a)`` for every ``a``; mean / p50 / p99 microseconds per call."""
+def per_call(fn, args: list[tuple], shards=None) -> dict[str, float]:
+    """Call ``fn(*a)`` for every ``a``; mean / p50 / p99 microseconds per call.
+
+    ``shards``: a function giving the shards handed to the background writer so far, read
+    between calls (not timed); then ``shard_p50_us`` / ``shard_p99_us`` are the p50 / p99
+    of the calls that completed a shard (their staging swaps buffers and hands it over).
+    """
     gc.collect()
     gc.disable()
     try:
         t = np.empty(len(args))
+        handed = np.zeros(len(args), np.int64)
         clock = time.perf_counter
+        before = shards() if shards else 0
         for i, a in enumerate(args):
             t0 = clock()
             fn(*a)
             t[i] = clock() - t0
+            if shards:
+                now = shards()
+                handed[i], before = now - before, now
     finally:
         gc.enable()
     t *= 1e6
-    return {"mean_us": float(t.mean()), "p50_us": float(np.median(t)),
-            "p99_us": float(np.percentile(t, 99)), "max_us": float(t.max())}
+    out = {"mean_us": float(t.mean()), "p50_us": float(np.median(t)),
+           "p99_us": float(np.percentile(t, 99)), "max_us": float(t.max())}
+    if shards:
+        done = t[handed > 0]
+        out["shard_adds"] = float(len(done))
+        out["shard_p50_us"] = float(np.median(done)) if len(done) else float("nan")
+        out["shard_p99_us"] = float(np.percentile(done, 99)) if len(done) else float("nan")
+    return out
+
+
+def shards_handed(store) -> Any:
+    """Shards the store's writers have filled so far (each handed to the background)."""
+    S = store.layout.shard_rows
+    writers = list(store.writers.values())
+    return lambda: sum(w.count // S for w in writers)
 
 
 def expstore_single(kind: str, steps: list[tuple], tmp: str, i: int, fsync: bool = True,
@@ -171,7 +194,7 @@ def expstore_single(kind: str, steps: list[tuple], tmp: str, i: int, fsync: bool
     else:
         fn = add
     try:
-        return per_call(fn, steps)
+        return per_call(fn, steps, None if flush else shards_handed(store))
     finally:
         store.close()
 
@@ -191,7 +214,7 @@ def expstore_vector(kind: str, vsteps: list[tuple], lanes: int, tmp: str, i: int
                       capacity=max(4 * len(vsteps) * lanes, 65_536 * lanes // 8),
                       lanes=lanes, overwrite=True)
     try:
-        return per_call(store.add, vsteps)
+        return per_call(store.add, vsteps, shards_handed(store))
     finally:
         store.close()
 
@@ -238,7 +261,8 @@ def main() -> None:
         fl = med[f"{kind} expstore add+flush (fsync off)"]
         rows.append({"case": f"{kind}: one step per add", "expstore_us": ours["mean_us"],
                      "expstore_p50_us": ours["p50_us"], "expstore_p99_us": ours["p99_us"],
-                     "expstore_max_us": ours["max_us"],
+                     "expstore_max_us": ours["max_us"], "shard_add_p50_us": ours["shard_p50_us"],
+                     "shard_add_p99_us": ours["shard_p99_us"],
                      "ring_us": ring["mean_us"], "torchrl_us": trl["mean_us"],
                      "x_ring": ours["mean_us"] / ring["mean_us"],
                      "x_torchrl": ours["mean_us"] / trl["mean_us"],
@@ -247,19 +271,23 @@ def main() -> None:
             r, o = med[f"{kind} ring x{lanes}"], med[f"{kind} expstore x{lanes}"]
             rows.append({"case": f"{kind}: {lanes} lanes per add", "expstore_us": o["mean_us"],
                          "expstore_p50_us": o["p50_us"], "expstore_p99_us": o["p99_us"],
-                         "expstore_max_us": o["max_us"], "ring_us": r["mean_us"],
+                         "expstore_max_us": o["max_us"], "shard_add_p50_us": o["shard_p50_us"],
+                         "shard_add_p99_us": o["shard_p99_us"], "ring_us": r["mean_us"],
                          "torchrl_us": None, "x_ring": o["mean_us"] / r["mean_us"],
                          "x_torchrl": None, "steps_per_s": lanes * 1e6 / o["mean_us"]})
         rows.append({"case": f"{kind}: add + flush every step (fsync off)",
                      "expstore_us": fl["mean_us"], "expstore_p50_us": fl["p50_us"],
                      "expstore_p99_us": fl["p99_us"], "expstore_max_us": fl["max_us"],
-                     "ring_us": None, "torchrl_us": None, "x_ring": None, "x_torchrl": None,
+                     "shard_add_p50_us": None, "shard_add_p99_us": None, "ring_us": None,
+                     "torchrl_us": None, "x_ring": None, "x_torchrl": None,
                      "steps_per_s": 1e6 / fl["mean_us"]})
     body = markdown_table(rows, list(rows[0]))
     body += (f"\n\n{a.steps:,} env steps per case (add+flush: 3,000), medians of {a.repeats} "
              "runs; microseconds per `add` call: mean (amortized, shard writes included), "
-             "p50, p99, max. x_ring / x_torchrl: expstore's mean over the baseline's mean "
-             "(lower is better). Ring: obs, next_obs, action, reward, done arrays in RAM; "
+             "p50, p99, max; shard_add_p50/p99: p50 / p99 of the adds that completed a "
+             "shard (handed to a background writer). x_ring / x_torchrl: expstore's mean over "
+             "the baseline's mean (lower is better). Ring: obs, next_obs, action, reward, "
+             "done arrays in RAM; "
              "TorchRL: `ReplayBuffer(LazyMemmapStorage).add` of a prebuilt TensorDict. "
              "steps_per_s: env steps stored per second by expstore.")
     print(body)

@@ -52,7 +52,8 @@ class Worker:
 class Background:
     """The threads that write full shards of one store's lanes: lane ``i``'s shards go to
     thread ``i % threads``, first handed, first written (so each lane's shards, and the
-    lane states covering them, stay in order). Threads start when first handed a shard.
+    lane states covering them, stay in order). A thread starts when its first lane's
+    writer asks for it (:meth:`worker`, when the writer is made).
 
     Handing a shard over is a deque append, with no wake-up: waking a thread from inside
     an ``add`` costs a context switch (~30 µs here). A thread looks for work every
@@ -75,7 +76,7 @@ class Background:
         return self.state["news"]
 
     def start(self) -> None:
-        """Nothing to do: threads start when first handed a shard (kept for callers)."""
+        """Nothing to do: each thread starts when a writer first asks for it."""
 
     def worker(self, lane: int) -> Worker:
         """The thread writing ``lane``'s shards (started on first use)."""

@@ -90,7 +90,8 @@ class LaneWriter:
         self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
         self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
         self.bg = background if background is not None else Background(1)
-        self._worker: Any = None  # the thread of ``bg`` writing this lane (on first use)
+        self._worker = self.bg.worker(self.lane)  # its thread writing this lane (started now,
+        # not inside the add that fills the first shard)
         #: called with the lane when the open shard moves to another buffer (``_promote``)
         self.on_move: Callable[[int], None] | None = None
         self.forks = FORKS[0]
@@ -284,8 +285,6 @@ class LaneWriter:
             sh.done = False
             self.queued.append(sh)
             wk = self._worker
-            if wk is None:
-                wk = self._worker = self.bg.worker(self.lane)
             wk.jobs.append((self, sh))
             if wk.state["sleeping"]:
                 wk.wake.set()
