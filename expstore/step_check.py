@@ -78,6 +78,9 @@ def _array_check(field: Field, nonfinite: bool, slow: Check) -> Check:
     hi = None if field.high is None else np.asarray(field.high)
 
     stacked = (field.stack, *shape) if field.stack else None
+    # a few values: their sum as python floats (cheaper than a numpy call; a nan or inf
+    # makes it non-finite, finite float32 values cannot overflow it); more: a dot product
+    small = int(np.prod(shape, dtype=np.int64)) <= 64
 
     def check_array(v: Any) -> Any:
         if type(v) is not np.ndarray or v.dtype != dtype:
@@ -86,8 +89,9 @@ def _array_check(field: Field, nonfinite: bool, slow: Check) -> Check:
             if v.shape != stacked:
                 return slow(v)
             v = v[-1]  # a whole frame stack given: its newest frame is stored
-        if finite and not math.isfinite(float(v.ravel().dot(v.ravel()))):
-            return slow(v)  # a nan or inf, or squares beyond the dtype: checked exactly
+        if finite and not math.isfinite(sum(v.ravel().tolist()) if small
+                                        else float(v.ravel().dot(v.ravel()))):
+            return slow(v)  # a nan or inf, or a sum beyond the dtype: checked exactly
         if lo is not None and (v < lo).any() or hi is not None and (v > hi).any():
             return slow(v)
         return v

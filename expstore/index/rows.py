@@ -153,8 +153,9 @@ class RowIndex:
             self.last_lane = int(lanes[-1])
         self.episode_step[rows] = episode_step
         self.flags[rows] = flags
-        if self._listeners:
-            self._emit("added", rows)
+        if self._listeners:  # (listeners hear one lane's rows at a time)
+            for i in range(len(rows)):
+                self._emit("added", rows[i:i + 1])
 
     # -- queries ---------------------------------------------------------------------------
     def steps(self, rows: np.ndarray) -> np.ndarray:
