@@ -353,3 +353,27 @@ def test_vector_add_refuses_what_one_add_refuses(tmp_path):
     store.add(**ok)
     assert store.index.count.tolist() == [1, 1, 1, 1]
     store.close()
+
+
+def test_vector_add_gives_a_priority_sampler_what_one_add_per_lane_gives(tmp_path):
+    vec, one = (es.create(tmp_path / f"{k}.zarr", image_spec(), capacity=128, lanes=4,
+                          shard_rows=8) for k in ("vec", "one"))
+    samplers = [es.PrioritizedSampler(s, alpha=1.0, eps=0.0, persist=False, seed=0)
+                for s in (vec, one)]
+    for t in range(45):
+        obs = np.stack([frame(1000 * i + t) for i in range(4)])
+        nxt = np.stack([frame(1000 * i + t + 1) for i in range(4)])
+        term = np.array([t % 7 == 6, False, t % 5 == 4, t % 9 == 8])
+        step = (obs, np.arange(4) % 6, np.full(4, 0.5), nxt, term, np.zeros(4, bool))
+        vec.add(*step, logp=np.zeros(4))
+        for i in range(4):
+            one.add(*(v[i] for v in step), lane=i, logp=0.0)
+        if t == 20:  # the same new priorities in both (rows that have a next row)
+            for s in samplers:
+                rows = s.priorities.live_rows(2)[0][:5]
+                s.update_priorities(rows, np.arange(1.0, 6.0), s.index.steps(rows))
+    cap = vec.layout.capacity
+    got, want = (s.priorities.tree.get(np.arange(cap)) for s in samplers)
+    assert np.count_nonzero(want) > 80 and np.array_equal(got, want)
+    vec.close()
+    one.close()
