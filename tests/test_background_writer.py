@@ -467,3 +467,30 @@ def test_stage_lanes_kernel_writes_each_lanes_row_then_its_count():
     with pytest.raises(ValueError, match="fewer than"):
         native.stage_lanes((src[:1], None), lanes, base, n, first, pub,
                            np.array([8, 8], np.int64), 1, steps, S)
+
+
+def test_a_burst_of_small_shards_is_staged_while_storage_stalls(workdir):
+    store = make(workdir, shard_rows=16, shards=32)
+    w = store.writers[0]
+    assert w.n_buffers == 16  # small shards: 16 buffers within the store's staging budget
+    gate = Gate(store.backend)
+    burst = threading.Thread(target=add, args=(store, 0, 15 * 16))  # 15 full shards
+    burst.start()
+    burst.join(30)
+    try:
+        assert not burst.is_alive() and len(w.queued) >= 14  # nothing waited for storage
+    finally:
+        gate.open()
+    burst.join()
+    store.flush()
+    assert w.committed.count == w.count and check_all(store) == len(store)
+    store.close()
+
+
+def test_shard_buffers_per_lane_follow_the_staging_budget():
+    from expstore.storage.writer import MAX_BUFFERS, POOL_BYTES, pool_size
+
+    assert pool_size(90_000, 1) == MAX_BUFFERS  # CartPole-sized shards
+    assert pool_size(14 << 20, 1) == 4  # 2048 Atari frames: 4 x 14 MiB within 64 MiB
+    assert pool_size(2 << 20, 64) == 3  # many lanes: at least 3 each
+    assert pool_size(POOL_BYTES + 1, 1) == 2  # one shard beyond the budget: 2

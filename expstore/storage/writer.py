@@ -44,8 +44,20 @@ from .staging import N_WORD as _N
 from .staging import SharedStaging
 from .state import LaneState, state_key, write_state
 
-#: shard buffers per lane: 3 while a shard buffer (all fields) is at most this many bytes, else 2
+#: shard buffers of a store's lanes together (bytes): each lane gets its share of this as
+#: 3 to ``MAX_BUFFERS`` buffers (small shards: more, so that a burst of adds never waits
+#: for storage), or 2 where one shard's buffer (all fields) exceeds it
 POOL_BYTES = 64 << 20
+MAX_BUFFERS = 16
+
+
+def pool_size(shard_bytes: int, lanes: int) -> int:
+    """Shard buffers per lane for shards of ``shard_bytes`` bytes in a store of ``lanes``."""
+    if shard_bytes > POOL_BYTES:
+        return 2
+    share = POOL_BYTES // max(1, lanes)
+    return max(3, min(MAX_BUFFERS, share // max(1, shard_bytes)))
+
 
 class _Shard:
     """One buffer of the pool: a shard's rows (``staging``: field -> ``shard_rows`` rows),
@@ -98,7 +110,7 @@ class LaneWriter:
         S = layout.shard_rows
         shard_bytes = sum(S * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
                           for f in layout.fields.values())
-        self.n_buffers = n_buffers or (3 if shard_bytes <= POOL_BYTES else 2)
+        self.n_buffers = n_buffers or pool_size(shard_bytes, layout.lanes)
         self.shared = (SharedStaging.create(shared_root, self.lane, layout, self.n_buffers)
                        if shared_root is not None else None)
         self._free = [self._buffer(b) for b in range(self.n_buffers)]
