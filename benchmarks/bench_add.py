@@ -19,7 +19,11 @@ Cases, each on the same steps given the same way (building the inputs is not tim
   store (defaults: fsync on, shard_rows by capacity), per call timed with
   ``perf_counter``: mean (amortized: shard writes included), p50 and p99 in microseconds.
 * ``vector N``: one call adds one step in each of N lanes (N = 8, 64): expstore
-  ``add`` with leading axis N into an N-lane store, the ring writing the same N rows.
+  ``add`` with leading axis N into an N-lane store, the ring writing the same N rows. Lane
+  ``j`` plays the ``j``-th contiguous part of the steps, as each env of a vector env
+  continues its own episode (:func:`vector_steps`).
+* ``shard_add_p50/p99``: the adds that completed a shard (it goes to a background
+  writer), read from the store's writers between timed calls.
 * ``add+flush``: ``store.add`` then ``store.flush()`` every step, ``fsync=False``.
 
 Writes section "Online write path" of benchmarks/RESULTS.md and results/add.json.
