@@ -66,6 +66,12 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
     """Reward (n-step discounted sum) and done flags of the last step in the horizon."""
     L = layout.lane_capacity
     n = plan.n_step
+    if n == 1:  # one step: every column at the anchor rows
+        for name in ("reward", "terminated", "truncated"):
+            v, g = read_unique(source, layout, name, plan.rows, plan.steps)
+            ok &= g
+            out[name] = v
+        return
     j = np.arange(n, dtype=np.int64)
     lane, slot = np.divmod(plan.rows, L)
     rows = lane[:, None] * L + (slot[:, None] + j[None, :]) % L
@@ -81,9 +87,6 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
         v, g = read_unique(source, layout, name, rows[take, last], steps[take, last])
         ok &= g
         out[name] = v
-    if n == 1:
-        out["reward"] = r[:, 0]
-        return
     disc = plan.gamma ** j.astype(np.float64)
     out["reward"] = (r.astype(np.float64) * disc * mask).sum(axis=1).astype(r.dtype)
     out["horizon"] = plan.horizon.astype(np.int64)

@@ -116,6 +116,10 @@ class ShardReader:
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
 
+    def set_row_cache_bytes(self, budget: int) -> None:
+        """Resize the decoded-frame cache to ``budget`` bytes (its rows are dropped)."""
+        self.row_caches = self._row_caches(budget)
+
     def _kernel_codec(self, name: str) -> bool:
         """Whether the C kernel decodes ``name``'s chunks (blosc with LZ4 or LZ4HC)."""
         cfg = self.layout.fields[name].resolved_codec()
