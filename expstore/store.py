@@ -399,6 +399,8 @@ class Store:
                 f"{self.layout.shard_key('_flags', int(rows[bad]) // self.layout.shard_rows)}: "
                 f"lane {lane} state covers steps up to {count} but a shard does not hold "
                 f"step {int(steps[bad])}")
+        for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
+            self.reader.drop_chunks(name)
         self.index.put(lane, start, ep, fl)
 
     def _load_lane_retrying(self, st: LaneState) -> None:

@@ -116,6 +116,12 @@ class ShardReader:
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
 
+    def drop_chunks(self, name: str) -> None:
+        """Forget the decoded multi-row chunks of ``name`` (e.g. metadata read once, when
+        a store's index is loaded)."""
+        for key in [k for k in self.chunk_cache if k[0] == name]:
+            self._cached_bytes -= self.chunk_cache.pop(key).nbytes
+
     def set_row_cache_bytes(self, budget: int) -> None:
         """Resize the decoded-frame cache to ``budget`` bytes (its rows are dropped)."""
         self.row_caches = self._row_caches(budget)
