@@ -85,6 +85,7 @@ def sample_only(a: argparse.Namespace) -> None:
                 case.warm_cache()
             r: dict[str, Any] = {"case": case.name}
             for bs in (32, 256):
+                case.sample_rate(bs, a.seconds)  # warm-up: caches filled, not recorded
                 runs = [case.sample_rate(bs, a.seconds) for _ in range(a.repeats)]
                 r[f"sample_tps_bs{bs}"], r[f"sample_tps_bs{bs}_runs"] = (
                     statistics.median(runs), runs)
@@ -105,7 +106,8 @@ def sample_only(a: argparse.Namespace) -> None:
                                     "bs256_ring_x_slower"])
     body += ("\n\nMedians of repeats, tr/s = transitions/s: uniform stacked (4x84x84) obs and "
              "next_obs read in the calling process (`store.sample(B)`, default 256 MiB frame "
-             "cache; TorchRL `rb.sample()`; the numpy ring's fancy index), warm page cache. "
+             "cache; TorchRL `rb.sample()`; the numpy ring's fancy index), warm page cache, "
+             "after one unrecorded run per case and batch size. "
              "x_torchrl = rate / TorchRL memmap's; ring_x_slower = numpy ring's rate / rate "
              "(targets: x_torchrl >= 3, ring_x_slower <= 4).")
     print(body)
