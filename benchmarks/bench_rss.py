@@ -60,7 +60,7 @@ def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
     spec = spec_for_frames()
     if subsample > 1:
         side = len(range(0, 84, subsample))
-        spec = es.Spec.create(obs=es.Field((side, side), np.uint8, stack=4),
+        spec = es.Spec.create(obs=es.Field((side, side), np.uint8, stack=4, chunk_rows=1),
                               action=es.Field((), np.int64, low=0, high=17))
     store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
     L = store.layout
@@ -270,7 +270,9 @@ def main() -> None:
                                         "tps_bs256", "us_per_batch_bs256",
                                         "frame_cache_hit_rate"])
             body += ("\n\n`store.sample(B)` in this process (uniform, stacked 4x17x17 uint8 "
-                     "frames: Atari frames subsampled, blosc-lz4, one template shard of "
+                     "frames: Atari frames subsampled, one row per inner chunk as Atari "
+                     "frames are, "
+                     "blosc-lz4, one template shard of "
                      "4096 rows repeated with each shard's own header), medians of repeats, "
                      "tr/s = transitions/s; default frame cache (256 MiB).")
             save_json("rss_flat", {"results": res})

@@ -794,6 +794,19 @@ class StoreSource:
             out[rest] = buf
         return ok
 
+    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``."""
+        st = self.store
+        if self._staged_mask(rows, steps) is None:
+            return st.reader.read_fields(names, rows, steps)
+        out = {}
+        for name in names:
+            f = st.layout.fields[name]
+            vals = np.empty((len(rows), *f.shape), f.dtype)
+            out[name] = (vals, self.read(name, rows, steps, vals))
+        return out
+
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Frames left in the reader's frame cache (see ``ShardReader.read_held``); rows

@@ -310,6 +310,40 @@ class ShardReader:
         out[rest] = part
         return ok
 
+    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``.
+
+        Rows of fields whose decoded shards the batch path holds (scalars, small vectors)
+        are located once for all of them; the rest go through :meth:`read`.
+        """
+        rows = np.asarray(rows, np.int64)
+        steps = np.asarray(steps, np.int64)
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        located = None
+        for name in names:
+            f = self.layout.fields[name]
+            vals = np.empty((len(rows), *f.shape), f.dtype)
+            table = self.tables.get(name)
+            if table is None or table.per_row or not 0 < len(rows) <= BATCH_ROWS:
+                out[name] = (vals, self.read(name, rows, steps, vals))
+                continue
+            if located is None:
+                S = self.layout.shard_rows
+                shards = rows // S
+                located = shards, rows - shards * S
+                self._bump(shards, steps)
+            shards, slots = located
+            ready = table.ready(shards, slots, steps)
+            if ready.all():
+                vals[...] = table.values[table.slot[shards], slots]
+                self.stats.chunk_cache_hits += len(rows)
+                self.stats.rows += len(rows)
+                out[name] = (vals, ready)
+                continue
+            out[name] = (vals, self.read(name, rows, steps, vals))
+        return out
+
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,
                   staged: tuple[np.ndarray, StagedRead] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
