@@ -62,6 +62,44 @@ def sustained_append(data: dict[str, Any], n: int, capacity: int, tmp: str) -> d
     return out
 
 
+def stage_costs(case: ExpstoreCase, ring: Any, bs: int, repeats: int) -> dict[str, float]:
+    """Median µs per batch of ``store.sample(bs)``'s stages: planning (index), reading
+    the columns (frame cache, C kernel, scalar tables), gathering the batch; the whole
+    call, and the numpy ring's ``sample`` measured interleaved with it."""
+    from expstore.loading.columns import numpy_alloc
+    from expstore.loading.transition_batch import finish_many, read_columns
+
+    st = case.reader_store
+    sampler = st._sampler
+    n = max(50, 12_800 // bs)
+    stats = st.reader.stats
+    h0, m0 = stats.row_cache_hits, stats.row_cache_misses
+    times: dict[str, list[float]] = {k: [] for k in ("plan", "read", "gather", "sample", "ring")}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plans = [sampler.plan(bs) for _ in range(n)]
+        t1 = time.perf_counter()
+        for p in plans:
+            cols = read_columns(p, st.layout, st.source, lazy=True)
+        t2 = time.perf_counter()
+        for _ in range(n):
+            finish_many(plans[-1], *cols, numpy_alloc)
+        t3 = time.perf_counter()
+        for _ in range(n):
+            st.sample(bs)
+        t4 = time.perf_counter()
+        for _ in range(n):
+            ring.ring.sample(bs)
+        t5 = time.perf_counter()
+        for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
+            times[k].append((b - a) / n * 1e6)
+    out = {f"{k}_us": statistics.median(v) for k, v in times.items()}
+    hits, misses = stats.row_cache_hits - h0, stats.row_cache_misses - m0
+    out["frame_cache_hit_rate"] = hits / max(1, hits + misses)
+    out["batch"] = bs
+    return out
+
+
 def sample_only(a: argparse.Namespace) -> None:
     """In-process uniform sampling of every case, each store filled once (``--only sample``)."""
     import torch
@@ -90,8 +128,17 @@ def sample_only(a: argparse.Namespace) -> None:
                 r[f"sample_tps_bs{bs}"], r[f"sample_tps_bs{bs}_runs"] = (
                     statistics.median(runs), runs)
             results.append(r)
-            case.close() if hasattr(case, "close") else None
+            if name == "expstore":
+                kept = case
+            else:
+                case.close() if hasattr(case, "close") else None
             print({k: v for k, v in r.items() if not k.endswith("_runs")}, flush=True)
+        stages = []
+        if "expstore" in a.cases.split(",") and "numpy" in a.cases.split(","):
+            ring_case = numpy_ring_case(data)
+            ring_case.extend_rate()
+            stages = [stage_costs(kept, ring_case, bs, a.repeats) for bs in (32, 256)]
+            kept.close()
     by = {r["case"]: r for r in results}
     base, ring = by.get("torchrl_memmap"), by.get("numpy_ring")
     for r in results:
@@ -110,8 +157,17 @@ def sample_only(a: argparse.Namespace) -> None:
              "after one unrecorded run per case and batch size. "
              "x_torchrl = rate / TorchRL memmap's; ring_x_slower = numpy ring's rate / rate "
              "(targets: x_torchrl >= 3, ring_x_slower <= 4).")
+    if stages:
+        body += ("\n\nWhere a batch's time goes (µs per batch, medians; `expstore` store; "
+                 "plan = `sampler.plan` (index only), read = `read_columns` (frames through "
+                 "the frame cache and the C kernel, scalars from decoded shard tables), "
+                 "gather = `finish_many` (stacks copied into the batch), sample = the whole "
+                 "`store.sample`, ring = the numpy ring's `sample` timed in the same loop):"
+                 "\n\n" + markdown_table(stages, ["batch", "plan_us", "read_us", "gather_us",
+                                                    "sample_us", "ring_us",
+                                                    "frame_cache_hit_rate"]))
     print(body)
-    save_json("store_sample", {"results": results, "n": a.n, "game": a.game,
+    save_json("store_sample", {"results": results, "stages": stages, "n": a.n, "game": a.game,
                                "source": data["source"]})
     if not a.no_write:
         write_section("In-process sample", body, command=command_line(),
