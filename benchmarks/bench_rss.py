@@ -204,13 +204,19 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float) -> l
         build(path, rows, subsample=5).close()
         store = es.open(path)
         r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows}
+        st = store.reader.stats
         for bs in (32, 256):
             store.sample(bs)
             step = functools.partial(store.sample, bs)
             runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
             r[f"tps_bs{bs}"] = statistics.median(runs)
             r[f"us_per_batch_bs{bs}"] = 1e6 * bs / r[f"tps_bs{bs}"]
-        st = store.reader.stats
+        req0, bound0 = st.requests, store.reader.tables["obs"].opened
+        for _ in range(20):
+            store.sample(32)
+        r["requests_per_batch_bs32"] = (st.requests - req0) / 20
+        r["shard_opens_per_batch_bs32"] = (store.reader.tables["obs"].opened - bound0) / 20
+        r["open_handles"] = len(store.reader.heads)
         r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
                                                               + st.row_cache_misses)
         print(r, flush=True)
@@ -268,13 +274,18 @@ def main() -> None:
             res = sample_cost(sizes, root, a.repeats, a.seconds)
             body = markdown_table(res, ["rows", "shards", "tps_bs32", "us_per_batch_bs32",
                                         "tps_bs256", "us_per_batch_bs256",
-                                        "frame_cache_hit_rate"])
+                                        "frame_cache_hit_rate", "requests_per_batch_bs32",
+                                        "shard_opens_per_batch_bs32", "open_handles"])
             body += ("\n\n`store.sample(B)` in this process (uniform, stacked 4x17x17 uint8 "
                      "frames: Atari frames subsampled, one row per inner chunk as Atari "
                      "frames are, "
                      "blosc-lz4, one template shard of "
                      "4096 rows repeated with each shard's own header), medians of repeats, "
-                     "tr/s = transitions/s; default frame cache (256 MiB).")
+                     "tr/s = transitions/s; default frame cache (256 MiB). requests = reads the "
+                     "reader issued (frames decoded by the kernel, shard heads) per batch of "
+                     "32; shard_opens = `obs` shard versions opened (header + index read) per "
+                     "batch of 32; open_handles = shard versions held open (at most "
+                     "`max_open`, 4096, over all fields).")
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line())
