@@ -1,9 +1,12 @@
-"""Memory of a process sampling from a 10M-row image store (target: RSS < 1.5 GB).
+"""Memory of a process sampling from a 10M-row image store (target: RSS < 1.5 GB), the
+peak RSS of opening stores of 1M to 100M rows, and sampling cost against store size.
 
 Usage (from the repository root)::
 
     python benchmarks/bench_rss.py                 # 10M rows, ~3 GB on disk under ./.bench_rss
     python benchmarks/bench_rss.py --rows 2000000 --keep
+    python benchmarks/bench_rss.py --open 1000000,10000000,100000000   # "Memory: open"
+    python benchmarks/bench_rss.py --flat 1000000,10000000              # "Sampling vs size"
 
 Filling 10M rows through ``store.extend`` takes minutes of encoding, so the store is built
 shard by shard from one template: 4096 real Atari frames are encoded once and every shard
@@ -11,13 +14,23 @@ reuses those chunk bytes with its own header, step ids and episode metadata; the
 complete, valid store (``expstore verify`` and plain zarr read it) whose content repeats every
 4096 rows. The measured processes then open it as users do and sample stacked batches;
 each reports its peak RSS (``ru_maxrss``). Section "Memory (10M rows)" of RESULTS.md.
+
+``--open``: stores holding only what opening reads (the per-row metadata shards
+``_episode_step`` and ``_flags``, written from one template shard; no frame shards), opened
+in a fresh process that reports its peak RSS above what imports took, once as ``open``
+streams the index and once loading each lane in one pass (the baseline, in the same run;
+skipped above ``--one-pass-max`` rows). ``--flat``: stores of small frames (Atari frames
+subsampled to 17x17, stacked 4, same template scheme) sampled in this process at each
+size: batch cost should not grow with rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -37,12 +50,22 @@ from expstore.storage import LaneState, write_state  # noqa: E402
 from expstore.storage.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
 
-def build(path: Path, rows: int, episode_len: int = 800) -> es.Store:
-    """A ``rows``-row store filled from one encoded template shard (see module doc)."""
-    store = es.create(path, spec_for_frames(), capacity=rows, overwrite=True, fsync=False)
+def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
+          metadata_only: bool = False) -> es.Store:
+    """A ``rows``-row store filled from one encoded template shard (see module doc).
+
+    ``subsample``: keep every k-th pixel of each frame (small frames); ``metadata_only``:
+    write only the shards opening a store reads (``_episode_step``, ``_flags``).
+    """
+    spec = spec_for_frames()
+    if subsample > 1:
+        side = len(range(0, 84, subsample))
+        spec = es.Spec.create(obs=es.Field((side, side), np.uint8, stack=4, chunk_rows=1),
+                              action=es.Field((), np.int64, low=0, high=17))
+    store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
     L = store.layout
     S = L.shard_rows
-    frames = load_atari_frames(S)["frames"]
+    frames = load_atari_frames(S)["frames"][:, ::subsample, ::subsample]
     enc = {n: L.codec(n) for n in L.fields}
     obs_chunks = [enc["obs"].encode(np.ascontiguousarray(frames[i : i + 1])) for i in range(S)]
 
@@ -62,8 +85,17 @@ def build(path: Path, rows: int, episode_len: int = 800) -> es.Store:
     }
     t0 = time.perf_counter()
     n_shards = L.capacity // S
+    if metadata_only:
+        statics = {k: statics[k] for k in ("_episode_step", "_flags")}
     for shard in range(n_shards):
         first = shard * S
+        if metadata_only:
+            for name, chunks in statics.items():
+                store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
+            if shard % 2000 == 0:
+                print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)",
+                      flush=True)
+            continue
         store.backend.put(L.shard_key("obs", shard), assemble(obs_chunks, first, S))
         for name, chunks in statics.items():
             store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
@@ -109,6 +141,94 @@ print(json.dumps({"mode": mode, "rows": len(store), "open_s": opened, "tps": rat
 """
 
 
+OPEN_CHILD = r"""
+import json, resource, sys, time
+import expstore as es
+import expstore.store as store_mod
+path, block = sys.argv[1], int(sys.argv[2])
+if block:
+    store_mod.LOAD_BLOCK_ROWS = block
+def status_mb(key):
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+import gc; gc.collect()
+with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the RSS now
+    f.write("5")
+base = status_mb("VmRSS")
+t0 = time.perf_counter()
+store = es.open(path)
+opened = time.perf_counter() - t0
+peak = status_mb("VmHWM")
+print(json.dumps({"rows": len(store), "load": "one pass" if block else "streamed",
+                  "open_s": opened, "before_mb": base, "peak_mb": peak,
+                  "open_peak_mb": peak - base, "open_peak_b_per_row": (peak - base) * 2**20
+                  / len(store), "settled_mb": status_mb("VmRSS") - base,
+                  "index_mb": store.index.nbytes / 2**20}))
+"""
+
+
+def measure_open(path: Path, one_pass: bool) -> dict:
+    block = 1 << 40 if one_pass else 0
+    out = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(path), str(block)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def open_rss(sizes: list[int], root: Path, one_pass_max: int) -> list[dict]:
+    """Peak RSS of ``es.open`` on metadata-only stores of each size (see module doc)."""
+    results = []
+    for rows in sizes:
+        path = root / f"meta_{rows}.zarr"
+        print(f"building a {rows:,}-row metadata store at {path} ...", flush=True)
+        build(path, rows, metadata_only=True)
+        for one_pass in (False, True):
+            if one_pass and rows > one_pass_max:
+                continue
+            r = measure_open(path, one_pass)
+            print(r, flush=True)
+            results.append(r)
+        shutil.rmtree(path, ignore_errors=True)
+    return results
+
+
+def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float) -> list[dict]:
+    """Uniform stacked batches sampled in this process from small-frame stores of each
+    size: median µs per batch of 32 and 256 (see module doc)."""
+    from benchmarks.baselines import timed_loop
+
+    results = []
+    for rows in sizes:
+        path = root / f"small_{rows}.zarr"
+        print(f"building a {rows:,}-row small-frame store at {path} ...", flush=True)
+        build(path, rows, subsample=5).close()
+        for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
+            if f.is_file():
+                f.read_bytes()
+        store = es.open(path)
+        r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows}
+        st = store.reader.stats
+        for bs in (32, 256):
+            step = functools.partial(store.sample, bs)
+            timed_loop(step, bs, seconds)  # warm-up: shards opened, caches filled
+            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+            r[f"tps_bs{bs}"] = statistics.median(runs)
+            r[f"us_per_batch_bs{bs}"] = 1e6 * bs / r[f"tps_bs{bs}"]
+        req0, bound0 = st.requests, store.reader.tables["obs"].opened
+        for _ in range(20):
+            store.sample(32)
+        r["requests_per_batch_bs32"] = (st.requests - req0) / 20
+        r["shard_opens_per_batch_bs32"] = (store.reader.tables["obs"].opened - bound0) / 20
+        r["open_handles"] = len(store.reader.heads)
+        r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
+                                                              + st.row_cache_misses)
+        print(r, flush=True)
+        results.append(r)
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return results
+
+
 def measure(path: Path, mode: str, batches: int) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), mode, str(batches)],
                          capture_output=True, text=True, check=True)
@@ -122,7 +242,59 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=400)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--open", default="", help="comma-separated row counts: open RSS only")
+    p.add_argument("--one-pass-max", type=int, default=10_000_000,
+                   help="largest store also opened with the one-pass baseline")
+    p.add_argument("--flat", default="", help="comma-separated row counts: sampling cost")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=1.0)
     a = p.parse_args()
+    if a.open or a.flat:
+        root = Path(a.path).parent
+        root.mkdir(parents=True, exist_ok=True)
+        if a.open:
+            sizes = [int(x) for x in a.open.split(",")]
+            res = open_rss(sizes, root, a.one_pass_max)
+            body = markdown_table(res, ["rows", "load", "open_s", "before_mb", "peak_mb",
+                                        "open_peak_mb", "open_peak_b_per_row", "settled_mb",
+                                        "index_mb"])
+            body += ("\n\nStores holding only the metadata shards opening reads "
+                     "(`_episode_step`, `_flags`; one template shard of 4096 rows written "
+                     "per shard with its own header, no frame shards). Each open runs in a "
+                     "fresh process: before_mb = its RSS just before `es.open` (MiB; "
+                     "imports done), when its peak (VmHWM) is reset (`/proc/self/clear_refs`);"
+                     " peak_mb = VmHWM after open; open_peak = the difference; settled_mb = "
+                     "RSS after open minus before_mb; index_mb = the row index "
+                     "(5 B/row). load 'one pass' sets `expstore.store.LOAD_BLOCK_ROWS` above "
+                     "the lane size: every row of a lane indexed at once, as before "
+                     "streaming.")
+            save_json("rss_open", {"results": res})
+            if not a.no_write:
+                write_section("Memory: open", body, command=command_line())
+            print(body)
+        if a.flat:
+            sizes = [int(x) for x in a.flat.split(",")]
+            res = sample_cost(sizes, root, a.repeats, a.seconds)
+            body = markdown_table(res, ["rows", "shards", "tps_bs32", "us_per_batch_bs32",
+                                        "tps_bs256", "us_per_batch_bs256",
+                                        "frame_cache_hit_rate", "requests_per_batch_bs32",
+                                        "shard_opens_per_batch_bs32", "open_handles"])
+            body += ("\n\n`store.sample(B)` in this process, warm page cache (uniform, "
+                     "stacked 4x17x17 uint8 "
+                     "frames: Atari frames subsampled, one row per inner chunk as Atari "
+                     "frames are, "
+                     "blosc-lz4, one template shard of "
+                     "4096 rows repeated with each shard's own header), medians of repeats, "
+                     "tr/s = transitions/s; default frame cache (256 MiB). requests = reads the "
+                     "reader issued (frames decoded by the kernel, shard heads) per batch of "
+                     "32; shard_opens = `obs` shard versions opened (header + index read) per "
+                     "batch of 32; open_handles = shard versions held open (at most "
+                     "`max_open`, 4096, over all fields).")
+            save_json("rss_flat", {"results": res})
+            if not a.no_write:
+                write_section("Sampling vs store size", body, command=command_line())
+            print(body)
+        return
     path = Path(a.path)
     if not (path / "zarr.json").exists() or es.open(path).capacity < a.rows:
         print(f"building a {a.rows:,}-row store at {path} ...", flush=True)

@@ -150,7 +150,7 @@ def _refuse_if_leased(backend: Backend) -> None:
 def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
          fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
-         strict: bool = False) -> Store:
+         strict: bool = False, cache_bytes: int | None = None) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -167,17 +167,30 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     :class:`ValidationError` naming ``obs`` instead of being stored; by default the previous
     step is closed first with a final row holding its ``next_obs``, so a sampled
     ``next_obs`` is always the one given with its step.
+
+    ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
+    (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
+    frames are first read, so RAM grows to the budget only as rows are sampled.
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
+    if cache_bytes is not None and (isinstance(cache_bytes, bool) or
+                                    not isinstance(cache_bytes, (int, np.integer))
+                                    or cache_bytes < 0):
+        raise ValueError(f"cache_bytes: expected an int >= 0 (bytes), got {cache_bytes!r}")
     url = os.fspath(url)
     backend = backend_for(url, storage_options, fsync)
     layout = read_layout(backend)
     if spec is not None and not layout.spec.same_as(spec):
         raise SpecError(f"{url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
-    return Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
-                 lease_ttl=lease_ttl, strict=strict)
+    store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
+                  lease_ttl=lease_ttl, strict=strict)
+    if cache_bytes is not None:
+        store.cache_bytes = int(cache_bytes)
+        if store._reader is not None:
+            store._reader.set_row_cache_bytes(store.cache_bytes)
+    return store
 
 
 def _check_writable(backend: Backend) -> None:
@@ -222,6 +235,11 @@ def _release_at_end(leases: list[Any]) -> None:
 QUARANTINE_RELOAD = 5.0  # seconds between re-reads of the quarantine on refresh()
 
 
+#: rows of a lane indexed per block when a store is opened or refreshed (bounds the
+#: temporary arrays of a load: about 40 bytes per row of a block)
+LOAD_BLOCK_ROWS = 1 << 18
+
+
 class Store:
     """A disk-backed ring of transitions. See :func:`create` and :func:`open`.
 
@@ -230,6 +248,9 @@ class Store:
     the process exits, releases its leases without flushing: rows added since the last
     :meth:`flush` are not committed (reopening gives the store as of that flush).
     """
+
+    #: bytes of decoded frames kept by this process's reader (``open(cache_bytes=...)``)
+    cache_bytes: int = 256 << 20
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
@@ -326,12 +347,18 @@ class Store:
     def reader(self) -> ShardReader:
         """This process's reader (a forked child gets its own)."""
         if self._reader is None or self._reader_pid != os.getpid():
-            self._reader = ShardReader(self.backend, self.layout)
+            self._reader = ShardReader(self.backend, self.layout,
+                                       row_cache_bytes=self.cache_bytes)
             self._reader_pid = os.getpid()
         return self._reader
 
     def _load_lane(self, st: LaneState) -> None:
-        """Bring the index of one lane up to a committed state (reads metadata shards)."""
+        """Bring the index of one lane up to a committed state (reads metadata shards).
+
+        Streams: rows are read and indexed in blocks of :data:`LOAD_BLOCK_ROWS`, so the
+        temporary arrays of a load stay a few MB whatever the lane's size (the index
+        itself is 5 bytes per row).
+        """
         idx = self.index
         lane = st.lane
         old_count = int(idx.count[lane])
@@ -339,26 +366,42 @@ class Store:
         start = max(old_count, st.valid_from)
         if st.count <= start:
             return
-        steps = np.arange(start, st.count)
-        rows = idx.lane_rows(lane, steps)
+        lost_ranges = self._quarantine.lanes.get(lane, [])
+        a = start
+        while a < st.count:  # block ends aligned to LOAD_BLOCK_ROWS: no shard read twice
+            b = min(st.count, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
+            self._load_block(lane, a, b, st.count)
+            if lost_ranges:
+                idx.mark_lost(lane, lost_ranges, a, b)
+            a = b
+
+    def _load_block(self, lane: int, start: int, stop: int, count: int) -> None:
+        """Index steps ``[start, stop)`` of ``lane`` from its metadata shards."""
+        steps = np.arange(start, stop, dtype=np.int64)
+        rows = self.index.lane_rows(lane, steps)
         ep = np.zeros(len(rows), np.int32)
         fl = np.zeros(len(rows), np.uint8)
-        ok1 = ok2 = lost = self._quarantine.mask(lane, steps)  # never read lost rows
-        if not lost.all():
-            keep = np.flatnonzero(~lost)
+        lost = self._quarantine.mask(lane, steps)  # never read lost rows
+        ok = lost.copy()
+        keep = None if not lost.any() else np.flatnonzero(~lost)
+        if keep is None:
+            ok = self.reader.read("_episode_step", rows, steps, ep)
+            ok &= self.reader.read("_flags", rows, steps, fl)
+        elif len(keep):
             e, f = np.empty(len(keep), np.int32), np.empty(len(keep), np.uint8)
-            ok1, ok2 = lost.copy(), lost.copy()
-            ok1[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
-            ok2[keep] = self.reader.read("_flags", rows[keep], steps[keep], f)
+            ok[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
+            ok[keep] &= self.reader.read("_flags", rows[keep], steps[keep], f)
             ep[keep], fl[keep] = e, f
-        if not (ok1.all() and ok2.all()):
-            bad = int(rows[~(ok1 & ok2)][0])
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
             raise StoreCorruptError(
-                f"{self.url}/{self.layout.shard_key('_flags', bad // self.layout.shard_rows)}: "
-                f"lane {lane} state covers steps up to {st.count} but a shard does not hold "
-                f"step {int(steps[~(ok1 & ok2)][0])}")
-        idx.put(lane, start, ep, fl)
-        idx.mark_lost(lane, self._quarantine.lanes.get(lane, []), start, st.count)
+                f"{self.url}/"
+                f"{self.layout.shard_key('_flags', int(rows[bad]) // self.layout.shard_rows)}: "
+                f"lane {lane} state covers steps up to {count} but a shard does not hold "
+                f"step {int(steps[bad])}")
+        for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
+            self.reader.drop_chunks(name)
+        self.index.put(lane, start, ep, fl)
 
     def _load_lane_retrying(self, st: LaneState) -> None:
         """:meth:`_load_lane`; if a shard no longer holds rows the state promised, a writer
@@ -724,13 +767,26 @@ class StoreSource:
         """The shard reader's counters (staged rows are not counted)."""
         return self.store.reader.stats
 
-    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
-             out: np.ndarray) -> np.ndarray:
+    def _staged_mask(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
+        """Which rows are not committed (staged by this process's writers or by other local
+        writers); ``None`` when no row is."""
         st = self.store
         if not st.writers and not st._staged.sessions:
-            return st.reader.read(name, rows, steps, out)
-        L = st.layout.lane_capacity
-        lane = rows // L
+            return None
+        lane = rows // st.layout.lane_capacity
+        committed = st.index.committed.copy()
+        for i, w in st.writers.items():
+            committed[i] = w.committed.count
+        mask = steps >= committed[lane]
+        return mask if mask.any() else None
+
+    def _read_staged(self, name: str, rows: np.ndarray, steps: np.ndarray,
+                     out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows staged in RAM (this process's writers) or in shared memory (other local
+        writers): ``(delivered, on storage)``, the latter for rows to read from shards
+        (never staged, or committed since)."""
+        st = self.store
+        lane = rows // st.layout.lane_capacity
         ok = np.zeros(len(rows), bool)
         staged = np.zeros(len(rows), bool)
         for i, w in st.writers.items():
@@ -741,9 +797,46 @@ class StoreSource:
                 staged |= sel
         if st._staged.sessions:  # never ask storage for rows not committed
             st._staged.read(name, rows, steps, out, lane, ok, staged)
-        rest = np.flatnonzero(~staged)
+        return ok, ~staged
+
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        st = self.store
+        if not st.writers and not st._staged.sessions:
+            return st.reader.read(name, rows, steps, out)
+        ok, stored = self._read_staged(name, rows, steps, out)
+        rest = np.flatnonzero(stored)
         if len(rest):
             buf = np.empty((len(rest), *out.shape[1:]), out.dtype)
             ok[rest] = st.reader.read(name, rows[rest], steps[rest], buf)
             out[rest] = buf
         return ok
+
+    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``."""
+        st = self.store
+        if self._staged_mask(rows, steps) is None:
+            return st.reader.read_fields(names, rows, steps)
+        out = {}
+        for name in names:
+            f = st.layout.fields[name]
+            vals = np.empty((len(rows), *f.shape), f.dtype)
+            out[name] = (vals, self.read(name, rows, steps, vals))
+        return out
+
+    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Frames left in the reader's frame cache (see ``ShardReader.read_held``); rows
+        not committed yet are copied from staging into the cache's scratch rows."""
+        reader = self.store.reader
+        mask = self._staged_mask(rows, steps)
+        if mask is None:
+            return reader.read_held(name, rows, steps)
+
+        def staged(r: np.ndarray, s: np.ndarray, out: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+            ok, stored = self._read_staged(name, r, s, out)
+            return ok, stored & ~ok
+
+        return reader.read_held(name, rows, steps, staged=(mask, staged))

@@ -365,3 +365,61 @@ def test_pinned_batches_to_the_gpu(tmp_path) -> None:
         check_batch({k: v.cpu() for k, v in b.items()})
     loader.close()
     store.close()
+
+
+def _check_sampled(batch, lane=0) -> None:
+    """Every sample's newest obs frame is its anchor step's, its next_obs frame the next
+    step's, and its extra field the anchor step: no cached frame of another step."""
+    for i, s in enumerate(batch["step_id"].tolist()):
+        assert decode_frame(batch["obs"][i, -1]) == (lane, s)
+        assert decode_frame(batch["next_obs"][i, -1]) == (lane, s + 1)
+        assert batch["step"][i] == s
+        assert (batch["obs"][i, -1, 2:] == s % 7).all()
+
+
+def test_in_process_sample_reads_through_a_bounded_frame_cache(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=256, shard_rows=16)
+    write(store, 0, 0, 200)
+    store.close()
+    budget = 64 << 10  # 64 frames of 1 KiB: smaller than the store
+    with pytest.raises(ValueError, match="cache_bytes"):
+        es.open(tmp_path / "s.zarr", cache_bytes=-1)
+    store = es.open(tmp_path / "s.zarr", cache_bytes=budget)
+    cache = store.reader.row_caches["obs"]
+    assert 0 < cache.data.nbytes <= budget
+    rows = np.flatnonzero(store.index.valid(np.arange(200), store.history, 1))[:12]
+    first = store.transitions(rows)
+    hits = store.reader.stats.row_cache_hits
+    again = store.transitions(rows)  # the same frames: served from the cache
+    assert store.reader.stats.row_cache_hits - hits >= len(rows)
+    for k in first:
+        assert np.array_equal(first[k], again[k])
+    for _ in range(50):  # many more frames than the cache holds
+        _check_sampled(store.sample(32))
+    assert cache.data.nbytes <= budget
+    store.close()
+    off = es.open(tmp_path / "s.zarr", cache_bytes=0)  # no cache: the same batches
+    assert not off.reader.row_caches["obs"]
+    plain = off.transitions(rows)
+    for k in first:
+        assert np.array_equal(first[k], plain[k])
+    off.close()
+
+
+def test_staged_and_wrapped_rows_sampled_in_process_are_never_stale(tmp_path) -> None:
+    """A writer samples its own store while it wraps the ring several times: unflushed
+    rows come from RAM, and frames cached before a slot was rewritten are never served."""
+    store = make_store(tmp_path / "s.zarr", capacity=64, shard_rows=16)
+    write(store, 0, 0, 40)
+    store.flush()
+    staged = 0
+    for t in range(40, 400, 7):
+        write(store, 0, t, 7)
+        if t % 3 == 0:
+            store.flush()
+        batch = store.sample(16)
+        _check_sampled(batch)
+        staged += int((batch["step_id"] >= store.writers[0].committed.count).sum())
+    assert staged > 0  # unflushed rows were sampled
+    assert store.reader.stats.row_cache_hits > 0  # through the frame cache
+    store.close()

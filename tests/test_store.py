@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 import expstore as es
-from expstore.rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from expstore.rows import FLAG_BAD, FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from expstore.storage import Layout
 
 
@@ -377,3 +377,61 @@ def test_vector_add_gives_a_priority_sampler_what_one_add_per_lane_gives(tmp_pat
     assert np.count_nonzero(want) > 80 and np.array_equal(got, want)
     vec.close()
     one.close()
+
+
+def _metadata_store(path, rows=1 << 17, episode_len=100):
+    spec = es.Spec.create(obs=es.Field((), np.float32), action=es.Field((), np.int64))
+    store = es.create(path, spec, capacity=rows, shard_rows=4096)
+    t = np.arange(rows - rows // episode_len)  # steps; each episode adds a final row
+    ends = (t + 1) % (episode_len - 1) == 0
+    store.extend(dict(obs=t.astype(np.float32), action=t % 5, reward=np.zeros(len(t)),
+                      terminated=ends, truncated=np.zeros(len(t), bool),
+                      next_obs=(t + 1).astype(np.float32)))
+    store.close()
+    return rows
+
+
+def test_open_streams_the_index_in_blocks(tmp_path, monkeypatch):
+    """Opening indexes a lane block by block: what the load allocates beyond the index
+    (5 B/row) stays a few MB: one pass over all rows took ~64 B/row."""
+    import tracemalloc
+
+    import expstore.store as store_mod
+
+    rows = _metadata_store(tmp_path / "m.zarr", rows=1 << 18)
+    full = es.open(tmp_path / "m.zarr")
+    monkeypatch.setattr(store_mod, "LOAD_BLOCK_ROWS", 8192)
+    tracemalloc.start()
+    try:
+        store = es.open(tmp_path / "m.zarr")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(store) == len(full) > rows * 0.99
+    assert np.array_equal(store.index.flags, full.index.flags)
+    assert np.array_equal(store.index.episode_step, full.index.episode_step)
+    assert peak < 10 * rows, f"open peaked at {peak / rows:.1f} B/row"
+    store.close()
+    full.close()
+
+
+def test_blockwise_open_marks_lost_rows_like_one_pass(tmp_path, monkeypatch):
+    import expstore.store as store_mod
+    from expstore.storage import Quarantine, backend_for, write_quarantine
+
+    url = tmp_path / "m.zarr"
+    rows = _metadata_store(url, rows=1 << 14)
+    q = Quarantine()
+    q.add(0, 5000, 5010)  # inside a block
+    q.add(0, 8190, 8200)  # across a block boundary
+    write_quarantine(backend_for(str(url)), q)
+    one = es.open(url)
+    monkeypatch.setattr(store_mod, "LOAD_BLOCK_ROWS", 4096)
+    blocks = es.open(url)
+    assert np.array_equal(one.index.flags, blocks.index.flags)
+    assert np.array_equal(one.index.episode_step, blocks.index.episode_step)
+    lost = np.flatnonzero(blocks.index.flags & FLAG_BAD)
+    assert set(lost.tolist()) == set(range(5000, 5010)) | set(range(8190, 8200))
+    assert rows == blocks.capacity
+    one.close()
+    blocks.close()

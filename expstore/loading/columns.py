@@ -73,6 +73,12 @@ def read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     """
     f = layout.fields[name]
     flat_r, flat_s = rows.ravel(), steps.ravel()
+    if split is None and not lazy and layout.chunk_rows(name) > 1:
+        # values held many rows per chunk (scalars, small vectors) cost an array lookup
+        # each: reading duplicates is cheaper than finding them
+        vals = np.empty((len(flat_r), *f.shape), f.dtype)
+        good = source.read(name, flat_r, flat_s, vals)
+        return vals.reshape(*rows.shape, *f.shape), good.reshape(rows.shape)
     key = flat_s * layout.lanes + flat_r // layout.lane_capacity  # (lane, step) <-> (row, step)
     uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
     held = getattr(source, "read_held", None) if lazy else None

@@ -50,20 +50,30 @@ def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
         suffix = name[3:]
         out["obs" + suffix] = obs
         out["next_obs" + suffix] = nxt
-    anchors = plan.rows
-    for name in spec.fields:
-        if name in spec.obs_names or name in ("reward", "terminated", "truncated"):
-            continue
-        vals, good = read_unique(source, layout, name, anchors, plan.steps)
+    names = [n for n in spec.fields if n not in spec.obs_names
+             and (plan.n_step == 1 or n not in ("reward", "terminated", "truncated"))]
+    for name, (vals, good) in read_at(source, layout, names, plan.rows, plan.steps).items():
         ok &= good
         out[name] = vals
-    _rewards(plan, layout, source, out, ok)
+    if plan.n_step > 1:
+        _rewards(plan, layout, source, out, ok)
     return out, ok
+
+
+def read_at(source: RowSource, layout: Layout, names: list[str], rows: np.ndarray,
+            steps: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Fields ``names`` at ``rows`` (one lane step each): ``{name: (values, ok)}``; one
+    call where the source reads several fields at once (``read_fields``)."""
+    many = getattr(source, "read_fields", None)
+    if many is not None:
+        return many(names, rows, steps)
+    return {n: read_unique(source, layout, n, rows, steps) for n in names}
 
 
 def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
              ok: np.ndarray) -> None:
-    """Reward (n-step discounted sum) and done flags of the last step in the horizon."""
+    """Reward (n-step discounted sum) and done flags of the last step in the horizon
+    (``n_step > 1``; one step reads them at the anchors with the other fields)."""
     L = layout.lane_capacity
     n = plan.n_step
     j = np.arange(n, dtype=np.int64)
@@ -81,9 +91,6 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
         v, g = read_unique(source, layout, name, rows[take, last], steps[take, last])
         ok &= g
         out[name] = v
-    if n == 1:
-        out["reward"] = r[:, 0]
-        return
     disc = plan.gamma ** j.astype(np.float64)
     out["reward"] = (r.astype(np.float64) * disc * mask).sum(axis=1).astype(r.dtype)
     out["horizon"] = plan.horizon.astype(np.int64)

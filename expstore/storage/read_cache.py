@@ -54,6 +54,7 @@ class ShardTable:
             per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
             self.max_slots = int(min(n_shards, values_budget // per_slot))  # 0: none kept
         self._rng = np.random.default_rng(0)
+        self.opened = 0  # versions bound so far (shard opens of this field)
 
     @property
     def per_row(self) -> bool:
@@ -64,6 +65,7 @@ class ShardTable:
              values: np.ndarray | None = None) -> None:
         """Record the version of ``shard`` just cached (``values``: its decoded rows)."""
         self.unbind(shard)
+        self.opened += 1
         if not self.per_row and (values is None or not self.max_slots):
             return  # rows of this shard take the general path (chunk cache)
         s = self._take_slot(shard)

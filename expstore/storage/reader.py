@@ -116,6 +116,16 @@ class ShardReader:
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
 
+    def drop_chunks(self, name: str) -> None:
+        """Forget the decoded multi-row chunks of ``name`` (e.g. metadata read once, when
+        a store's index is loaded)."""
+        for key in [k for k in self.chunk_cache if k[0] == name]:
+            self._cached_bytes -= self.chunk_cache.pop(key).nbytes
+
+    def set_row_cache_bytes(self, budget: int) -> None:
+        """Resize the decoded-frame cache to ``budget`` bytes (its rows are dropped)."""
+        self.row_caches = self._row_caches(budget)
+
     def _kernel_codec(self, name: str) -> bool:
         """Whether the C kernel decodes ``name``'s chunks (blosc with LZ4 or LZ4HC)."""
         cfg = self.layout.fields[name].resolved_codec()
@@ -299,6 +309,40 @@ class ShardReader:
         ok[rest] = self._read_general(name, rows[rest], steps[rest], part)
         out[rest] = part
         return ok
+
+    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``.
+
+        Rows of fields whose decoded shards the batch path holds (scalars, small vectors)
+        are located once for all of them; the rest go through :meth:`read`.
+        """
+        rows = np.asarray(rows, np.int64)
+        steps = np.asarray(steps, np.int64)
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        located = None
+        for name in names:
+            f = self.layout.fields[name]
+            vals = np.empty((len(rows), *f.shape), f.dtype)
+            table = self.tables.get(name)
+            if table is None or table.per_row or not 0 < len(rows) <= BATCH_ROWS:
+                out[name] = (vals, self.read(name, rows, steps, vals))
+                continue
+            if located is None:
+                S = self.layout.shard_rows
+                shards = rows // S
+                located = shards, rows - shards * S
+                self._bump(shards, steps)
+            shards, slots = located
+            ready = table.ready(shards, slots, steps)
+            if ready.all():
+                vals[...] = table.values[table.slot[shards], slots]
+                self.stats.chunk_cache_hits += len(rows)
+                self.stats.rows += len(rows)
+                out[name] = (vals, ready)
+                continue
+            out[name] = (vals, self.read(name, rows, steps, vals))
+        return out
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,
                   staged: tuple[np.ndarray, StagedRead] | None = None
