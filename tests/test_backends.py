@@ -218,6 +218,14 @@ def test_schemes_map_to_their_backends(tmp_path):
     if importlib.util.find_spec("s3fs"):  # building it issues no request
         s3 = backend_for("s3://bucket/x", {"anon": True, "endpoint_url": "http://127.0.0.1:9"})
         assert type(s3) is S3Backend and s3.pins_versions
+    if importlib.util.find_spec("gcsfs"):
+        for scheme in ("gs", "gcs"):
+            gcs = backend_for(f"{scheme}://bucket/x", {"token": "anon"})
+            assert type(gcs) is GCSBackend and gcs.root == "bucket/x"
+    if importlib.util.find_spec("adlfs"):
+        for scheme in ("az", "abfs", "abfss"):
+            az = backend_for(f"{scheme}://container/x", {"account_name": "acct", "anon": True})
+            assert type(az) is AzureBackend and az.root == "container/x"
     assert type(backend_for(f"local://{tmp_path}")) is FsspecBackend  # no entry: generic
 
 
