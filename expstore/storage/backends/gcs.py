@@ -72,7 +72,7 @@ class GCSBackend(VersionedBackend):
                     ) -> tuple[int, Any, bytes]:
         fs = self.fs
         session = await fs._set_session()
-        async with session.request(method, url, params=params, data=data,
+        async with session.request(method, url, params=fs._get_params(params), data=data,
                                    headers=fs._get_headers(headers),
                                    timeout=fs.requests_timeout) as r:
             return r.status, r.headers, await r.read()
