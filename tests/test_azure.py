@@ -10,8 +10,10 @@ import pytest
 from _object_store_cases import ObjectStoreCases
 
 import expstore as es
-from expstore.errors import PreconditionFailed
-from expstore.storage.backends import AzureBackend, backend_for
+from expstore.errors import LeaseUnsupportedError, PreconditionFailed
+from expstore.storage import acquire_all
+from expstore.storage.backends import AzureBackend, RetryPolicy, backend_for
+from expstore.testing import TcpProxy
 from expstore.testing.azure import azure_options, connection_string
 
 pytest.importorskip("adlfs")
@@ -86,3 +88,38 @@ class TestStoreOnAzurite(ObjectStoreCases):
 
     def options_for(self, endpoint):
         return azure_options(endpoint)
+
+
+def test_the_probe_rides_through_an_outage_or_says_it_cannot_tell(azurite, az_url):
+    url, _ = az_url
+    with TcpProxy(azurite.port) as proxy:
+        so = azure_options(proxy.endpoint)
+        proxy.cut()
+        b = AzureBackend(url, so, retry=RetryPolicy(attempts=3, base=0.01, deadline=3))
+        with pytest.raises(es.StorageError, match=r"az://.*cannot tell whether the endpoint "
+                           r"honours conditional writes.*after 3 attempt"):
+            b.atomic_conditional_writes  # noqa: B018
+        proxy.restore()
+        assert b.atomic_conditional_writes and b.pins_versions  # probed now, and honoured
+
+
+def test_a_probe_refused_claims_nothing_and_is_re_run(azurite, az_url):
+    """Wrong credentials (HTTP 403): no claim, leases refused saying why, and the failure
+    stays with that backend: others on the endpoint are unaffected."""
+    url, _ = az_url
+    with TcpProxy(azurite.port) as proxy:  # an endpoint no backend has probed yet
+        good = azure_options(proxy.endpoint)
+        bad = {"connection_string": good["connection_string"].replace(
+            "AccountKey=Eby8", "AccountKey=AAAA")}
+        b = AzureBackend(url, bad)
+        caps = b.capabilities()
+        assert caps.failed and not caps.atomic and not caps.pins
+        assert "probe failed" in caps.reason and b.requests["retried"] == 0  # permanent
+        with pytest.raises(LeaseUnsupportedError, match="probe failed"):
+            acquire_all(b, [0], 60.0)
+        assert b.capabilities() is caps  # kept for probe_retry_after seconds
+        b.probe_retry_after = 0.0
+        again = b.capabilities()  # re-run, and refused again
+        assert again is not caps and again.failed and not again.atomic
+        assert AzureBackend(url, good).capabilities().atomic  # not cached for the endpoint
+        assert b.capabilities().atomic  # the endpoint's result, once known, holds for all

@@ -14,7 +14,10 @@ client too; a replaced object raises :class:`~expstore.errors.ObjectChanged`.
 Not every server honours preconditions (several emulators accept any conditional write).
 The provider's own endpoints are trusted; any other endpoint (an emulator, a gateway) is
 probed once per process with a scratch object under the store root (create-only twice,
-then a replace with a wrong version, then a read back), and a server that accepts a write
+then a replace with a wrong version, then a read back; requests retried as any other; an
+endpoint still unreachable raises :class:`~expstore.errors.StorageError`, a probe refused
+otherwise, e.g. without write permission, claims nothing and is re-run after
+``probe_retry_after`` seconds), and a server that accepts a write
 it should have refused gets ``atomic_conditional_writes = False`` (lane leases are then
 refused; ``put_if`` falls back to read, compare, write), a server whose reads name no
 version gets ``pins_versions = False`` (readers re-check shard headers instead).
@@ -31,7 +34,7 @@ from typing import Any, ClassVar
 from ...errors import ObjectChanged, PreconditionFailed, StorageError
 from .base import content_tag
 from .fsspec import FsspecBackend, RemoteObject, Span
-from .retry import retrying
+from .retry import is_transient, retrying
 
 
 class ServerBusy(ConnectionError):
@@ -65,8 +68,8 @@ class VersionedBackend(FsspecBackend):
     :meth:`_vget`, :meth:`_vput` and :meth:`_endpoint` (and may override
     :meth:`_trusted_endpoint`)."""
 
-    #: endpoint -> (what it honours, when learnt), once per process (see the module doc)
-    _probed: ClassVar[dict[str, tuple[Capabilities, float]]] = {}
+    #: endpoint -> what it honours, learnt once per process (see the module doc)
+    _probed: ClassVar[dict[str, Capabilities]] = {}
     #: seconds after which a probe that failed (server unreachable, no permission) is re-run
     probe_retry_after: ClassVar[float] = 30.0
 
@@ -101,11 +104,18 @@ class VersionedBackend(FsspecBackend):
         if self._trusted_endpoint():
             return Capabilities(True, True, "the provider's endpoint")
         ep = self._endpoint()
-        got = self._probed.get(ep)
-        if got is None or (got[0].failed and time.monotonic() - got[1] > self.probe_retry_after):
-            got = self._probe(), time.monotonic()
-            self._probed[ep] = got
-        return got[0]
+        caps = self._probed.get(ep)
+        if caps is not None:
+            return caps
+        failed = getattr(self, "_failed_probe", None)  # per backend: its credentials failed
+        if failed is not None and time.monotonic() - failed[1] < self.probe_retry_after:
+            return failed[0]
+        caps = self._probe()
+        if caps.failed:
+            self._failed_probe = (caps, time.monotonic())
+        else:
+            self._probed[ep] = caps
+        return caps
 
     @property
     def atomic_conditional_writes(self) -> bool:  # type: ignore[override]
@@ -123,24 +133,36 @@ class VersionedBackend(FsspecBackend):
         version (conditions need the tags reads give)."""
         key = f"{PROBE_PREFIX}/{uuid.uuid4().hex}"
         problems: list[str] = []
+        written = False
+
+        def call(what: str, fn: Any, *args: Any) -> Any:
+            return self._sync(retrying, self, f"probe {what}", key, fn, key, *args)
+
         try:
-            first = self._sync(self._vput, key, b"1", None)
+            first = call("PUT", self._vput, b"1", None)
+            written = True
             for data, match, what in ((b"2", None, "a create-only write over an object"),
                                       (b"3", self._wrong_tag(first),
                                        "a write naming a wrong version")):
                 try:
-                    self._sync(self._vput, key, data, match)
+                    call("PUT", self._vput, data, match)
                     problems.append(f"accepted {what}")
                 except PreconditionFailed:
                     pass
-            got, tag = self._sync(self._vget, key, 0, 1, None)
+            got, tag = call("GET", self._vget, 0, 1, None)
+        except StorageError as e:
+            if e.__cause__ is not None and is_transient(e.__cause__):  # unreachable: say so
+                raise StorageError(f"{self.url}: cannot tell whether the endpoint honours "
+                                   f"conditional writes: {e}") from e
+            return Capabilities(False, False, f"probe failed: {e}", True)
         except Exception as e:  # no write permission, odd server: claim nothing
             return Capabilities(False, False, f"probe failed: {type(e).__name__}: {e}", True)
         finally:
-            try:
-                self.delete(key)
-            except Exception:
-                pass
+            if written:
+                try:
+                    self.delete(key)
+                except Exception:
+                    pass
         # refused writes leave version ``first``, which a read must name; after an accepted
         # write there is a newer version, and a read naming any version is all one can ask
         pins = bool(tag) and (bool(problems) or (got == b"1" and tag == first))
