@@ -91,6 +91,8 @@ class ObjectStoreCases:
     #: racers per round and rounds of the lease race
     racers: int = 4
     race_rounds: int = 3
+    #: DataLoader worker start methods to test
+    loader_methods: tuple[str, ...] = ("fork", "spawn")
 
     @pytest.fixture
     def remote(self) -> tuple[str, dict]:
@@ -153,6 +155,31 @@ class ObjectStoreCases:
         assert [k for k in remote_b.list("") if not k.endswith(".lease")] == keys
         for key, raw in zip(keys, local_b.get_many(keys)):
             assert remote_b.get(key) == raw, key  # shards, state files, metadata
+
+    @pytest.mark.parametrize("method", ["fork", "spawn"])
+    def test_loader_workers_read_the_store(self, remote, method):
+        """DataLoader workers (forked: the parent's filesystem objects are re-created;
+        spawned: a fresh process) read PER batches; priorities go back to the sampler."""
+        if method not in self.loader_methods:
+            pytest.skip(f"{method} workers are covered on the other servers (time)")
+        url, so = remote
+        store = es.create(url, SPEC, capacity=256, lanes=2, shard_rows=32,
+                          storage_options=so, **self._lease_ttl())
+        for lane in (0, 1):
+            write(store, lane, 0, 100, session=1, per=25)
+        store.flush()
+        sampler = es.PrioritizedSampler(store, seed=3)
+        loader = es.make_loader(store, sampler, batch_size=16, num_workers=2,
+                                multiprocessing_context=method, num_batches=6,
+                                persistent_workers=False, timeout=120)
+        lanes = set()
+        for batch in loader:
+            got = {k: v.numpy() for k, v in batch.items()}
+            assert data.check_batch(got, store.index) == 16
+            lanes.update((got["index"] // store.index.lane_capacity).tolist())
+            sampler.update_priorities(got["index"], np.full(16, 5.0))
+        assert loader.stats.batches == 6 and lanes == {0, 1}
+        store.close()
 
     # -- many writers ---------------------------------------------------------------------
     def test_two_writers_on_two_lanes(self, remote):

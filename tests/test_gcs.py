@@ -127,6 +127,7 @@ class TestStoreOnFakeGcsServer(ObjectStoreCases):
 class TestStoreOnGcpStorageEmulator(ObjectStoreCases):
     backend_cls = GCSBackend
     atomic = False
+    loader_methods = ("fork",)
 
     @pytest.fixture
     def remote(self, gcs_url):
