@@ -27,8 +27,11 @@ ACCOUNT_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
                "K1SZFPTOtr/KBHBeksoGMGw==")
 #: npm package spec :func:`install_azurite` installs
 AZURITE_PACKAGE = "azurite@3"
-#: project-local npm prefix (``scripts/test.sh`` installs azurite there)
-NODE_PREFIX = Path(__file__).resolve().parents[2] / ".cache" / "node"
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+#: project-local npm prefix (``scripts/test.sh`` installs azurite there): ``.cache/node`` of
+#: the source checkout, or of the working folder for an installed package
+NODE_PREFIX = (_SOURCE_ROOT if (_SOURCE_ROOT / "pyproject.toml").is_file() else Path.cwd()) \
+    / ".cache" / "node"
 
 
 def connection_string(endpoint: str) -> str:
