@@ -70,7 +70,7 @@ class VersionedBackend(FsspecBackend):
 
     #: endpoint -> what it honours, learnt once per process (see the module doc)
     _probed: ClassVar[dict[str, Capabilities]] = {}
-    #: seconds after which a probe that failed (server unreachable, no permission) is re-run
+    #: seconds after which a probe the server refused (no write permission) is re-run
     probe_retry_after: ClassVar[float] = 30.0
 
     # -- what subclasses implement ----------------------------------------------------------
