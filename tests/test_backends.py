@@ -22,7 +22,9 @@ from expstore.storage import (
     register_backend,
 )
 from expstore.storage.backends import (  # the backends subpackage's face
+    AzureBackend,
     FsspecBackend,
+    GCSBackend,
     LocalBackend,
     MemoryBackend,
     S3Backend,
@@ -138,6 +140,43 @@ class TestS3Backend(BackendTests):
         return backend_for(*s3_url)
 
 
+class TestGCSBackend(BackendTests):
+    """GCS on fake-gcs-server, which honours generation preconditions: races between
+    threads and processes, of which exactly one may win."""
+
+    backend_cls = GCSBackend
+    race_processes = True
+
+    @pytest.fixture
+    def backend(self, fake_gcs_url):
+        return backend_for(*fake_gcs_url)
+
+
+class TestGCSBackendWithoutPreconditions(BackendTests):
+    """GCS on gcp-storage-emulator, which ignores ``ifGenerationMatch``: the probe finds it
+    out, and the backend declares neither atomic conditional writes nor pinned versions."""
+
+    backend_cls = GCSBackend
+
+    @pytest.fixture
+    def backend(self, gcs_url):
+        b = backend_for(*gcs_url)
+        assert not b.atomic_conditional_writes and not b.pins_versions
+        return b
+
+
+class TestAzureBackend(BackendTests):
+    """Azure on azurite, which honours If-None-Match / If-Match: races between threads and
+    processes, of which exactly one may win."""
+
+    backend_cls = AzureBackend
+    race_processes = True
+
+    @pytest.fixture
+    def backend(self, az_url):
+        return backend_for(*az_url)
+
+
 class TestDictBackend(BackendTests):
     """A backend defined outside the package passes the same suite."""
 
@@ -150,7 +189,8 @@ class TestDictBackend(BackendTests):
 
 def test_every_registered_backend_has_a_conformance_run():
     tested = {TestLocalBackend.backend_cls, TestMemoryBackend.backend_cls,
-              TestFsspecBackend.backend_cls, TestS3Backend.backend_cls}
+              TestFsspecBackend.backend_cls, TestS3Backend.backend_cls,
+              TestGCSBackend.backend_cls, TestAzureBackend.backend_cls}
     registered = {backends._resolve(e) for e in backends.known_backends.values()}
     registered.add(backends._resolve(backends.DEFAULT_BACKEND))
     assert registered <= tested, registered - tested
@@ -178,6 +218,14 @@ def test_schemes_map_to_their_backends(tmp_path):
     if importlib.util.find_spec("s3fs"):  # building it issues no request
         s3 = backend_for("s3://bucket/x", {"anon": True, "endpoint_url": "http://127.0.0.1:9"})
         assert type(s3) is S3Backend and s3.pins_versions
+    if importlib.util.find_spec("gcsfs"):
+        for scheme in ("gs", "gcs"):
+            gcs = backend_for(f"{scheme}://bucket/x", {"token": "anon"})
+            assert type(gcs) is GCSBackend and gcs.root == "bucket/x"
+    if importlib.util.find_spec("adlfs"):
+        for scheme in ("az", "abfs", "abfss"):
+            az = backend_for(f"{scheme}://container/x", {"account_name": "acct", "anon": True})
+            assert type(az) is AzureBackend and az.root == "container/x"
     assert type(backend_for(f"local://{tmp_path}")) is FsspecBackend  # no entry: generic
 
 

@@ -128,10 +128,12 @@ def require_atomic_writes(backend: Backend) -> None:
     """Raise :class:`LeaseUnsupportedError` unless ``backend`` has atomic conditional writes."""
     if backend.atomic_conditional_writes:
         return
+    caps = getattr(backend, "capabilities", None)  # servers probed for preconditions
+    why = f" (the server {caps().reason})" if callable(caps) else ""
     raise LeaseUnsupportedError(
         f"{backend.url}: cannot take lane leases on this storage ({type(backend).__name__}): "
-        "it has no atomic conditional writes, so a lease cannot keep two writers of a lane "
-        "apart. If this process is the only writer, open with lease_ttl=None")
+        f"it has no atomic conditional writes{why}, so a lease cannot keep two writers of a "
+        "lane apart. If this process is the only writer, open with lease_ttl=None")
 
 
 class LaneLease:

@@ -7,7 +7,8 @@ DataLoader workers) checking every sample while a writer wraps the ring; ``episo
 episodes written into a store and a plain reference model of what samplers may return;
 ``backend``: the conformance suite every storage backend passes (:class:`BackendTests`);
 ``s3``: a moto S3 server (:class:`MotoServer`) and a TCP proxy that cuts connections
-(:class:`TcpProxy`).
+(:class:`TcpProxy`); ``gcs``: local GCS servers (:class:`GCSEmulator`); ``azure``: azurite
+(:class:`Azurite`).
 
 The helper modules and their names below load on first use (``from expstore.testing import
 EpisodeWriter``): importing this package imports neither the store nor pytest.
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 #: helper modules (``from expstore.testing import crash, data``), loaded on first use
-_MODULES = ("backend", "concurrent", "crash", "data", "episodes", "s3")
+_MODULES = ("azure", "backend", "concurrent", "crash", "data", "episodes", "gcs", "s3")
 #: public name -> the helper module that defines it
 _NAMES = {
     "BackendTests": "backend",
@@ -32,6 +33,8 @@ _NAMES = {
                      "ref_sequence", "ref_transition"), "episodes"),
     **dict.fromkeys(("MotoServer", "TcpProxy", "create_bucket", "free_port", "s3_options"),
                     "s3"),
+    "GCSEmulator": "gcs",
+    "Azurite": "azure",
 }
 
 __all__ = sorted(["scratch_dir", *_MODULES, *_NAMES])

@@ -11,8 +11,9 @@ Subclass :class:`BackendTests` in a test module, set ``backend_cls`` and provide
             return MyBackend(str(tmp_path))
 
 Every :class:`~expstore.storage.backends.Backend` method's contract is checked: missing
-keys, overwrite, batched ranges, recursive listing under a prefix, ``total_bytes``,
-``get_many`` order, version tags and conditional writes, version-pinned handles
+keys, overwrite, keys as stores name them, multi-MiB objects, batched ranges, recursive
+listing under a prefix, ``total_bytes``, ``get_many`` order, version tags and chains of
+conditional writes, version-pinned handles
 (``pins_versions``) and ``close``. Backends declaring ``atomic_conditional_writes`` also
 face races: many threads (and, with ``race_processes``, forked processes) calling
 ``put_if`` on one key at once, of which exactly one may win, for several rounds.
@@ -119,6 +120,39 @@ class BackendTests:
         assert backend.get_many(keys) == want
         assert want[1] is None and want[2] == _blob(10, 0)
         assert backend.get_many([]) == []
+
+    def test_keys_as_stores_name_them(self, backend: Backend) -> None:
+        """Dots, dashes, underscores, ``=`` and ``+`` in keys (field names, lease and state
+        files, probe folders) survive URL quoting."""
+        keys = ["obs.pixels/c/12/0/0", "_state/lane_3.lease", ".hidden/x-1_2", "a=b+c/d"]
+        for i, k in enumerate(keys):
+            backend.put(k, _blob(40 + i, i))
+        for i, k in enumerate(keys):
+            assert backend.get(k) == _blob(40 + i, i), k
+            assert backend.size(k) == 40 + i, k
+        assert backend.list("") == sorted(keys)
+        h = backend.open_object(keys[0])
+        assert backend.read_ranges([(h, 3, 9)]) == [_blob(40)[3:9]]
+        backend.close_object(h)
+
+    def test_large_object_ranges(self, backend: Backend) -> None:
+        """A multi-MiB object: far-apart ranges (more than ``max_gap`` apart) and its tail."""
+        big = _blob(5 << 20, 3)
+        backend.put("big/obj", big)
+        assert backend.size("big/obj") == len(big)
+        h = backend.open_object("big/obj")
+        want = [(0, 10), (len(big) - 100, len(big)), (3 << 20, (3 << 20) + 4096),
+                (1 << 20, 2 << 20)]
+        assert backend.read_ranges([(h, s, e) for s, e in want]) == [big[s:e] for s, e in want]
+        backend.close_object(h)
+        assert backend.get("big/obj") == big
+
+    def test_get_many_of_many_keys(self, backend: Backend) -> None:
+        keys = [f"many/{i:03d}" for i in range(60)]
+        for i, k in enumerate(keys):
+            backend.put(k, i.to_bytes(2, "little"))
+        got = backend.get_many(keys[::-1] + ["many/none"])
+        assert got == [i.to_bytes(2, "little") for i in range(59, -1, -1)] + [None]
 
     # -- listing ----------------------------------------------------------------------------
     def test_list_is_recursive_under_a_folder_prefix(self, backend: Backend) -> None:
@@ -235,6 +269,18 @@ class BackendTests:
         with pytest.raises(PreconditionFailed):
             backend.put_if("c/k", b"v3", tag2)  # replaced meanwhile
         assert backend.get("c/k") == b"by another writer"
+
+    def test_tags_change_with_every_conditional_write(self, backend: Backend) -> None:
+        """A chain of conditional writes, each naming the tag the last one returned (a lease
+        renewed again and again); a refused write changes neither bytes nor tag."""
+        tag = backend.put_if("c/chain", b"0", None)
+        for i in range(1, 6):
+            new = backend.put_if("c/chain", str(i).encode(), tag)
+            assert new != tag and backend.get_tagged("c/chain") == (str(i).encode(), new)
+            with pytest.raises(PreconditionFailed):
+                backend.put_if("c/chain", b"stale", tag)
+            assert backend.get_tagged("c/chain") == (str(i).encode(), new)
+            tag = new
 
     def test_put_if_with_a_tag_on_a_missing_key_fails(self, backend: Backend) -> None:
         backend.put("c/tmp", b"x")

@@ -16,21 +16,27 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
+from .azure import AzureBackend
 from .base import Backend, Handle, check_then_put, content_tag
 from .fsspec import FsspecBackend
+from .gcs import GCSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
 from .retry import RetryPolicy
 from .s3 import S3Backend
+from .versioned import VersionedBackend
 
 __all__ = [
+    "AzureBackend",
     "Backend",
     "FsspecBackend",
+    "GCSBackend",
     "Handle",
     "LocalBackend",
     "MemoryBackend",
     "RetryPolicy",
     "S3Backend",
+    "VersionedBackend",
     "backend_for",
     "check_then_put",
     "content_tag",
@@ -45,6 +51,11 @@ known_backends: dict[str, type[Backend] | str] = {
     "memory": "expstore.storage.backends.memory:MemoryBackend",
     "s3": "expstore.storage.backends.s3:S3Backend",
     "s3a": "expstore.storage.backends.s3:S3Backend",
+    "gs": "expstore.storage.backends.gcs:GCSBackend",
+    "gcs": "expstore.storage.backends.gcs:GCSBackend",
+    "az": "expstore.storage.backends.azure:AzureBackend",
+    "abfs": "expstore.storage.backends.azure:AzureBackend",
+    "abfss": "expstore.storage.backends.azure:AzureBackend",
 }
 #: backend of every scheme without an entry in ``known_backends``
 DEFAULT_BACKEND = "expstore.storage.backends.fsspec:FsspecBackend"

@@ -1,4 +1,4 @@
-"""Any fsspec filesystem (``gcs://``, ``az://``, ``sftp://``, ...): the generic backend.
+"""Any fsspec filesystem (``sftp://``, ``hdfs://``, ``local://``, ...): the generic backend.
 
 Reads: the ranges one batch needs are grouped per object and ranges closer than
 ``max_gap`` bytes are merged into one span, so a batch costs one ranged GET per object it
