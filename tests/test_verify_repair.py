@@ -251,3 +251,103 @@ def test_lost_rows_split_episodes_for_every_need(tmp_path):
                                    plan.stack_rows.reshape(B, W, -1)[plan.mask].ravel()])
             assert not lost[used].any()
         store.close()
+
+
+# -- zarr metadata, hints ---------------------------------------------------------------------
+def _small_store(tmp_path) -> str:
+    url = str(tmp_path / "m.zarr")
+    spec = es.Spec.create(obs=es.Field((4, 4), np.uint8, stack=2), action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=512) as s:
+        for t in range(300):
+            s.add(np.full((4, 4), t % 200, np.uint8), t, 1.0, np.full((4, 4), (t + 1) % 200,
+                  np.uint8), terminated=t % 50 == 49, truncated=False)
+    return url
+
+
+def _zarr_sees(url: str) -> set[str]:
+    import zarr
+
+    return set(zarr.open_group(url, mode="r").array_keys())
+
+
+@pytest.mark.parametrize("damage", ["delete", "garbage"])
+def test_repair_rebuilds_the_group_zarr_json(tmp_path, damage):
+    url = _small_store(tmp_path)
+    path = os.path.join(url, "zarr.json")
+    with open(path, "rb") as f:
+        original = f.read()
+    with es.open(url) as s:
+        want = s.read("obs", np.arange(300))
+    if damage == "delete":
+        os.remove(path)
+    else:
+        with open(path, "w") as f:
+            f.write('{"zarr_format": 3, "node_type": "gro')
+    assert not verify_store(url).ok
+    rep = repair_store(url)
+    assert rep.ok and "zarr.json" in rep.metadata, rep.summary()
+    assert "rebuilt zarr.json" in rep.summary()
+    with open(path, "rb") as f:
+        assert f.read() == original  # the same bytes create wrote (spec, stack, capacity)
+    assert verify_store(url).ok
+    with es.open(url) as s:
+        assert s.spec.fields["obs"].stack == 2 and (s.read("obs", np.arange(300)) == want).all()
+        assert s.sample(8)["obs"].shape == (8, 2, 4, 4)
+    assert "obs" in _zarr_sees(url)
+
+
+def test_verify_checks_plain_zarr_sees_every_array_and_repair_rebuilds_it(tmp_path):
+    url = _small_store(tmp_path)
+    path = os.path.join(url, "obs", "zarr.json")
+    with open(path, "rb") as f:
+        original = f.read()
+    os.remove(path)
+    assert "obs" not in _zarr_sees(url)
+    rep = verify_store(url)
+    assert not rep.ok and any("obs/zarr.json: missing (plain zarr no longer sees" in p
+                              for p in rep.problems)
+    assert cli.main(["verify", url, "-q"]) == 1
+    dry = repair_store(url, dry_run=True)
+    assert "obs/zarr.json" in dry.metadata and not os.path.exists(path)
+    assert "would rebuild obs/zarr.json" in dry.summary()
+    rep = repair_store(url)
+    assert rep.ok and list(rep.metadata) == ["obs/zarr.json"]
+    with open(path, "rb") as f:
+        assert f.read() == original
+    assert "obs" in _zarr_sees(url) and verify_store(url).ok
+    # an array whose metadata plain zarr parses but with another shape is found too
+    with open(path) as f:
+        doc = json.load(f)
+    doc["shape"][0] = 4096
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    assert any("differs from the store's layout in shape" in p
+               for p in verify_store(url).problems)
+    assert repair_store(url).ok and verify_store(url).ok
+
+
+def test_repair_without_any_layout_copy_says_why(tmp_path):
+    url = _small_store(tmp_path)
+    for name in os.listdir(url):
+        if os.path.exists(os.path.join(url, name, "zarr.json")):
+            os.remove(os.path.join(url, name, "zarr.json"))
+    os.remove(os.path.join(url, "zarr.json"))
+    rep = repair_store(url)
+    assert not rep.ok and "no array zarr.json holds a copy" in rep.remaining[0]
+
+
+def test_corruption_errors_name_verify_and_repair(tmp_path):
+    url = _small_store(tmp_path)
+    os.remove(os.path.join(url, "_state", "lane_0.json"))
+    with pytest.raises(StoreCorruptError, match="lane state file is missing.*expstore verify "
+                       ".*expstore repair"):
+        es.open(url)
+    assert repair_store(url).ok
+    shard = next(p for p in _shard_files(url) if os.sep + "obs" + os.sep in p)
+    _flip(shard, os.path.getsize(shard) - 3)
+    with es.open(url) as s:
+        with pytest.raises(StoreCorruptError) as info:
+            s.read("obs", np.arange(300))
+    assert "'expstore verify STORE'" in str(info.value)
+    assert "expstore repair" not in info.value.detail
+    assert all("expstore repair" not in p for p in verify_store(url).problems)

@@ -21,6 +21,8 @@ from .backends import Backend
 from .shard import Checked, make_codec, zarr_codec
 
 FORMAT_VERSION = 1
+#: array attribute holding a copy of the group's ``expstore`` attribute (the layout)
+BACKUP_ATTR = "expstore_layout"
 
 META_FIELDS: dict[str, Field] = {
     "_step_id": Field((), np.int64, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
@@ -160,6 +162,7 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
             compressors=codecs or None,
             fill_value=fill,
             dimension_names=["row", *(f"{name}_{i}" for i in range(len(f.shape)))],
+            attributes={BACKUP_ATTR: layout.to_attrs()},  # repair rebuilds zarr.json from it
         )
     # Written last: a store without this attribute is not an expstore store.
     group.attrs["expstore"] = layout.to_attrs()
