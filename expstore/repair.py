@@ -77,8 +77,10 @@ class RepairReport:
 
 def repair_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 dry_run: bool = False) -> RepairReport:
-    """Quarantine bad rows and rebuild lost lane states of the store at ``url``."""
+                 dry_run: bool = False,
+                 total: Callable[[int], None] | None = None) -> RepairReport:
+    """Rebuild lost metadata and lane states and quarantine bad rows of the store at
+    ``url``; ``total``/``progress``: see :func:`~expstore.verify.verify_store`."""
     backend = backend_for(url, storage_options, fsync=True)
     rep = RepairReport(backend.url, dry_run=dry_run)
     try:
@@ -89,7 +91,7 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             _maybe_rebuild_state(backend, layout, lane, rep, dry_run)
         if dry_run and (rep.rebuilt or rep.metadata):
             rep.remaining.append("dry run: lanes with a rebuilt state were not verified")
-        rep.found = found = verify_store(url, storage_options, progress)
+        rep.found = found = verify_store(url, storage_options, progress, total=total)
         try:
             q = read_quarantine(backend)
         except StoreCorruptError as e:  # keep going: verify decides what is lost anew

@@ -54,9 +54,10 @@ class VerifyReport:
 
 def verify_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 lanes: list[int] | None = None) -> VerifyReport:
+                 lanes: list[int] | None = None,
+                 total: Callable[[int], None] | None = None) -> VerifyReport:
     """Check every committed row of the store at ``url`` (of ``lanes``, default all);
-    ``progress(rows)`` per shard."""
+    ``total(rows)`` once with the rows to check, then ``progress(rows)`` per shard."""
     backend = backend_for(url, storage_options, fsync=False)
     rep = VerifyReport(backend.url)
     try:
@@ -71,12 +72,16 @@ def verify_store(url: str, storage_options: dict[str, Any] | None = None,
     except (ExpstoreError, OSError) as e:
         rep.problems.append(error_detail(e))
         quarantine = Quarantine()
+    states = {}
     for lane in range(layout.lanes) if lanes is None else lanes:
         try:
-            st = read_state(backend, lane)
+            states[lane] = read_state(backend, lane)
         except (ExpstoreError, OSError, ValueError) as e:
             rep.problems.append(f"{backend.url}/{state_key(lane)}: {error_detail(e)}")
-            continue
+    if total is not None:
+        total(sum(max(0, st.count - max(st.valid_from, st.count - layout.lane_capacity))
+                  for st in states.values()))
+    for lane, st in states.items():
         _verify_lane(backend, layout, lane, st, rep, progress, quarantine)
     backend.close()
     return rep
@@ -100,6 +105,8 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
         a, b = max(lo, fs), min(st.count, fs + S)  # committed steps in this shard
         skip = known[a - lo : b - lo]
         if skip.all():
+            if progress is not None:
+                progress(b - a)
             continue
         for name in layout.fields:
             res = _check_shard(backend, layout, name, shard, fs, a - fs, b - fs, rep, skip)
