@@ -89,7 +89,7 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             return rep
         for lane in range(layout.lanes):
             _maybe_rebuild_state(backend, layout, lane, rep, dry_run)
-        if dry_run and (rep.rebuilt or rep.metadata):
+        if dry_run and rep.rebuilt:
             rep.remaining.append("dry run: lanes with a rebuilt state were not verified")
         rep.found = found = verify_store(url, storage_options, progress, total=total)
         try:
@@ -116,8 +116,9 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             write_quarantine(backend, q)
         recheck = sorted(set(found.lost) | set(rep.rebuilt))
         unrelated = [p for p in found.problems if not _about_rows(p)]
-        if dry_run:
-            rep.remaining += unrelated
+        if dry_run:  # what the rebuilt zarr.json files would fix is not left
+            rep.remaining += [p for p in unrelated
+                              if not any(f"/{key}:" in p for key in rep.metadata)]
         elif recheck or unrelated:
             again = verify_store(url, storage_options, lanes=None if unrelated else recheck)
             rep.remaining += again.problems

@@ -251,7 +251,7 @@ def test_every_import_and_export_prints_one_summary_style(tmp_path, capsys, monk
         assert "KB" not in text and "KiB" not in text
     # what was left out is said, and counts agree with what the store holds
     assert "1 step(s) of open episodes left out" in outs["d4rl export"]
-    assert "99 step(s) not in a complete episode left out" in outs["minari export"]
+    assert "100 step(s) not in a complete episode left out" in outs["minari export"]
     assert "700 steps, 702 rows, 2 episodes" in outs["npz export"]
     assert "600 steps, 602 rows, 2 episodes" in outs["minari import"]
     # sizes in decimal units (1 MB = 10**6 B), rate in the d4rl export

@@ -118,8 +118,8 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
         lanes = [lane_rows(store, lane) for lane in range(store.lanes)]
         n = sum(len(lr.rows) for lr in lanes)
         names = [*spec.fields, *_ROW_META]
-        prog = Progress(n * len(names), f"npz export {os.path.basename(dst)} "
-                        f"({len(names)} arrays x {n:,} rows)", progress)
+        prog = Progress(n, f"npz export {os.path.basename(dst)}", progress)
+        share = 1 / len(names)  # each array is written in turn: a row is done after all
 
         def blocks_of(name: str) -> Iterator[np.ndarray]:
             f = spec.fields.get(name)
@@ -135,7 +135,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
                     else:
                         part = store.read(name, lr.rows[a:b], lr.steps[a:b])
                     summary.bytes_in += part.nbytes if f is not None else 0
-                    prog.update(b - a, part.nbytes)
+                    prog.update((b - a) * share, part.nbytes)
                     yield part
 
         mode = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED

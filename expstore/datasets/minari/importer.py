@@ -18,6 +18,7 @@ from ...store import Store, create
 from ..progress import Progress, ProgressArg
 from .paths import require_minari, resolve
 from .values import stack_frames, tree_map
+from .write import tree_nbytes
 
 
 def flat_infos(infos: dict[str, Any], where: str, prefix: str = "info") -> dict[str, Any]:
@@ -201,7 +202,7 @@ def import_minari(src: str | os.PathLike, url: str | os.PathLike, *,
         for ep in itertools.chain([first], it):
             import_episode(store, spec, ep, f"{where} episode {ep.id}", infos,
                            truncate_unfinished)
-            bar.update(len(ep.rewards) + 1)
+            bar.update(len(ep.rewards) + 1, tree_nbytes(ep.observations))
         store.flush()
     except BaseException:
         store.close()
