@@ -351,3 +351,49 @@ def test_corruption_errors_name_verify_and_repair(tmp_path):
     assert "'expstore verify STORE'" in str(info.value)
     assert "expstore repair" not in info.value.detail
     assert all("expstore repair" not in p for p in verify_store(url).problems)
+
+
+# -- training through damage: skip_corrupt ---------------------------------------------------
+def _corrupt_store(tmp_path):
+    url = str(tmp_path / "c.zarr")
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2), action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=1024, shard_rows=64) as s:
+        for t in range(900):
+            s.add(np.full((8, 8), t % 250, np.uint8), t, 1.0,
+                  np.full((8, 8), (t + 1) % 250, np.uint8), terminated=t % 100 == 99,
+                  truncated=False)
+        lay = s.layout
+    key = lay.shard_key("obs", 3)  # rows 192..255
+    path = os.path.join(url, key)
+    raw = bytearray(open(path, "rb").read())
+    raw[-40:] = b"\x55" * 40  # the last inner chunks fail their crc32c
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    return url, range(192, 256)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_corrupt_trains_through_a_bad_shard(tmp_path, workers, caplog):
+    url, bad_rows = _corrupt_store(tmp_path)
+    store = es.open(url)
+    with pytest.raises(StoreCorruptError, match="expstore verify"):
+        for _ in es.make_loader(store, batch_size=64, num_workers=workers, num_batches=40):
+            pass
+    caplog.set_level("WARNING", logger="expstore")
+    loader = es.make_loader(store, batch_size=64, num_workers=workers, num_batches=40,
+                            skip_corrupt=True)
+    seen = 0
+    for batch in loader:
+        obs = batch["obs"].numpy()
+        index = batch["index"].numpy()
+        assert obs.shape == (64, 2, 8, 8)
+        # every delivered sample is intact: its newest frame is its row's value
+        np.testing.assert_array_equal(obs[:, -1, 0, 0], (index - index // 101) % 250)
+        assert not np.isin(index, bad_rows).any()
+        seen += 1
+    loader.close()
+    assert seen == 40 and loader.stats.corrupt_rows_skipped > 0
+    if workers == 0:
+        warnings = [r for r in caplog.records if "corrupt shard obs/c/3" in r.getMessage()]
+        assert len(warnings) == 1  # logged once per shard
+    store.close()
