@@ -41,8 +41,8 @@ from .transport import Message, SlotWriter, forget_worker, open_message
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
 _STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
-               "read_seconds", "cache_hits", "cache_misses", "stale_replaced",
-               "corrupt_rows_skipped")
+               "read_seconds", "cache_hits", "cache_misses", "corrupt_rows_skipped",
+               "stale_replaced")
 
 
 @dataclass
@@ -187,9 +187,9 @@ class StoreDataset(torch.utils.data.Dataset):
         host[_ALL_STALE][:] = [b is None for b, _ in results]
         host[_STATS_KEY][:] = [len(results), *(a - b for a, b in zip(after[:4], before[:4])),
                                _now() - t0, after[4] - before[4], after[5] - before[5],
-                               sum(st for _, st in results),
                                (source.found.rows_skipped - skipped
-                                if isinstance(source, SkipCorruptSource) else 0)]
+                                if isinstance(source, SkipCorruptSource) else 0),
+                               sum(st for _, st in results)]
         if pack:
             return writer.message()
         return LocalBatches([{k: torch.from_numpy(v) for k, v in b.items()} if b is not None
@@ -353,8 +353,7 @@ class StoreLoader(DataLoader):
         plan again and read it here, in the main process."""
         for _ in range(attempts):
             got = self.dataset.read(self.plans.item([self.plans.plan()]), pack=False)
-            self.stats.stale_replaced += int(got.host[_STATS_KEY][_STAT_NAMES.index(
-                "stale_replaced")])
+            self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
             if not got.host[_ALL_STALE][0]:
                 return got.batches[0]
         raise StaleBatchError(f"{attempts} fresh batches in a row were overwritten before "
