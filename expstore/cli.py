@@ -230,6 +230,8 @@ def _summary(res: Any, args: argparse.Namespace, seconds: float) -> str:
     from .datasets.summary import ImportSummary
     from .store import Store
 
+    if isinstance(res, ImportSummary) and not res.kind:
+        res.kind = f"{args.format} {args.command}"
     if not isinstance(res, Store):
         return str(res)
     try:

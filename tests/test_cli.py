@@ -64,7 +64,7 @@ def dopamine_dir(tmp_path_factory) -> Path:
 def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
     url = tmp_path / "s.zarr"
     res = cli("import", "dopamine", dopamine_dir, url, "-o", "stack=4", "--no-progress")
-    assert "episodes" in res.stdout
+    assert re.match(SUMMARY, res.stdout) and res.stdout.startswith("dopamine import: ")
     info = json.loads(run(capsys, "info", url, "--json")[0])
     store = es.open(url)
     assert info["rows"] == len(store) > 1000 and info["episodes"] == store.episodes == 7
