@@ -40,6 +40,7 @@ from .errors import (
 )
 from .index.rows import RowIndex
 from .loading.execute import assemble
+from .loading.skip_corrupt import SkipCorruptSource
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .staged import StagedRows, shared_root
@@ -351,6 +352,38 @@ class Store:
         if asked is not None and asked != lay.capacity:
             return f"{asked} requested, rounded up to whole shards: {shards}"
         return shards
+
+    #: in-process sampling (``sample``, samplers' ``sample``) skips rows of shards that fail
+    #: their checks: they are marked lost in this process's index (never sampled again),
+    #: logged once per shard and counted in ``corrupt_rows_skipped``; nothing is written
+    skip_corrupt: bool = False
+
+    @property
+    def corrupt_rows_skipped(self) -> int:
+        """Rows in-process sampling did not deliver because their shard is corrupt."""
+        skipping = self.__dict__.get("_skipping")
+        return 0 if skipping is None else skipping.found.rows_skipped
+
+    def _plan_source(self) -> Any:
+        if not self.skip_corrupt:
+            return self.source
+        skipping = self.__dict__.get("_skipping")
+        if skipping is None or skipping.pid != os.getpid():
+            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_shard)
+            self._skipping = skipping
+        skipping.source = self.source
+        return skipping
+
+    def _quarantine_shard(self, name: str, shard: int) -> None:
+        """Mark the rows a corrupt shard holds lost in this process's index."""
+        lay = self.layout
+        lane, k = divmod(shard, lay.shards_per_lane)
+        rows = lane * lay.lane_capacity + k * lay.shard_rows + np.arange(lay.shard_rows)
+        steps = self.index.steps(rows)
+        steps = steps[steps >= 0]
+        if len(steps):
+            lo, hi = int(steps.min()), int(steps.max()) + 1
+            self.index.mark_lost(lane, [(lo, hi)], lo, hi)
 
     def iter_episodes(self, lanes: int | Iterable[int] | None = None,
                       steps: tuple[int | None, int | None] | None = None,
@@ -723,7 +756,7 @@ class Store:
 
     def read_plan(self, plan: Any) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays."""
-        batch, _ = assemble(plan, self.layout, self.source)
+        batch, _ = assemble(plan, self.layout, self._plan_source())
         return batch
 
     @property

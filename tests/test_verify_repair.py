@@ -397,3 +397,24 @@ def test_skip_corrupt_trains_through_a_bad_shard(tmp_path, workers, caplog):
         warnings = [r for r in caplog.records if "corrupt shard obs/c/3" in r.getMessage()]
         assert len(warnings) == 1  # logged once per shard
     store.close()
+
+
+def test_in_process_sampling_skips_corrupt_shards(tmp_path, caplog):
+    url, bad_rows = _corrupt_store(tmp_path)
+    store = es.open(url)
+    with pytest.raises(StoreCorruptError, match="expstore repair"):
+        for _ in range(40):
+            store.sample(64)
+    caplog.set_level("WARNING", logger="expstore")
+    store.skip_corrupt = True
+    before = store.num_transitions
+    sampler = es.UniformSampler(store)
+    for _ in range(40):
+        for b in (store.sample(64), sampler.sample(64)):
+            assert not np.isin(b["index"], bad_rows).any()
+            np.testing.assert_array_equal(b["obs"][:, -1, 0, 0],
+                                          (b["index"] - b["index"] // 101) % 250)
+    assert store.corrupt_rows_skipped > 0
+    assert before - store.num_transitions == 63  # its 64 rows (one a final row) are lost
+    assert sum("corrupt shard obs/c/3" in r.getMessage() for r in caplog.records) == 1
+    store.close()

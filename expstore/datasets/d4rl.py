@@ -39,7 +39,7 @@ from ..errors import DatasetFormatError
 from ..field import Field
 from ..rows import FLAG_LAST
 from ..spec import Spec
-from .episodes import capacity_for, lane_rows
+from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
 from .streaming import Prefetch, blocks
 from .summary import ImportSummary
@@ -314,7 +314,7 @@ def _transitions(store: Any) -> list[tuple[Any, np.ndarray, np.ndarray, int]]:
     return out
 
 
-def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: int = 8192,
+def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: int = 2048,
                 compression: str | None = "gzip", compression_level: int | None = None,
                 overwrite: bool = False, storage_options: dict[str, Any] | None = None,
                 progress: ProgressArg = None) -> ImportSummary:
@@ -364,6 +364,7 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
         prog = Progress(total, f"d4rl export {os.path.basename(dst)}", progress)
         row_bytes = sum(spec.fields[n].row_nbytes for n in cols.values()) + \
             spec.fields["obs"].row_nbytes + 2
+        reader = ExportReader(store)
         with h5py.File(tmp, "w") as f:
             f.attrs[SPEC_ATTR] = json.dumps(spec.to_json())
             kw: dict[str, Any] = {}
@@ -385,15 +386,17 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
                     rows, steps = lr.rows[idx], lr.steps[idx]
                     nrows, nsteps = lr.rows[idx + 1], lr.steps[idx + 1]
                     for key, name in cols.items():
-                        ds[key][pos : pos + b - a] = store.read(name, rows, steps)
-                    ds["next_observations"][pos : pos + b - a] = store.read("obs", nrows, nsteps)
-                    ds["terminals"][pos : pos + b - a] = store.read("terminated", rows, steps)
-                    trunc = store.read("truncated", rows, steps) | force[idx]
+                        ds[key][pos : pos + b - a] = reader.read(name, rows, steps)
+                    ds["next_observations"][pos : pos + b - a] = reader.read("obs", nrows,
+                                                                             nsteps)
+                    ds["terminals"][pos : pos + b - a] = reader.read("terminated", rows, steps)
+                    trunc = reader.read("truncated", rows, steps) | force[idx]
                     ds["timeouts"][pos : pos + b - a] = trunc
                     summary.episodes += int(((lr.flags[idx + 1] & FLAG_LAST) != 0).sum())
                     pos += b - a
                     prog.update(b - a, (b - a) * row_bytes)
         prog.close()
+        reader.close()
         os.replace(tmp, dst)
         summary.steps = summary.rows = total
         summary.lanes = store.lanes

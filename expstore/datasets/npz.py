@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import DatasetFormatError
 from ..rows import FLAG_FIRST, FLAG_LAST
 from ..spec import Spec
-from .episodes import capacity_for, lane_rows
+from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
 from .summary import ImportSummary
 
@@ -96,7 +96,7 @@ def _small(zf: zipfile.ZipFile, name: str) -> np.ndarray:
 
 # -- export -----------------------------------------------------------------------------------
 def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bool = True,
-               block_rows: int = 4096, overwrite: bool = False,
+               block_rows: int = 1024, overwrite: bool = False,
                storage_options: dict[str, Any] | None = None,
                progress: ProgressArg = None) -> ImportSummary:
     """Write every intact row of the store at ``url`` to ``dst`` (``.npz``), a block of
@@ -118,6 +118,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
         lanes = [lane_rows(store, lane) for lane in range(store.lanes)]
         n = sum(len(lr.rows) for lr in lanes)
         names = [*spec.fields, *_ROW_META]
+        reader = ExportReader(store)
         prog = Progress(n, f"npz export {os.path.basename(dst)}", progress)
         share = 1 / len(names)  # each array is written in turn: a row is done after all
 
@@ -133,7 +134,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
                     elif name == "flags":
                         part = lr.flags[a:b]
                     else:
-                        part = store.read(name, lr.rows[a:b], lr.steps[a:b])
+                        part = reader.read(name, lr.rows[a:b], lr.steps[a:b])
                     summary.bytes_in += part.nbytes if f is not None else 0
                     prog.update((b - a) * share, part.nbytes)
                     yield part
@@ -153,6 +154,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
                         np.lib.format.write_array(fh, np.array(value), allow_pickle=False)
         finally:
             prog.close()
+            reader.close()
         os.replace(tmp, dst)
         summary.rows = n
         summary.steps = sum(int(((lr.flags & FLAG_LAST) == 0).sum()) for lr in lanes)
@@ -172,7 +174,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
 
 # -- import -----------------------------------------------------------------------------------
 def import_npz(src: str | os.PathLike, url: str | os.PathLike, *, capacity: int | None = None,
-               shard_rows: int | None = None, block_rows: int = 4096, overwrite: bool = False,
+               shard_rows: int | None = None, block_rows: int = 1024, overwrite: bool = False,
                storage_options: dict[str, Any] | None = None, fsync: bool = False,
                progress: ProgressArg = None) -> ImportSummary:
     """Create a store at ``url`` from an npz written by :func:`export_npz` (or D4RL-style),

@@ -8,7 +8,9 @@ rows again; the rows of quarantined shards come back not ``ok``, so the loader r
 their samples with spares, exactly as it replaces rows overwritten in flight. Nothing is
 written to the store: ``expstore verify`` / ``expstore repair`` still find and quarantine the
 damage for good. ``rows_skipped`` counts the rows not delivered (loader stats:
-``corrupt_rows_skipped``).
+``corrupt_rows_skipped``). In the store's own process (``store.skip_corrupt = True``) each
+new corrupt shard is also told to ``on_shard``, which marks its rows lost in the store's
+index, so samplers stop drawing them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,14 +35,17 @@ _SHARD = re.compile(r"(?:^|/)(?P<name>[^/\s:]+)/c/(?P<shard>\d+)(?:/0)*(?::|\s|$
 class CorruptShards:
     """Shards found corrupt by this process: ``{field: {shard, ...}}`` (in memory only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_shard: Callable[[str, int], None] | None = None) -> None:
         self.shards: dict[str, set[int]] = {}
         self.rows_skipped = 0
+        self.on_shard = on_shard  # told of each new corrupt (field, shard)
 
     def add(self, name: str, shard: int, error: BaseException) -> None:
         if shard in self.shards.setdefault(name, set()):
             return
         self.shards[name].add(shard)
+        if self.on_shard is not None:
+            self.on_shard(name, shard)
         log.warning("expstore: skipping the rows of corrupt shard %s/c/%d (skip_corrupt=True): "
                     "%s; run 'expstore verify' and 'expstore repair' on the store",
                     name, shard, error_detail(error))
@@ -57,11 +63,11 @@ class SkipCorruptSource:
     """A row source (``read(name, rows, steps, out) -> ok``) that delivers every row it can
     and reports rows of corrupt shards as not ``ok`` instead of raising."""
 
-    def __init__(self, source: Any, layout: Layout, found: CorruptShards | None = None
-                 ) -> None:
+    def __init__(self, source: Any, layout: Layout, found: CorruptShards | None = None,
+                 on_shard: Callable[[str, int], None] | None = None) -> None:
         self.source = source
         self.layout = layout
-        self.found = found if found is not None else CorruptShards()
+        self.found = found if found is not None else CorruptShards(on_shard)
         self.pid = os.getpid()  # the process whose quarantine this is
 
     @property
