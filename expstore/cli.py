@@ -203,6 +203,9 @@ def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace)
     if "progress" in params and "progress" not in kw:
         kw["progress"] = not args.quiet
     if args.overwrite:
+        if "overwrite" not in params:
+            _usage_error(f"{args.command} {args.format}: --overwrite is not an option of this "
+                         "format")
         kw["overwrite"] = True
     so = _kv(args.storage_option, "-S")
     if so:

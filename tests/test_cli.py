@@ -273,6 +273,8 @@ def test_overwrite_on_import_and_export(tmp_path, capsys):
     err = run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr", "-q", check=1)[1]
     assert "--overwrite" in err and "overwrite=True" not in err
     run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr", "-q", "--overwrite")
+    err = run(capsys, "export", url, "dopamine", tmp_path / "d", "--overwrite", check=2)[1]
+    assert "export dopamine: --overwrite is not an option of this format" in err
 
 
 def test_info_counts_and_units(tmp_path, capsys):

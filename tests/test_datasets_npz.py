@@ -172,3 +172,23 @@ def test_npz_streams_with_bounded_memory(tmp_path):
         assert grew < 45, f"{what}: peak RSS grew {grew} MB for {n * 84 * 84 / 1e6:.0f} MB"
     with es.open(tmp_path / "b.zarr") as b:
         assert len(b) == n + n // 2000 and b.sample(4)["obs"].shape == (4, 4, 84, 84)
+
+
+def test_damaged_npz_names_the_rows_and_keeps_the_store_openable(tmp_path):
+    rng = np.random.default_rng(2)
+    s = es.create(tmp_path / "s.zarr", spec(), capacity=4096)
+    write(s, 0, 2000, rng)
+    s.close()
+    export_npz(tmp_path / "s.zarr", tmp_path / "a.npz")
+    raw = bytearray((tmp_path / "a.npz").read_bytes())
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "a.npz") as z:
+        info = z.getinfo("obs.pixels.npy")
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2
+    raw[at : at + 64] = bytes(64)
+    (tmp_path / "a.npz").write_bytes(bytes(raw))
+    with pytest.raises(DatasetFormatError, match=r"a.npz: damaged at rows \d+\.\.\d+"):
+        import_npz(tmp_path / "a.npz", tmp_path / "b.zarr", block_rows=256)
+    with es.open(tmp_path / "b.zarr") as b:  # opens, with the rows before the damage
+        assert len(b) < 2000 + 300

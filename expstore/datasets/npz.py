@@ -22,6 +22,7 @@ import json
 import os
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -255,7 +256,12 @@ def _import_members(zf: zipfile.ZipFile, spec: Spec, names: list[str], where: st
                 done_rows = 0
                 while done_rows < n or carry is not None:
                     m = min(block_rows, n - done_rows)
-                    block = {k: mem.read(m) for k, mem in members.items()}
+                    try:
+                        block = {k: mem.read(m) for k, mem in members.items()}
+                    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+                        raise DatasetFormatError(f"{where}: damaged at rows {done_rows}.."
+                                                 f"{done_rows + m - 1} ({e}); the store holds "
+                                                 "the rows before") from e
                     done_rows += m
                     if carry is not None:
                         block = {k: np.concatenate([carry[k], block[k]]) for k in block}
