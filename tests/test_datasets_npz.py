@@ -136,17 +136,21 @@ def test_round_trip_keeps_stack_and_blocks_split_anywhere(tmp_path):
                     np.testing.assert_array_equal(a.read(name, ra.rows), b.read(name, rb.rows))
 
 
+# peak RSS is VmHWM (this process image's own; ru_maxrss would carry the parent's across exec)
 CHILD = """
-import resource, sys, numpy as np
+import os, numpy as np
+import expstore, zarr  # imported before the baseline: create() would import it
 from expstore.datasets import export_npz, import_npz
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 {call}
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+peak = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+print((peak - base) // 1024)
 """
 
 
 def test_npz_streams_with_bounded_memory(tmp_path):
-    """~85 MB of frames exported and imported by a child whose peak RSS grows < 45 MB."""
+    """~85 MB of frames exported and imported, and a 48 MB D4RL-style npz imported, each by
+    a child whose peak RSS grows < 45 MB (the arrays held whole would take more)."""
     import subprocess
     import sys
 
@@ -172,6 +176,20 @@ def test_npz_streams_with_bounded_memory(tmp_path):
         assert grew < 45, f"{what}: peak RSS grew {grew} MB for {n * 84 * 84 / 1e6:.0f} MB"
     with es.open(tmp_path / "b.zarr") as b:
         assert len(b) == n + n // 2000 and b.sample(4)["obs"].shape == (4, 4, 84, 84)
+    # a D4RL-style npz (48 MB of float observations) streams too
+    d4rl = {"observations": rng.normal(size=(n, 1000)).astype(np.float32),
+            "actions": np.zeros(n, np.int64), "rewards": np.ones(n, np.float32),
+            "terminals": np.arange(n) % 3000 == 2999, "timeouts": np.zeros(n, bool)}
+    np.savez(tmp_path / "d.npz", **d4rl)
+    call = (f"import_npz({str(tmp_path / 'd.npz')!r}, {str(tmp_path / 'd.zarr')!r}, "
+            "block_rows=512)")
+    res = subprocess.run([sys.executable, "-c", CHILD.format(call=call)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    grew = int(res.stdout.split()[-1])
+    assert grew < 45, f"D4RL-style npz import: peak RSS grew {grew} MB for 48 MB"
+    with es.open(tmp_path / "d.zarr") as d:
+        assert d.num_transitions == n and d.num_episodes == n // 3000
+        np.testing.assert_array_equal(d.episode(1)["obs"][:-1], d4rl["observations"][3000:6000])
 
 
 def test_damaged_npz_names_the_rows_and_keeps_the_store_openable(tmp_path):

@@ -149,7 +149,7 @@ def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
                 block_rows: int = 8192,
                 reject_nonfinite: bool = True, overwrite: bool = False,
                 storage_options: dict[str, Any] | None = None, fsync: bool = False,
-                progress: ProgressArg = None) -> ImportSummary:
+                progress: ProgressArg = None, where: str | None = None) -> ImportSummary:
     """Import a D4RL HDF5 file (path, or an open h5py file / dict of arrays) into ``url``.
 
     ``stack``: frames per stacked observation (``observations`` holds one frame per row);
@@ -157,7 +157,7 @@ def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
     by :func:`export_d4rl`), else none. ``padding``: ``"reset"``/``"zero"`` (default: the
     file's, else ``"reset"``). Rows are read ``block_rows`` at a time (memory ~ one
     block). Ctrl-C stops at a block boundary with every row so far flushed, then raises
-    ``KeyboardInterrupt``.
+    ``KeyboardInterrupt``. ``where``: how messages name a mapping given as ``src``.
     """
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)):
@@ -170,8 +170,9 @@ def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
         with f:
             return _import(f, where, url, capacity, shard_rows, block_rows, reject_nonfinite,
                            overwrite, storage_options, fsync, progress, t0, stack, padding)
-    return _import(src, "<arrays>", url, capacity, shard_rows, block_rows, reject_nonfinite,
-                   overwrite, storage_options, fsync, progress, t0, stack, padding)
+    return _import(src, where or "<arrays>", url, capacity, shard_rows, block_rows,
+                   reject_nonfinite, overwrite, storage_options, fsync, progress, t0, stack,
+                   padding)
 
 
 def saved_spec(src: Any) -> dict[str, Any] | None:

@@ -12,8 +12,8 @@ reads every member side by side, a block at a time. Import rebuilds the same row
 and episode structure.
 
 :func:`import_npz` also reads a D4RL-style npz (``observations``, ``actions``, ``rewards``,
-``terminals``, ``timeouts``, optional ``next_observations``) with the D4RL rules (that
-path loads the arrays whole).
+``terminals``, ``timeouts``, optional ``next_observations``) with the D4RL rules, streamed
+the same way (each array read forward on demand).
 """
 
 from __future__ import annotations
@@ -88,6 +88,64 @@ class _Member:
 
     def close(self) -> None:
         self._fh.close()
+
+
+class _LazyArray:
+    """A row array of an npz read on demand: ``a[i:j]`` (forward reads stream; a request
+    overlapping the last one reuses it; going back re-reads from the start) and ``a[()]``
+    (all of it). Memory: the last request."""
+
+    def __init__(self, zf: zipfile.ZipFile, name: str, where: str) -> None:
+        self._zf, self.name, self._where = zf, name, where
+        self._restart()
+        self.shape, self.dtype = self._m.shape, self._m.dtype
+
+    def _restart(self) -> None:
+        if getattr(self, "_m", None) is not None:
+            self._m.close()
+        self._m = _Member(self._zf, self.name, self._where)
+        self._pos = 0  # next row of the stream
+        self._buf = self._m.read(0)  # rows [pos - len(buf), pos)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if key == ():
+            return self._rows(0, len(self))
+        if isinstance(key, slice):
+            a, b, step = key.indices(len(self))
+            if step == 1:
+                return self._rows(a, max(a, b))
+        raise TypeError(f"{self.name}: only [start:stop] and [()] reads are supported")
+
+    def _rows(self, a: int, b: int) -> np.ndarray:
+        start = self._pos - len(self._buf)
+        if start <= a and b <= self._pos:
+            return self._buf[a - start : b - start]
+        if a < start:
+            self._restart()
+            start = 0
+        head = self._buf[a - start :] if a < self._pos else self._buf[:0]
+        while self._pos < a:  # skip forward, a block at a time
+            self._m.read(min(4096, a - self._pos))
+            self._pos += min(4096, a - self._pos)
+        new = self._m.read(b - self._pos)
+        self._pos = b
+        self._buf = np.concatenate([head, new]) if len(head) else new
+        return self._buf
+
+
+def _lazy_npz(zf: zipfile.ZipFile, where: str) -> dict[str, Any]:
+    """Every array of an npz: row arrays as :class:`_LazyArray`, scalars loaded."""
+    out: dict[str, Any] = {}
+    for name in (n[:-4] for n in zf.namelist() if n.endswith(".npy")):
+        with zf.open(f"{name}.npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            shape = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                     else np.lib.format.read_array_header_2_0)(fh)[0]
+        out[name] = _LazyArray(zf, name, where) if shape else _small(zf, name)
+    return out
 
 
 def _small(zf: zipfile.ZipFile, name: str) -> np.ndarray:
@@ -193,11 +251,14 @@ def import_npz(src: str | os.PathLike, url: str | os.PathLike, *, capacity: int 
             if "observations" in files:
                 from .d4rl import import_d4rl
 
-                with np.load(where, allow_pickle=False) as npz:
-                    return import_d4rl(dict(npz), url, capacity=capacity,
-                                       shard_rows=shard_rows, overwrite=overwrite,
-                                       storage_options=storage_options, fsync=fsync,
-                                       progress=progress)
+                try:
+                    lazy = _lazy_npz(zf, where)
+                except ValueError as e:
+                    raise DatasetFormatError(f"{where}: not a readable .npz file ({e})") from e
+                return import_d4rl(lazy, url, capacity=capacity, shard_rows=shard_rows,
+                                   block_rows=block_rows, overwrite=overwrite,
+                                   storage_options=storage_options, fsync=fsync,
+                                   progress=progress, where=where)
             raise DatasetFormatError(f"{where}: neither an expstore npz (no '__spec__') nor a "
                                      f"D4RL-style npz (no 'observations'); keys: {files}")
         try:
