@@ -100,7 +100,8 @@ register("d4rl", "expstore.datasets.d4rl", "import_d4rl", "export_d4rl",
                       "stack": "frames per stacked observation: 'auto' (what the file's "
                                "expstore_spec says), null or an int",
                       "padding": "frame-stack padding at episode start: reset or zero "
-                                 "(default: the file's, else reset)"},
+                                 "(default: the file's, else reset)",
+                      "where": "how messages name the source (default: SRC)"},
          export_help={"block_rows": _STORE["block_rows"],
                       "compression": "gzip (default), lzf or null (uncompressed)",
                       "compression_level": "gzip level 0..9 (default 4)"},
