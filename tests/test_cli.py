@@ -89,6 +89,7 @@ def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
     err = run(capsys, "import", "nosuch", dopamine_dir, tmp_path / "x.zarr", check=1)[1]
     assert "unknown dataset format 'nosuch'" in err
     assert "minari" in run(capsys, "formats")[0]
+    store.close()
 
 
 def test_verify_reports_every_corrupt_shard(dopamine_dir, tmp_path, capsys):

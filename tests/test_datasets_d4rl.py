@@ -75,6 +75,7 @@ def test_import_keeps_every_transition(tmp_path):
     trunc[[HIDDEN_RESET, N - 1]] = True  # the hidden reset and the file's unfinished end
     np.testing.assert_array_equal(tr["truncated"], trunc)
     assert store.episodes == len(ENDS) + 2
+    store.close()
 
 
 def test_round_trip(tmp_path):
@@ -98,6 +99,8 @@ def test_round_trip(tmp_path):
     for name in s1.spec.fields:
         np.testing.assert_array_equal(s1.read(name, r1.rows, r1.steps),
                                       s2.read(name, r2.rows, r2.steps), err_msg=name)
+    s1.close()
+    s2.close()
 
 
 def test_without_next_observations(tmp_path):
@@ -122,6 +125,7 @@ def test_without_next_observations(tmp_path):
     trunc = np.zeros(N, bool)
     trunc[[t - 1 for t in timeouts] + [N - 2]] = True
     np.testing.assert_array_equal(tr["truncated"], trunc[keep])
+    store.close()
 
 
 def test_export_of_open_episode_marks_a_timeout(tmp_path):

@@ -67,7 +67,9 @@ def test_round_trip(tmp_path):
                 "lane", "flags", "episode_step", "__spec__"} <= set(z.files)
         assert len(z["obs.pixels"]) == len(src)
     import_npz(tmp_path / "s.npz", tmp_path / "back.zarr")
-    same_rows(src, es.open(tmp_path / "back.zarr"))
+    with es.open(tmp_path / "back.zarr") as back:
+        same_rows(src, back)
+    src.close()
 
 
 def test_d4rl_style_npz(tmp_path):
@@ -88,6 +90,7 @@ def test_d4rl_style_npz(tmp_path):
     tr = store.transitions(lr.rows[store.index.valid(lr.rows, 0, 1)])
     np.testing.assert_array_equal(tr["obs"], obs[:n])
     np.testing.assert_array_equal(tr["next_obs"], nxt)
+    store.close()
 
 
 def test_bad_npz(tmp_path):
