@@ -2,19 +2,24 @@
 
 ::
 
+    expstore --version
     expstore info URL [--json]
-    expstore verify URL
-    expstore repair URL [--dry-run]
-    expstore import FORMAT SRC URL [--overwrite] [-o KEY=VALUE ...]
-    expstore export URL FORMAT DST [-o KEY=VALUE ...]
+    expstore verify URL [-q]
+    expstore repair URL [--dry-run] [-q]
+    expstore import FORMAT SRC URL [--overwrite] [-q] [-o KEY=VALUE ...]
+    expstore export URL FORMAT DST [--overwrite] [-q] [-o KEY=VALUE ...]
     expstore formats
     expstore bench [NAME ...] [--dir DIR] [--list]
 
-``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari). ``-o`` passes
-options to the importer/exporter (values are JSON when they parse, else strings:
-``-o stack=4 -o suffixes=[0,1] -o codec='{"name":"blosc","cname":"lz4"}'``). Long work
-shows a progress bar; Ctrl-C stops an import at a block boundary leaving a store that
-opens with every row flushed so far (exit code 130).
+``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari), which also lists
+each format's ``-o`` options. ``-o`` passes options to the importer/exporter (values are
+JSON when they parse, else strings: ``-o stack=4 -o suffixes=[0,1]
+-o codec='{"name":"blosc","cname":"lz4"}'``). Every import and export prints one summary:
+steps, rows, episodes, lanes, bytes (decimal units: 1 MB = 10**6 bytes), time and rate,
+and notes on anything left out. Long work shows a progress bar with a total and an ETA
+(``-q`` hides it). Ctrl-C stops an import at a block boundary leaving a store that opens
+with every row flushed so far (exit code 130). Exit codes: 0 done, 1 failed (or problems
+found), 2 bad usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,10 +30,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 EXIT_INTERRUPTED = 130
+
+
+def _usage_error(msg: str) -> None:
+    """Bad usage: the message on stderr, exit code 2 (as argparse does)."""
+    print(f"expstore: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
@@ -36,7 +48,7 @@ def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"expstore: error: {flag} {item!r}: expected KEY=VALUE")
+            _usage_error(f"{flag} {item!r}: expected KEY=VALUE")
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -45,11 +57,9 @@ def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1024
-    return str(n)
+    from .datasets.summary import human_bytes
+
+    return human_bytes(n)
 
 
 # -- info -------------------------------------------------------------------------------
@@ -67,10 +77,14 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         return {
             "url": store.url,
             "capacity": store.capacity,
+            "capacity_requested": lay.requested_capacity,
+            "capacity_note": store.capacity_note,
             "lanes": store.lanes,
             "shard_rows": lay.shard_rows,
             "rows": rows,
-            "episodes": store.episodes,
+            "transitions": store.num_transitions,
+            "episodes": int(store.episodes),
+            "episodes_held": store.num_episodes,
             "lane_rows": [int(c - v) for c, v in zip(idx.count, idx.lower_bound())],
             "bytes_on_disk": int(disk),
             "raw_bytes": int(rows * raw_row),
@@ -91,7 +105,11 @@ def _print_info(info: dict[str, Any]) -> None:
           f"({info['lanes']} lane(s), {info['shard_rows']} rows per shard)")
     if info["lanes"] > 1:
         print(f"lane rows   {', '.join(f'{r:,}' for r in info['lane_rows'])}")
-    print(f"episodes    {info['episodes']:,}")
+    print(f"capacity    {info['capacity']:,} rows ({info['capacity_note']})")
+    print(f"transitions {info['transitions']:,} env steps (rows count one more per finished "
+          "episode: its final observation)")
+    print(f"episodes    {info['episodes_held']:,} complete held, {info['episodes']:,} finished "
+          "written")
     ratio = info["compression_ratio"]
     print(f"on disk     {_human(info['bytes_on_disk'])} (raw {_human(info['raw_bytes'])}, "
           f"ratio {ratio:.1f}x)" if ratio else f"on disk     {_human(info['bytes_on_disk'])}")
@@ -115,20 +133,43 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Bar:
+    """A tqdm bar (rows, total set once known, ETA), or nothing when ``quiet``."""
+
+    def __init__(self, desc: str, quiet: bool) -> None:
+        self._bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self._bar = tqdm(desc=desc, unit="row", unit_scale=True, dynamic_ncols=True)
+
+    def total(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.total = n
+            self._bar.refresh()
+
+    def update(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+REPAIR_HINT = ("run 'expstore repair {url}' to rebuild lost metadata and state files and "
+               "quarantine the bad rows, then keep training on the rest")
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify_store
 
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(desc="verify", unit="row", unit_scale=True, dynamic_ncols=True)
-    try:
+    with _Bar("verify", args.quiet) as bar:
         rep = verify_store(args.url, _kv(args.storage_option, "-S") or None,
-                           progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+                           progress=bar.update, total=bar.total)
     for p in rep.problems:
         print(f"CORRUPT {p}")
     status = "OK" if rep.ok else f"{len(rep.problems)} problem(s)"
@@ -137,27 +178,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if rep.quarantined:
         print(f"{rep.quarantined:,} row(s) quarantined by an earlier repair (lost, never "
               "sampled)")
-    if not rep.ok and rep.lost:
-        print("run 'expstore repair URL' to quarantine the bad rows and keep training on the "
-              "rest")
+    if not rep.ok:
+        print(REPAIR_HINT.format(url=args.url))
     return 0 if rep.ok else 1
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
     from .repair import repair_store
 
-    bar = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(desc="verify", unit="row", unit_scale=True, dynamic_ncols=True)
-    try:
+    with _Bar("repair: verify", args.quiet) as bar:
         rep = repair_store(args.url, _kv(args.storage_option, "-S") or None,
-                           progress=bar.update if bar is not None else None,
-                           dry_run=args.dry_run)
-    finally:
-        if bar is not None:
-            bar.close()
+                           progress=bar.update, dry_run=args.dry_run, total=bar.total)
     for p in rep.found.problems if rep.found is not None else []:
         print(f"CORRUPT {p}")
     for p in rep.remaining:
@@ -170,8 +201,11 @@ def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace)
     params = inspect.signature(fn).parameters
     kw = dict(options)
     if "progress" in params and "progress" not in kw:
-        kw["progress"] = not args.no_progress
-    if getattr(args, "overwrite", False):
+        kw["progress"] = not args.quiet
+    if args.overwrite:
+        if "overwrite" not in params:
+            _usage_error(f"{args.command} {args.format}: --overwrite is not an option of this "
+                         "format")
         kw["overwrite"] = True
     so = _kv(args.storage_option, "-S")
     if so:
@@ -179,21 +213,50 @@ def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace)
     unknown = [k for k in kw if k not in params and not any(
         p.kind == p.VAR_KEYWORD for p in params.values())]
     if unknown:
-        raise SystemExit(f"expstore: error: {fn.__name__} has no option(s) {unknown}; options: "
-                         + ", ".join(p for p in params if p not in ("src", "url", "dst")))
+        _usage_error(f"{args.command} {args.format}: no option(s) {', '.join(unknown)}; its "
+                     "-o options:\n" + _options_text(args.format, args.command))
     return fn(*pos, **kw)
+
+
+def _options_text(fmt: str, which: str, indent: str = "  ") -> str:
+    from .datasets.registry import get_format
+
+    opts = get_format(fmt).options(which)
+    if not opts:
+        return f"{indent}(none)"
+    return "\n".join(f"{indent}{name}={json.dumps(default)}".ljust(30) + f" {text}"
+                     for name, default, text in opts)
+
+
+def _summary(res: Any, args: argparse.Namespace, seconds: float) -> str:
+    """The summary an import or export prints (a store some importers return becomes one)."""
+    from .datasets.summary import ImportSummary
+    from .store import Store
+
+    if isinstance(res, ImportSummary) and not res.kind:
+        res.kind = f"{args.format} {args.command}"
+    if not isinstance(res, Store):
+        return str(res)
+    try:
+        return str(ImportSummary(
+            args.src, res.url, rows=len(res), steps=res.num_transitions,
+            episodes=res.num_episodes, lanes=res.lanes, seconds=seconds,
+            bytes_out=int(res.backend.total_bytes()), kind=f"{args.format} import"))
+    finally:
+        res.close()
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from .datasets.registry import get_format
 
     imp, _ = get_format(args.format).functions()
+    t0 = time.perf_counter()
     try:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
         print(f"\ninterrupted: {args.url} holds the rows flushed so far", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(res)
+    print(_summary(res, args, time.perf_counter() - t0))
     return 0
 
 
@@ -206,7 +269,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(res)
+    print(_summary(res, args, 0.0))
     return 0
 
 
@@ -215,6 +278,14 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 
     for f in FORMATS.values():
         print(f"{f.name:<10} {f.help}")
+        if args.brief:
+            continue
+        for which in ("import", "export"):
+            try:
+                text = _options_text(f.name, which, "    ")
+            except ImportError as e:  # an optional dependency is missing
+                text = f"    ({e})"
+            print(f"  {which} -o options:\n{text}")
     return 0
 
 
@@ -256,62 +327,111 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _formats_epilog(which: str) -> str:
+    from .datasets.registry import FORMATS
+
+    lines = [f"formats and their -o options ({which}):"]
+    for f in FORMATS.values():
+        lines.append(f"  {f.name}: {f.help}")
+        lines.append(f"    {'SRC' if which == 'import' else 'DST'}: "
+                     f"{f.src_help if which == 'import' else f.dst_help}")
+        try:
+            lines.append(_options_text(f.name, which, "    "))
+        except ImportError as e:  # an optional dependency is missing
+            lines.append(f"    ({e})")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="expstore", description="Inspect, check, import and "
-                                "export expstore replay stores.")
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="expstore", description="Inspect, check, repair, import "
+                                "and export expstore replay stores.")
+    p.add_argument("--version", action="version", version=f"expstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    store_url = "a folder or fsspec URL (s3://bucket/run.zarr, memory://x)"
 
     def storage(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-S", "--storage-option", action="append", metavar="KEY=VALUE",
                         help="fsspec storage option for remote URLs (repeatable)")
 
-    sp = sub.add_parser("info", help="spec, capacity, rows, episodes, size on disk")
-    sp.add_argument("url")
+    def quiet(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    sp = sub.add_parser("info", help="spec, capacity, rows, episodes, size on disk",
+                        description="Spec, capacity, rows, transitions, episodes and size on "
+                        "disk of a store.")
+    sp.add_argument("url", metavar="URL", help="the store: " + store_url)
     sp.add_argument("--json", action="store_true", help="print JSON")
     storage(sp)
     sp.set_defaults(fn=_cmd_info)
 
-    sp = sub.add_parser("verify", help="read and check every shard; exit 1 if any is bad")
-    sp.add_argument("url")
-    sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    sp = sub.add_parser("verify", help="read and check every shard; exit 1 if any is bad",
+                        description="Read and check every committed row, every shard and "
+                        "every array's zarr.json; exit 1 if anything is bad.")
+    sp.add_argument("url", metavar="URL", help="the store: " + store_url)
+    quiet(sp)
     storage(sp)
     sp.set_defaults(fn=_cmd_verify)
 
-    sp = sub.add_parser("repair", help="quarantine rows verify finds bad (never sampled "
-                        "again), rebuild lost lane states; exit 1 if problems remain")
-    sp.add_argument("url")
+    sp = sub.add_parser("repair", help="rebuild lost metadata and lane states, quarantine "
+                        "bad rows; exit 1 if problems remain",
+                        description="Rebuild a lost or corrupt zarr.json and lost lane state "
+                        "files, quarantine rows verify finds bad (never sampled again); exit "
+                        "1 if problems remain.")
+    sp.add_argument("url", metavar="URL", help="the store: " + store_url)
     sp.add_argument("-n", "--dry-run", action="store_true", help="report, change nothing")
-    sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    quiet(sp)
     storage(sp)
     sp.set_defaults(fn=_cmd_repair)
 
-    for name, helptext, order in (("import", "create a store from a dataset",
-                                   ("format", "src", "url")),
-                                  ("export", "write a store as a dataset",
-                                   ("url", "format", "dst"))):
-        sp = sub.add_parser(name, help=helptext)
-        for arg in order:
-            sp.add_argument(arg, help="dataset format (see 'expstore formats')"
-                            if arg == "format" else None)
-        sp.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
-                        help="importer/exporter option, JSON value (repeatable)")
-        sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for name, helptext in (("import", "create a store from a dataset"),
+                           ("export", "write a store as a dataset")):
+        sp = sub.add_parser(name, help=helptext, description=helptext[0].upper() +
+                            helptext[1:] + ".", epilog=_formats_epilog(name),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        fmt_help = "dataset format: dopamine, d4rl, npz, minari (see 'expstore formats')"
         if name == "import":
-            sp.add_argument("--overwrite", action="store_true", help="replace a store at URL")
+            sp.add_argument("format", metavar="FORMAT", help=fmt_help)
+            sp.add_argument("src", metavar="SRC", help="the dataset to read (per format: "
+                            "see below)")
+            sp.add_argument("url", metavar="URL", help="the store to create: " + store_url)
+        else:
+            sp.add_argument("url", metavar="URL", help="the store to read: " + store_url)
+            sp.add_argument("format", metavar="FORMAT", help=fmt_help)
+            sp.add_argument("dst", metavar="DST", help="where to write (per format: see "
+                            "below)")
+        sp.add_argument("-o", "--option", action="append", metavar="KEY=VALUE",
+                        help="importer/exporter option, JSON value (repeatable; listed "
+                        "below)")
+        sp.add_argument("--overwrite", action="store_true",
+                        help="replace a store at URL" if name == "import"
+                        else "replace the dataset at DST")
+        quiet(sp)
+        sp.add_argument("--no-progress", dest="quiet", action="store_true",
+                        help=argparse.SUPPRESS)
         storage(sp)
         sp.set_defaults(fn=_cmd_import if name == "import" else _cmd_export)
 
-    sp = sub.add_parser("formats", help="list dataset formats")
+    sp = sub.add_parser("formats", help="list dataset formats and their -o options")
+    sp.add_argument("--brief", action="store_true", help="names and descriptions only")
     sp.set_defaults(fn=_cmd_formats)
 
     sp = sub.add_parser("bench", help="run the benchmark scripts in benchmarks/")
-    sp.add_argument("names", nargs="*", help="benchmarks to run (default: all bench_*.py)")
+    sp.add_argument("names", nargs="*", metavar="NAME",
+                    help="benchmarks to run (default: all bench_*.py)")
     sp.add_argument("--dir", help="benchmarks folder")
     sp.add_argument("--list", action="store_true", help="list them and exit")
     sp.add_argument("--args", nargs=argparse.REMAINDER, default=[],
                     help="arguments passed to every script")
     sp.set_defaults(fn=_cmd_bench)
     return p
+
+
+def _flag_names(msg: str) -> str:
+    """Library advice in a message as the CLI's own flag."""
+    return (msg.replace("pass overwrite=True, or --overwrite,", "pass --overwrite")
+            .replace("overwrite=True", "--overwrite"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ExpstoreError, FileNotFoundError, FileExistsError, ImportError, KeyError,
             ValueError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"expstore: error: {msg}", file=sys.stderr)
+        print(f"expstore: error: {_flag_names(str(msg))}", file=sys.stderr)
         return 1
 
 

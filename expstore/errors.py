@@ -18,8 +18,29 @@ class ValidationError(ExpstoreError, ValueError):
     """A value given to ``add``/``extend`` does not fit its field; nothing was stored."""
 
 
+#: what every corruption error tells the user to do
+REPAIR_HINT = ("run 'expstore verify STORE' to list all damage and 'expstore repair STORE' to "
+               "rebuild lost metadata and state files and quarantine bad rows; samplers and "
+               "make_loader take skip_corrupt=True to train on past bad chunks")
+
+
 class StoreCorruptError(ExpstoreError):
-    """A state file or shard is missing, truncated or fails its checks."""
+    """A state file or shard is missing, truncated or fails its checks. ``str()`` ends with
+    what to do (:data:`REPAIR_HINT`); :attr:`detail` is the message without it."""
+
+    @property
+    def detail(self) -> str:
+        """The message without the verify/repair hint."""
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        msg = self.detail
+        return msg if "expstore repair" in msg else f"{msg} ({REPAIR_HINT})"
+
+
+def error_detail(e: BaseException) -> str:
+    """An error's message without the verify/repair hint (for reports listing many)."""
+    return e.detail if isinstance(e, StoreCorruptError) else str(e)
 
 
 class StoreLockedError(ExpstoreError):

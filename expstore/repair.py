@@ -2,6 +2,9 @@
 
 :func:`repair_store` runs :func:`~expstore.verify.verify_store`, then
 
+0. rebuilds a lost or unreadable group ``zarr.json`` from the copy of the layout every
+   array's ``zarr.json`` keeps, and array ``zarr.json`` files that are missing or that plain
+   zarr cannot read as the layout says, from the layout;
 1. rebuilds a lane state file that is missing or unreadable from the shard headers (the
    rows every field's shards hold contiguously; the newest shard may add rows its writer
    wrote but had not committed when it died — intact, since every chunk is checksummed);
@@ -25,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExpstoreError, StoreCorruptError
+from .errors import ExpstoreError, StoreCorruptError, error_detail
 from .rows import FLAG_LAST
 from .storage.backends import Backend, backend_for
 from .storage.layout import Layout, read_layout
 from .storage.quarantine import Quarantine, read_quarantine, write_quarantine
 from .storage.shard import HEADER_SIZE, ShardHead, index_size, parse_head
 from .storage.state import STATE_VERSION, LaneState, read_state, state_key, write_state
+from .storage.zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
 from .verify import VerifyReport, verify_store
 
 
@@ -45,6 +49,8 @@ class RepairReport:
     lost_rows: int = 0  # rows quarantined by this repair
     quarantined_rows: int = 0  # rows of the stores' current window quarantined in total
     rebuilt: dict[int, LaneState] = field(default_factory=dict)  # lanes whose state was rebuilt
+    #: zarr.json files rebuilt (key -> what was wrong with it)
+    metadata: dict[str, str] = field(default_factory=dict)
     remaining: list[str] = field(default_factory=list)  # problems repair could not fix
     dry_run: bool = False
 
@@ -55,7 +61,9 @@ class RepairReport:
 
     def summary(self) -> str:
         verb = "would quarantine" if self.dry_run else "quarantined"
-        parts = [f"{verb} {self.lost_rows:,} row(s)"]
+        parts = [f"{'would rebuild' if self.dry_run else 'rebuilt'} {key} ({why})"
+                 for key, why in self.metadata.items()]
+        parts.append(f"{verb} {self.lost_rows:,} row(s)")
         for lane, ranges in sorted(self.newly_lost.items()):
             parts.append(f"lane {lane}: steps " + ", ".join(
                 f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in ranges))
@@ -69,26 +77,25 @@ class RepairReport:
 
 def repair_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 dry_run: bool = False) -> RepairReport:
-    """Quarantine bad rows and rebuild lost lane states of the store at ``url``."""
+                 dry_run: bool = False,
+                 total: Callable[[int], None] | None = None) -> RepairReport:
+    """Rebuild lost metadata and lane states and quarantine bad rows of the store at
+    ``url``; ``total``/``progress``: see :func:`~expstore.verify.verify_store`."""
     backend = backend_for(url, storage_options, fsync=True)
     rep = RepairReport(backend.url, dry_run=dry_run)
     try:
-        try:
-            layout = read_layout(backend)
-        except (ExpstoreError, OSError, ValueError) as e:
-            rep.remaining.append(f"{backend.url}/zarr.json: {e} (cannot repair: the store's "
-                                 "layout is unknown)")
+        layout = _repair_metadata(backend, rep, dry_run)
+        if layout is None:
             return rep
         for lane in range(layout.lanes):
             _maybe_rebuild_state(backend, layout, lane, rep, dry_run)
         if dry_run and rep.rebuilt:
             rep.remaining.append("dry run: lanes with a rebuilt state were not verified")
-        rep.found = found = verify_store(url, storage_options, progress)
+        rep.found = found = verify_store(url, storage_options, progress, total=total)
         try:
             q = read_quarantine(backend)
         except StoreCorruptError as e:  # keep going: verify decides what is lost anew
-            rep.remaining.append(f"{e} (replaced)")
+            rep.remaining.append(f"{error_detail(e)} (replaced)")
             q = Quarantine()
         for lane, ranges in found.lost.items():
             rep.newly_lost[lane] = list(ranges)
@@ -109,8 +116,9 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             write_quarantine(backend, q)
         recheck = sorted(set(found.lost) | set(rep.rebuilt))
         unrelated = [p for p in found.problems if not _about_rows(p)]
-        if dry_run:
-            rep.remaining += unrelated
+        if dry_run:  # what the rebuilt zarr.json files would fix is not left
+            rep.remaining += [p for p in unrelated
+                              if not any(f"/{key}:" in p for key in rep.metadata)]
         elif recheck or unrelated:
             again = verify_store(url, storage_options, lanes=None if unrelated else recheck)
             rep.remaining += again.problems
@@ -131,6 +139,32 @@ def _about_rows(problem: str) -> bool:
     return "_state/" not in problem and "zarr.json" not in problem
 
 
+# -- zarr metadata -------------------------------------------------------------------------
+def _repair_metadata(backend: Backend, rep: RepairReport, dry_run: bool) -> Layout | None:
+    """The store's layout, rebuilding a lost or unreadable group ``zarr.json`` from the copy
+    the arrays keep, and array ``zarr.json`` files plain zarr cannot use from the layout."""
+    try:
+        layout = read_layout(backend)
+    except (ExpstoreError, OSError, ValueError) as e:
+        try:
+            layout = layout_from_arrays(backend)
+        except StoreCorruptError as e2:
+            rep.remaining.append(f"{backend.url}/{ROOT_KEY}: {error_detail(e)} (cannot "
+                                 f"repair: {error_detail(e2)})")
+            return None
+        rep.metadata[ROOT_KEY] = f"{error_detail(e)}; rebuilt from the arrays' copy"
+        if not dry_run:
+            backend.put(ROOT_KEY, expected_metadata(layout)[ROOT_KEY])
+    broken = check_arrays(backend, layout)
+    if broken:
+        want = expected_metadata(layout)
+        for key, problem in broken:
+            rep.metadata[key] = f"{problem.split(': ', 1)[-1]}; rebuilt from the layout"
+            if not dry_run:
+                backend.put(key, want[key])
+    return layout
+
+
 # -- lane states ---------------------------------------------------------------------------
 def _maybe_rebuild_state(backend: Backend, layout: Layout, lane: int, rep: RepairReport,
                          dry_run: bool) -> None:
@@ -142,7 +176,8 @@ def _maybe_rebuild_state(backend: Backend, layout: Layout, lane: int, rep: Repai
         raw = backend.get(key)
         version = _state_version(raw)
         if version is not None and version > STATE_VERSION:
-            rep.remaining.append(f"{e} (not repaired: written by a newer expstore)")
+            rep.remaining.append(f"{error_detail(e)} (not repaired: written by a newer "
+                                 "expstore)")
             return
     st = rebuild_state(backend, layout, lane)
     rep.rebuilt[lane] = st

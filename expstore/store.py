@@ -16,12 +16,20 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from .appender import Appender
+from .episode_view import (
+    EpisodeCount,
+    count_transitions,
+    find_episodes,
+    iter_episodes,
+    missing_field,
+    read_episode,
+)
 from .errors import (
     ReadOnlyError,
     SpecError,
@@ -32,6 +40,7 @@ from .errors import (
 )
 from .index.rows import RowIndex
 from .loading.execute import assemble
+from .loading.skip_corrupt import SkipCorruptSource
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .staged import StagedRows, shared_root
@@ -82,8 +91,9 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
         raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
                         f"for a vector env), got {lanes!r}")
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
-    capacity = round_capacity(int(capacity), int(lanes), shard_rows)
-    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum))
+    asked = int(capacity)
+    capacity = round_capacity(asked, int(lanes), shard_rows)
+    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked)
     backend = backend_for(url, storage_options, fsync)
     try:
         meta = backend.get("zarr.json")
@@ -323,9 +333,12 @@ class Store:
         return int((self.index.count - self.index.valid_from).sum())
 
     @property
-    def episodes(self) -> int:
-        """Finished episodes written so far (including ones since overwritten)."""
-        return int(sum(self._lane_episodes(i) for i in range(self.lanes)))
+    def episodes(self) -> EpisodeCount:
+        """Finished episodes written so far (including ones since overwritten), an ``int``;
+        ``store.episodes(lanes=, steps=, stacked=)`` iterates the complete episodes held
+        (:meth:`iter_episodes`)."""
+        return EpisodeCount(sum(self._lane_episodes(i) for i in range(self.lanes)),
+                            self.iter_episodes)
 
     def _lane_episodes(self, lane: int) -> int:
         if lane in self.writers:
@@ -333,8 +346,86 @@ class Store:
         return self._states[lane].episodes
 
     def __repr__(self) -> str:
-        return (f"Store({self.url!r}, rows={len(self)}, capacity={self.capacity}, "
-                f"lanes={self.lanes}, mode={self.mode!r})")
+        return (f"Store({self.url!r}, rows={len(self)}, transitions={self.num_transitions}, "
+                f"episodes={self.num_episodes}, capacity={self.capacity} "
+                f"({self.capacity_note}), lanes={self.lanes}, mode={self.mode!r})")
+
+    # -- reading back: episodes and counts (logic in episode_view.py) ---------------------
+    @property
+    def num_transitions(self) -> int:
+        """Env steps (transitions) held, all lanes: ``len(store)`` minus the final rows
+        (and quarantined rows). The newest step of an open episode counts, though it is
+        sampled only once its next step arrives."""
+        return count_transitions(self.index)
+
+    @property
+    def num_episodes(self) -> int:
+        """Complete episodes held now (first row to final row intact), all lanes."""
+        return len(find_episodes(self.index))
+
+    @property
+    def capacity_note(self) -> str:
+        """How ``capacity`` came about: rows per lane in whole shards, and the capacity
+        ``create`` was asked for when it was rounded up."""
+        lay = self.layout
+        asked = lay.requested_capacity
+        shards = f"{lay.lanes * lay.shards_per_lane} shards of {lay.shard_rows} rows"
+        if asked is not None and asked != lay.capacity:
+            return f"{asked} requested, rounded up to whole shards: {shards}"
+        return shards
+
+    #: in-process sampling (``sample``, samplers' ``sample``) skips rows of shards that fail
+    #: their checks: they are marked lost in this process's index (never sampled again),
+    #: logged once per shard and counted in ``corrupt_rows_skipped``; nothing is written
+    skip_corrupt: bool = False
+
+    @property
+    def corrupt_rows_skipped(self) -> int:
+        """Rows in-process sampling did not deliver because their shard is corrupt."""
+        skipping = self.__dict__.get("_skipping")
+        return 0 if skipping is None else skipping.found.rows_skipped
+
+    def _plan_source(self) -> Any:
+        if not self.skip_corrupt:
+            return self.source
+        skipping = self.__dict__.get("_skipping")
+        if skipping is None or skipping.pid != os.getpid():
+            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_shard)
+            self._skipping = skipping
+        skipping.source = self.source
+        return skipping
+
+    def _quarantine_shard(self, name: str, shard: int) -> None:
+        """Mark the rows a corrupt shard holds lost in this process's index."""
+        lay = self.layout
+        lane, k = divmod(shard, lay.shards_per_lane)
+        rows = lane * lay.lane_capacity + k * lay.shard_rows + np.arange(lay.shard_rows)
+        steps = self.index.steps(rows)
+        steps = steps[steps >= 0]
+        if len(steps):
+            lo, hi = int(steps.min()), int(steps.max()) + 1
+            self.index.mark_lost(lane, [(lo, hi)], lo, hi)
+
+    def iter_episodes(self, lanes: int | Iterable[int] | None = None,
+                      steps: tuple[int | None, int | None] | None = None,
+                      stacked: bool = True) -> Iterator[dict[str, Any]]:
+        """The complete episodes held, one dict of arrays each (memory: one episode), lane
+        by lane, oldest first. ``lanes``: a lane or lanes; ``steps``: ``(start, stop)``
+        lane steps an episode must lie within. See ``episode_view.read_episode`` for the
+        keys (``obs`` holds ``T + 1`` rows, ``action``/``reward``/... ``T``)."""
+        return iter_episodes(self, lanes, steps, stacked)
+
+    def episode(self, i: int, lanes: int | Iterable[int] | None = None,
+                steps: tuple[int | None, int | None] | None = None,
+                stacked: bool = True) -> dict[str, Any]:
+        """Episode ``i`` (negative counts from the newest) of the complete episodes held,
+        with the same filters as :meth:`iter_episodes`."""
+        refs = find_episodes(self.index, lanes, steps)
+        if not -len(refs) <= int(i) < len(refs):
+            raise IndexError(f"episode {i}: the store holds {len(refs)} complete "
+                             "episode(s) here")
+        j = int(i) % len(refs)
+        return read_episode(self, refs[j], j, stacked)
 
     def __enter__(self) -> Store:
         return self
@@ -709,6 +800,8 @@ class Store:
         rows = np.asarray(rows, np.int64)
         idx_steps = self.index.steps(rows)
         steps = idx_steps if steps is None else np.asarray(steps, np.int64)
+        if name not in self.layout.fields:
+            raise missing_field(name, self.spec.fields)
         f = self.layout.fields[name]
         out = np.empty((len(rows), *f.shape), f.dtype) if out is None else out
         ok = self.source.read(name, rows, steps, out)
@@ -724,7 +817,7 @@ class Store:
 
     def read_plan(self, plan: Any) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays."""
-        batch, _ = assemble(plan, self.layout, self.source)
+        batch, _ = assemble(plan, self.layout, self._plan_source())
         return batch
 
     @property

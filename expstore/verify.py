@@ -6,7 +6,9 @@ shard object that should hold committed rows: the shard index (crc32c), the head
 (``first_step``/``n_rows`` against the steps the state commits), every inner chunk (decoded),
 and the per-row metadata: ``_step_id`` equal to the row's lane step, episode positions and
 flags forming valid episodes, ``terminated``/``truncated`` agreeing with the flags.
-Problems are collected (never raised) so one bad shard does not hide the others.
+Before the rows, every array's ``zarr.json`` is checked to be one plain zarr reads as the
+array the layout describes. Problems are collected (never raised) so one bad shard does
+not hide the others.
 ``VerifyReport.lost`` gives, per lane, the step ranges whose bytes are bad (an inner chunk:
 its rows; a shard's index or header: all its rows), which :func:`repair_store` quarantines.
 Rows already quarantined are not read again and do not count as problems.
@@ -20,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExpstoreError
+from .errors import ExpstoreError, error_detail
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .storage.backends import backend_for
 from .storage.layout import Layout, read_layout
 from .storage.quarantine import Quarantine, read_quarantine
 from .storage.shard import EMPTY, HEADER_SIZE, index_size, parse_head
 from .storage.state import read_state, state_key
+from .storage.zarr_meta import check_arrays
 
 
 @dataclass
@@ -51,28 +54,34 @@ class VerifyReport:
 
 def verify_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
-                 lanes: list[int] | None = None) -> VerifyReport:
+                 lanes: list[int] | None = None,
+                 total: Callable[[int], None] | None = None) -> VerifyReport:
     """Check every committed row of the store at ``url`` (of ``lanes``, default all);
-    ``progress(rows)`` per shard."""
+    ``total(rows)`` once with the rows to check, then ``progress(rows)`` per shard."""
     backend = backend_for(url, storage_options, fsync=False)
     rep = VerifyReport(backend.url)
     try:
         layout = read_layout(backend)
     except (ExpstoreError, OSError, ValueError) as e:
-        rep.problems.append(f"{backend.url}/zarr.json: {e}")
+        rep.problems.append(f"{backend.url}/zarr.json: {error_detail(e)}")
         return rep
     rep.lanes = layout.lanes
+    rep.problems += [p for _, p in check_arrays(backend, layout)]
     try:
         quarantine = read_quarantine(backend)
     except (ExpstoreError, OSError) as e:
-        rep.problems.append(str(e))
+        rep.problems.append(error_detail(e))
         quarantine = Quarantine()
+    states = {}
     for lane in range(layout.lanes) if lanes is None else lanes:
         try:
-            st = read_state(backend, lane)
+            states[lane] = read_state(backend, lane)
         except (ExpstoreError, OSError, ValueError) as e:
-            rep.problems.append(f"{backend.url}/{state_key(lane)}: {e}")
-            continue
+            rep.problems.append(f"{backend.url}/{state_key(lane)}: {error_detail(e)}")
+    if total is not None:
+        total(sum(max(0, st.count - max(st.valid_from, st.count - layout.lane_capacity))
+                  for st in states.values()))
+    for lane, st in states.items():
         _verify_lane(backend, layout, lane, st, rep, progress, quarantine)
     backend.close()
     return rep
@@ -96,6 +105,8 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
         a, b = max(lo, fs), min(st.count, fs + S)  # committed steps in this shard
         skip = known[a - lo : b - lo]
         if skip.all():
+            if progress is not None:
+                progress(b - a)
             continue
         for name in layout.fields:
             res = _check_shard(backend, layout, name, shard, fs, a - fs, b - fs, rep, skip)
@@ -136,7 +147,7 @@ def _check_shard(backend: Any, layout: Layout, name: str, shard: int, first_step
     try:
         head = parse_head(raw[: index_size(n_chunks) + HEADER_SIZE], n_chunks, where)
     except ExpstoreError as e:
-        rep.problems.append(str(e))
+        rep.problems.append(error_detail(e))
         return None
     if head.first_step != first_step or head.n_rows < s1:
         rep.problems.append(f"{where}: holds steps {head.first_step}.."

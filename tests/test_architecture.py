@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "expstore.staged": 5,
     "expstore.verify": 5,
     "expstore.repair": 5,
+    "expstore.episode_view": 5,
     # 6: edges: dataset formats, framework integrations, test helpers
     "expstore.datasets": 6,
     "expstore.integrations": 6,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def dopamine_dir(tmp_path_factory) -> Path:
 def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
     url = tmp_path / "s.zarr"
     res = cli("import", "dopamine", dopamine_dir, url, "-o", "stack=4", "--no-progress")
-    assert "episodes" in res.stdout
+    assert re.match(SUMMARY, res.stdout) and res.stdout.startswith("dopamine import: ")
     info = json.loads(run(capsys, "info", url, "--json")[0])
     store = es.open(url)
     assert info["rows"] == len(store) > 1000 and info["episodes"] == store.episodes == 7
@@ -83,11 +84,12 @@ def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
     # errors: clear message, exit 1
     assert "exists" in run(capsys, "import", "dopamine", dopamine_dir, url, check=1)[1]
     err = run(capsys, "import", "dopamine", dopamine_dir, tmp_path / "x.zarr", "-o", "bogus=1",
-              check=1)[1]
+              check=2)[1]
     assert "bogus" in err and "stack" in err
     err = run(capsys, "import", "nosuch", dopamine_dir, tmp_path / "x.zarr", check=1)[1]
     assert "unknown dataset format 'nosuch'" in err
     assert "minari" in run(capsys, "formats")[0]
+    store.close()
 
 
 def test_verify_reports_every_corrupt_shard(dopamine_dir, tmp_path, capsys):
@@ -164,3 +166,164 @@ def test_bench_runs_scripts(tmp_path, capfd):
     assert "ran ok ['--quick']" in out and "failed: bench_bad.py" in err
     run(capsys, "bench", "nosuch", "--dir", d, check=2)
     assert "datasets" in run(capsys, "bench", "--list", "--dir", ROOT / "benchmarks")[0].split()
+
+
+# -- every subcommand: help, summary, exit code -------------------------------------------------
+COMMANDS = ("info", "verify", "repair", "import", "export", "formats", "bench")
+
+
+def _subparsers():
+    import argparse
+
+    from expstore.cli import build_parser
+
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+def test_every_subcommand_and_positional_has_help(capsys):
+    parsers = _subparsers()
+    assert set(parsers) == set(COMMANDS)
+    for name, sp in parsers.items():
+        out, _ = run(capsys, name, "--help")
+        assert out.startswith(f"usage: expstore {name}")
+        for action in sp._actions:
+            if action.dest in ("help",) or action.help == "==SUPPRESS==":
+                continue
+            assert action.help, (name, action.dest)
+            if not action.option_strings:  # a positional: its help is printed
+                assert action.help.split("(")[0].strip()[:20] in " ".join(out.split())
+    # per-format -o options are in import/export help up front, with their defaults
+    imp, _ = run(capsys, "import", "--help")
+    assert "stack=\"auto\"" in imp and "frame_stack=\"auto\"" in imp and "fsync=false" in imp
+    exp, _ = run(capsys, "export", "--help")
+    assert "compression=\"gzip\"" in exp and "compresslevel=9" in exp
+    out, _ = run(capsys, "formats")
+    for fmt in ("dopamine", "d4rl", "npz", "minari"):
+        assert f"\n{fmt} " in "\n" + out
+    assert out.count("import -o options:") == 4 and out.count("export -o options:") == 4
+    assert "see the function's docstring" not in out  # every option has its own help
+    assert run(capsys, "formats", "--brief")[0].count("\n") == 4
+
+
+def test_version_and_usage_errors(capsys):
+    res = cli("--version")
+    assert res.stdout.strip() == f"expstore {es.__version__}"
+    assert cli("nosuch", check=2).stderr
+    assert "required" in cli("info", check=2).stderr
+    err = run(capsys, "export", "x.zarr", "d4rl", "y.h5", "-o", "nope", check=2)[1]
+    assert "expected KEY=VALUE" in err
+
+
+def _atari(url, steps=700):
+    spec = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
+                          action=es.Field((), np.int64, low=0, high=5))
+    frame = lambda t: np.full((84, 84), t % 255, np.uint8)  # noqa: E731
+    with es.create(url, spec, capacity=1000) as s:
+        for t in range(steps):
+            s.add(frame(t), t % 6, 1.0, frame(t + 1), terminated=t % 300 == 299,
+                  truncated=False)
+
+
+SUMMARY = r"^(\w+) (import|export): .* -> .*\n  [\d,]+ steps, [\d,]+ rows, [\d,]+ episodes, " \
+          r"\d+ lane\(s\)\n  .*in [\d.]+ s \("
+
+
+def test_every_import_and_export_prints_one_summary_style(tmp_path, capsys, monkeypatch):
+    import re
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    url = tmp_path / "s.zarr"
+    _atari(url)
+    outs = {}
+    outs["d4rl export"] = run(capsys, "export", url, "d4rl", tmp_path / "a.h5", "-q")[0]
+    outs["d4rl import"] = run(capsys, "import", "d4rl", tmp_path / "a.h5", tmp_path / "d.zarr",
+                              "-q")[0]
+    outs["npz export"] = run(capsys, "export", url, "npz", tmp_path / "a.npz", "-q")[0]
+    outs["npz import"] = run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "n.zarr",
+                             "-q")[0]
+    outs["minari export"] = run(capsys, "export", url, "minari", "expstore/cli-v0", "-q")[0]
+    outs["minari import"] = run(capsys, "import", "minari", "expstore/cli-v0",
+                                tmp_path / "m.zarr", "-q")[0]
+    for kind, text in outs.items():
+        assert re.match(SUMMARY, text), (kind, text)
+        assert text.startswith(kind) and "Store(" not in text and "Export(" not in text
+        assert "KB" not in text and "KiB" not in text
+    # what was left out is said, and counts agree with what the store holds
+    assert "1 step(s) of open episodes left out" in outs["d4rl export"]
+    assert "100 step(s) not in a complete episode left out" in outs["minari export"]
+    assert "700 steps, 702 rows, 2 episodes" in outs["npz export"]
+    assert "600 steps, 602 rows, 2 episodes" in outs["minari import"]
+    # sizes in decimal units (1 MB = 10**6 B), rate in the d4rl export
+    assert re.search(r"[\d.]+ (kB|MB) raw, [\d.]+ (kB|MB) written", outs["d4rl export"])
+    # frame stacking survives each round trip
+    for name in ("d.zarr", "n.zarr", "m.zarr"):
+        with es.open(tmp_path / name) as s:
+            assert s.spec.fields["obs"].stack == 4, name
+
+
+def test_overwrite_on_import_and_export(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url, 200)
+    run(capsys, "export", url, "npz", tmp_path / "a.npz", "-q")
+    err = run(capsys, "export", url, "npz", tmp_path / "a.npz", "-q", check=1)[1]
+    assert "pass --overwrite" in err and "overwrite=True" not in err
+    run(capsys, "export", url, "npz", tmp_path / "a.npz", "-q", "--overwrite")
+    run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr", "-q")
+    err = run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr", "-q", check=1)[1]
+    assert "--overwrite" in err and "overwrite=True" not in err
+    run(capsys, "import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr", "-q", "--overwrite")
+    err = run(capsys, "export", url, "dopamine", tmp_path / "d", "--overwrite", check=2)[1]
+    assert "export dopamine: --overwrite is not an option of this format" in err
+
+
+def test_info_counts_and_units(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url)
+    out, _ = run(capsys, "info", url)
+    assert "rows        702 of 1,024" in out
+    assert "capacity    1,024 rows (1000 requested, rounded up to whole shards" in out
+    assert "transitions 700 env steps" in out and "episodes    2 complete held" in out
+    assert re.search(r"on disk     [\d.]+ kB \(raw [\d.]+ MB", out), out
+    info = json.loads(run(capsys, "info", url, "--json")[0])
+    assert (info["transitions"], info["episodes_held"], info["capacity_requested"]) == \
+        (700, 2, 1000)
+    run(capsys, "info", tmp_path / "none.zarr", check=1)
+
+
+def test_bars_have_totals_and_quiet_is_quiet(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url)
+    for args in (("verify", url), ("repair", url), ("export", url, "npz", tmp_path / "a.npz"),
+                 ("import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr")):
+        _, err = run(capsys, *args)
+        assert "100%" in err and "702/702" in err.replace(".0", ""), (args, err)
+        assert "00:00<00:00" in err  # elapsed<ETA
+        _, err = run(capsys, *args, "-q", *(["--overwrite"] if args[0] in ("import", "export")
+                                          else []))
+        assert err == "", args
+    _, err = run(capsys, "export", url, "d4rl", tmp_path / "a.h5")
+    assert "MB/s" in err and " 0 MB/s" not in err
+
+
+def test_verify_and_repair_exit_codes_and_hint(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url)
+    out, _ = run(capsys, "verify", url, "-q")
+    assert ": OK: 702 rows" in out
+    (url / "obs" / "zarr.json").unlink()
+    out, _ = run(capsys, "verify", url, "-q", check=1)
+    assert "CORRUPT" in out and "plain zarr no longer sees" in out
+    assert f"run 'expstore repair {url}'" in out
+    out, _ = run(capsys, "repair", url, "-q", "--dry-run")
+    assert "would rebuild obs/zarr.json" in out
+    out, _ = run(capsys, "repair", url, "-q")
+    assert "rebuilt obs/zarr.json" in out
+    run(capsys, "verify", url, "-q")
+    (url / "zarr.json").write_text("{")
+    for f in url.iterdir():
+        if (f / "zarr.json").exists():
+            (f / "zarr.json").unlink()
+    out, _ = run(capsys, "repair", url, "-q", check=1)
+    assert "UNFIXED" in out and "cannot repair" in out

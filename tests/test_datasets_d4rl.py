@@ -75,6 +75,7 @@ def test_import_keeps_every_transition(tmp_path):
     trunc[[HIDDEN_RESET, N - 1]] = True  # the hidden reset and the file's unfinished end
     np.testing.assert_array_equal(tr["truncated"], trunc)
     assert store.episodes == len(ENDS) + 2
+    store.close()
 
 
 def test_round_trip(tmp_path):
@@ -98,6 +99,8 @@ def test_round_trip(tmp_path):
     for name in s1.spec.fields:
         np.testing.assert_array_equal(s1.read(name, r1.rows, r1.steps),
                                       s2.read(name, r2.rows, r2.steps), err_msg=name)
+    s1.close()
+    s2.close()
 
 
 def test_without_next_observations(tmp_path):
@@ -122,6 +125,7 @@ def test_without_next_observations(tmp_path):
     trunc = np.zeros(N, bool)
     trunc[[t - 1 for t in timeouts] + [N - 2]] = True
     np.testing.assert_array_equal(tr["truncated"], trunc[keep])
+    store.close()
 
 
 def test_export_of_open_episode_marks_a_timeout(tmp_path):
@@ -156,3 +160,69 @@ def test_bad_files(tmp_path):
     with pytest.raises(DatasetFormatError, match=r"junk\.hdf5: not a readable HDF5"):
         import_d4rl(tmp_path / "junk.hdf5", tmp_path / "s.zarr")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def atari_store(url, steps: int = 1200, stack: int = 4, padding: str = "zero") -> es.Store:
+    """Low-entropy 84x84 frames (like Atari screens), episodes of 250 steps, one left open."""
+    spec = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=stack, padding=padding),
+                          action=es.Field((), np.int64))
+    st = es.create(url, spec, capacity=4096)
+    def frame(t: int) -> np.ndarray:
+        f = np.zeros((84, 84), np.uint8)
+        f[t % 84, :] = 200
+        f[:, (7 * t) % 84] = 90
+        return f
+
+    for t in range(steps):
+        st.add(frame(t), t % 6, 1.0, frame(t + 1), terminated=t % 250 == 249, truncated=False)
+    st.flush()
+    return st
+
+
+def test_export_is_compressed_keeps_stack_and_says_what_it_left_out(tmp_path):
+    st = atari_store(tmp_path / "s.zarr")
+    want = st.num_transitions
+    st.close()
+    out = export_d4rl(tmp_path / "s.zarr", tmp_path / "a.hdf5")
+    raw = export_d4rl(tmp_path / "s.zarr", tmp_path / "raw.hdf5", compression=None)
+    assert raw.steps == want - 1
+    size, raw_size = (tmp_path / "a.hdf5").stat().st_size, (tmp_path / "raw.hdf5").stat().st_size
+    assert size * 10 < raw_size and out.bytes_out == size
+    # the open episode's newest step has no next observation: left out, and said so
+    assert out.steps == want - 1
+    assert any("1 step(s) of open episodes left out" in n for n in out.notes), out.notes
+    assert "1 step(s) of open episodes left out" in str(out)
+    with h5py.File(tmp_path / "a.hdf5") as f:
+        assert f["observations"].compression == "gzip"
+    back = import_d4rl(tmp_path / "a.hdf5", tmp_path / "b.zarr")
+    assert any("stack=4 restored" in n for n in back.notes)
+    b = es.open(tmp_path / "b.zarr")
+    assert b.spec.fields["obs"].stack == 4 and b.spec.fields["obs"].padding == "zero"
+    batch = b.sample(16)
+    assert batch["obs"].shape == (16, 4, 84, 84) and batch["next_obs"].shape == (16, 4, 84, 84)
+    assert b.num_episodes == 5  # 4 finished + the open one, ended as a timeout
+    b.close()
+    single = import_d4rl(tmp_path / "a.hdf5", tmp_path / "c.zarr", stack=None)
+    assert not single.notes or all("stack" not in n for n in single.notes)
+    with es.open(tmp_path / "c.zarr") as c:
+        assert c.spec.fields["obs"].stack is None and c.sample(2)["obs"].shape == (2, 84, 84)
+
+
+def test_import_stack_option_without_expstore_attributes(tmp_path):
+    a = d4rl_arrays()
+    write_h5(tmp_path / "d.hdf5", a)
+    import_d4rl(tmp_path / "d.hdf5", tmp_path / "s.zarr", stack=3, padding="reset")
+    with es.open(tmp_path / "s.zarr") as st:
+        assert st.spec.fields["obs"].stack == 3 and st.sample(4)["obs"].shape == (4, 3, 5)
+    with pytest.raises(ValueError, match="stack: expected 'auto', None or an int >= 1"):
+        import_d4rl(tmp_path / "d.hdf5", tmp_path / "t.zarr", stack=0)
+
+
+def test_export_refuses_to_replace_a_file_without_overwrite(tmp_path):
+    atari_store(tmp_path / "s.zarr", steps=300).close()
+    (tmp_path / "a.hdf5").write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match="overwrite=True, or --overwrite"):
+        export_d4rl(tmp_path / "s.zarr", tmp_path / "a.hdf5")
+    assert (tmp_path / "a.hdf5").read_bytes() == b"keep me"
+    export_d4rl(tmp_path / "s.zarr", tmp_path / "a.hdf5", overwrite=True)
+    assert h5py.is_hdf5(tmp_path / "a.hdf5")

@@ -640,3 +640,32 @@ def test_env_spec_and_metadata(tmp_path):
     assert "env_spec" not in meta
     export_minari(plain, "expstore/withenv-v0", env="CartPole-v1")
     assert minari.load_dataset("expstore/withenv-v0").spec.env_spec.id == "CartPole-v1"
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_frame_stack_survives_a_round_trip_and_open_steps_are_named(tmp_path, stacked):
+    e, T = pong_frames(300, seed=3)
+    spec = es.Spec.from_spaces(spaces.Box(0, 255, (84, 84), np.uint8), spaces.Discrete(6),
+                               frame_stack=4)
+    store = es.create(tmp_path / "p.zarr", spec, 1024)
+    store.extend({"obs": e["obs"][:-1], "next_obs": e["obs"][1:], "action": e["actions"],
+                  "reward": e["rewards"], "terminated": e["term"], "truncated": e["trunc"]})
+    for t in range(5):  # an episode left open
+        store.add(e["obs"][t], 0, 0.0, e["obs"][t + 1], False, False)
+    store.flush()
+    out = export_minari(store, "expstore/pong-rt-v0", stacked=stacked)
+    text = str(out)
+    assert text.startswith("minari export: ") and "MinariExport(" not in text
+    assert "5 step(s) not in a complete episode left out" in text
+    assert out.steps + 5 == store.num_transitions and out.rows == T + 1
+    back = import_minari("expstore/pong-rt-v0", tmp_path / "b.zarr")
+    assert back.spec.fields["obs"].stack == 4 and back.spec.fields["obs"].shape == (84, 84)
+    b = back.sample(8)
+    assert b["obs"].shape == (8, 4, 84, 84)
+    ep = back.episode(0)
+    np.testing.assert_array_equal(ep["obs"], store.episode(0)["obs"])
+    back.close()
+    plain = import_minari("expstore/pong-rt-v0", tmp_path / "c.zarr", frame_stack=None)
+    assert plain.spec.fields["obs"].stack is None
+    plain.close()
+    store.close()

@@ -67,7 +67,9 @@ def test_round_trip(tmp_path):
                 "lane", "flags", "episode_step", "__spec__"} <= set(z.files)
         assert len(z["obs.pixels"]) == len(src)
     import_npz(tmp_path / "s.npz", tmp_path / "back.zarr")
-    same_rows(src, es.open(tmp_path / "back.zarr"))
+    with es.open(tmp_path / "back.zarr") as back:
+        same_rows(src, back)
+    src.close()
 
 
 def test_d4rl_style_npz(tmp_path):
@@ -88,6 +90,7 @@ def test_d4rl_style_npz(tmp_path):
     tr = store.transitions(lr.rows[store.index.valid(lr.rows, 0, 1)])
     np.testing.assert_array_equal(tr["obs"], obs[:n])
     np.testing.assert_array_equal(tr["next_obs"], nxt)
+    store.close()
 
 
 def test_bad_npz(tmp_path):
@@ -111,3 +114,102 @@ def test_bad_npz(tmp_path):
     with pytest.raises(DatasetFormatError, match=r"short\.npz: array 'logp' has shape \(3,\)"):
         import_npz(tmp_path / "short.npz", tmp_path / "s.zarr")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_round_trip_keeps_stack_and_blocks_split_anywhere(tmp_path):
+    rng = np.random.default_rng(5)
+    s = es.create(tmp_path / "s.zarr", spec(), capacity=2048, lanes=2)
+    write(s, 0, 300, rng, end_every=7)
+    write(s, 1, 200, rng, end_every=1)  # every step ends an episode: carries at every block
+    s.close()
+    export_npz(tmp_path / "s.zarr", tmp_path / "a.npz", block_rows=13)
+    with np.load(tmp_path / "a.npz") as z:  # plain numpy reads it
+        assert z["obs.pixels"].shape[1:] == (6, 6) and len(z["lane"]) == len(z["flags"])
+    for block in (1, 2, 7, 4096):
+        out = import_npz(tmp_path / "a.npz", tmp_path / f"b{block}.zarr", block_rows=block)
+        with es.open(tmp_path / "s.zarr") as a, es.open(tmp_path / f"b{block}.zarr") as b:
+            assert b.spec.fields["obs.pixels"].stack == 3
+            assert (len(b), b.num_transitions, b.num_episodes) == \
+                (len(a), a.num_transitions, a.num_episodes)
+            assert out.steps == a.num_transitions and out.rows == len(a)
+            for lane in range(2):
+                ra, rb = lane_rows(a, lane), lane_rows(b, lane)
+                assert (ra.flags == rb.flags).all()
+                for name in a.spec.fields:
+                    np.testing.assert_array_equal(a.read(name, ra.rows), b.read(name, rb.rows))
+
+
+# peak RSS is VmHWM (this process image's own; ru_maxrss would carry the parent's across exec)
+CHILD = """
+import os, numpy as np
+import expstore, zarr  # imported before the baseline: create() would import it
+from expstore.datasets import export_npz, import_npz
+base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+{call}
+peak = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+print((peak - base) // 1024)
+"""
+
+
+def test_npz_streams_with_bounded_memory(tmp_path):
+    """~85 MB of frames exported and imported, and a 48 MB D4RL-style npz imported, each by
+    a child whose peak RSS grows < 45 MB (the arrays held whole would take more)."""
+    import subprocess
+    import sys
+
+    sp = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4), action=es.Field((), np.int64))
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (64, 84, 84), np.uint8)
+    n = 12_000
+    with es.create(tmp_path / "s.zarr", sp, capacity=n + 100, fsync=False) as s:
+        for a in range(0, n, 1000):
+            obs = frames[np.arange(a, a + 1001) % 64]
+            s.extend({"obs": obs[:-1], "next_obs": obs[1:], "action": np.zeros(1000, np.int64),
+                      "reward": np.zeros(1000, np.float32),
+                      "terminated": np.arange(a, a + 1000) % 2000 == 1999,
+                      "truncated": np.zeros(1000, bool)})
+    calls = {"export": f"export_npz({str(tmp_path / 's.zarr')!r}, "
+                       f"{str(tmp_path / 'a.npz')!r}, compressed=False, block_rows=256)",
+             "import": f"import_npz({str(tmp_path / 'a.npz')!r}, {str(tmp_path / 'b.zarr')!r}, "
+                       "block_rows=256)"}
+    for what, call in calls.items():
+        res = subprocess.run([sys.executable, "-c", CHILD.format(call=call)],
+                             capture_output=True, text=True, timeout=300, check=True)
+        grew = int(res.stdout.split()[-1])
+        assert grew < 45, f"{what}: peak RSS grew {grew} MB for {n * 84 * 84 / 1e6:.0f} MB"
+    with es.open(tmp_path / "b.zarr") as b:
+        assert len(b) == n + n // 2000 and b.sample(4)["obs"].shape == (4, 4, 84, 84)
+    # a D4RL-style npz (48 MB of float observations) streams too
+    d4rl = {"observations": rng.normal(size=(n, 1000)).astype(np.float32),
+            "actions": np.zeros(n, np.int64), "rewards": np.ones(n, np.float32),
+            "terminals": np.arange(n) % 3000 == 2999, "timeouts": np.zeros(n, bool)}
+    np.savez(tmp_path / "d.npz", **d4rl)
+    call = (f"import_npz({str(tmp_path / 'd.npz')!r}, {str(tmp_path / 'd.zarr')!r}, "
+            "block_rows=512)")
+    res = subprocess.run([sys.executable, "-c", CHILD.format(call=call)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    grew = int(res.stdout.split()[-1])
+    assert grew < 45, f"D4RL-style npz import: peak RSS grew {grew} MB for 48 MB"
+    with es.open(tmp_path / "d.zarr") as d:
+        assert d.num_transitions == n and d.num_episodes == n // 3000
+        np.testing.assert_array_equal(d.episode(1)["obs"][:-1], d4rl["observations"][3000:6000])
+
+
+def test_damaged_npz_names_the_rows_and_keeps_the_store_openable(tmp_path):
+    rng = np.random.default_rng(2)
+    s = es.create(tmp_path / "s.zarr", spec(), capacity=4096)
+    write(s, 0, 2000, rng)
+    s.close()
+    export_npz(tmp_path / "s.zarr", tmp_path / "a.npz")
+    raw = bytearray((tmp_path / "a.npz").read_bytes())
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "a.npz") as z:
+        info = z.getinfo("obs.pixels.npy")
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2
+    raw[at : at + 64] = bytes(64)
+    (tmp_path / "a.npz").write_bytes(bytes(raw))
+    with pytest.raises(DatasetFormatError, match=r"a.npz: damaged at rows \d+\.\.\d+"):
+        import_npz(tmp_path / "a.npz", tmp_path / "b.zarr", block_rows=256)
+    with es.open(tmp_path / "b.zarr") as b:  # opens, with the rows before the damage
+        assert len(b) < 2000 + 300

@@ -251,3 +251,170 @@ def test_lost_rows_split_episodes_for_every_need(tmp_path):
                                    plan.stack_rows.reshape(B, W, -1)[plan.mask].ravel()])
             assert not lost[used].any()
         store.close()
+
+
+# -- zarr metadata, hints ---------------------------------------------------------------------
+def _small_store(tmp_path) -> str:
+    url = str(tmp_path / "m.zarr")
+    spec = es.Spec.create(obs=es.Field((4, 4), np.uint8, stack=2), action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=512) as s:
+        for t in range(300):
+            s.add(np.full((4, 4), t % 200, np.uint8), t, 1.0, np.full((4, 4), (t + 1) % 200,
+                  np.uint8), terminated=t % 50 == 49, truncated=False)
+    return url
+
+
+def _zarr_sees(url: str) -> set[str]:
+    import zarr
+
+    return set(zarr.open_group(url, mode="r").array_keys())
+
+
+@pytest.mark.parametrize("damage", ["delete", "garbage"])
+def test_repair_rebuilds_the_group_zarr_json(tmp_path, damage):
+    url = _small_store(tmp_path)
+    path = os.path.join(url, "zarr.json")
+    with open(path, "rb") as f:
+        original = f.read()
+    with es.open(url) as s:
+        want = s.read("obs", np.arange(300))
+    if damage == "delete":
+        os.remove(path)
+    else:
+        with open(path, "w") as f:
+            f.write('{"zarr_format": 3, "node_type": "gro')
+    assert not verify_store(url).ok
+    rep = repair_store(url)
+    assert rep.ok and "zarr.json" in rep.metadata, rep.summary()
+    assert "rebuilt zarr.json" in rep.summary()
+    with open(path, "rb") as f:
+        assert f.read() == original  # the same bytes create wrote (spec, stack, capacity)
+    assert verify_store(url).ok
+    with es.open(url) as s:
+        assert s.spec.fields["obs"].stack == 2 and (s.read("obs", np.arange(300)) == want).all()
+        assert s.sample(8)["obs"].shape == (8, 2, 4, 4)
+    assert "obs" in _zarr_sees(url)
+
+
+def test_verify_checks_plain_zarr_sees_every_array_and_repair_rebuilds_it(tmp_path):
+    url = _small_store(tmp_path)
+    path = os.path.join(url, "obs", "zarr.json")
+    with open(path, "rb") as f:
+        original = f.read()
+    os.remove(path)
+    assert "obs" not in _zarr_sees(url)
+    rep = verify_store(url)
+    assert not rep.ok and any("obs/zarr.json: missing (plain zarr no longer sees" in p
+                              for p in rep.problems)
+    assert cli.main(["verify", url, "-q"]) == 1
+    dry = repair_store(url, dry_run=True)
+    assert "obs/zarr.json" in dry.metadata and not os.path.exists(path)
+    assert "would rebuild obs/zarr.json" in dry.summary()
+    rep = repair_store(url)
+    assert rep.ok and list(rep.metadata) == ["obs/zarr.json"]
+    with open(path, "rb") as f:
+        assert f.read() == original
+    assert "obs" in _zarr_sees(url) and verify_store(url).ok
+    # an array whose metadata plain zarr parses but with another shape is found too
+    with open(path) as f:
+        doc = json.load(f)
+    doc["shape"][0] = 4096
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    assert any("differs from the store's layout in shape" in p
+               for p in verify_store(url).problems)
+    assert repair_store(url).ok and verify_store(url).ok
+
+
+def test_repair_without_any_layout_copy_says_why(tmp_path):
+    url = _small_store(tmp_path)
+    for name in os.listdir(url):
+        if os.path.exists(os.path.join(url, name, "zarr.json")):
+            os.remove(os.path.join(url, name, "zarr.json"))
+    os.remove(os.path.join(url, "zarr.json"))
+    rep = repair_store(url)
+    assert not rep.ok and "no array zarr.json holds a copy" in rep.remaining[0]
+
+
+def test_corruption_errors_name_verify_and_repair(tmp_path):
+    url = _small_store(tmp_path)
+    os.remove(os.path.join(url, "_state", "lane_0.json"))
+    with pytest.raises(StoreCorruptError, match="lane state file is missing.*expstore verify "
+                       ".*expstore repair"):
+        es.open(url)
+    assert repair_store(url).ok
+    shard = next(p for p in _shard_files(url) if os.sep + "obs" + os.sep in p)
+    _flip(shard, os.path.getsize(shard) - 3)
+    with es.open(url) as s:
+        with pytest.raises(StoreCorruptError) as info:
+            s.read("obs", np.arange(300))
+    assert "'expstore verify STORE'" in str(info.value)
+    assert "expstore repair" not in info.value.detail
+    assert all("expstore repair" not in p for p in verify_store(url).problems)
+
+
+# -- training through damage: skip_corrupt ---------------------------------------------------
+def _corrupt_store(tmp_path):
+    url = str(tmp_path / "c.zarr")
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2), action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=1024, shard_rows=64) as s:
+        for t in range(900):
+            s.add(np.full((8, 8), t % 250, np.uint8), t, 1.0,
+                  np.full((8, 8), (t + 1) % 250, np.uint8), terminated=t % 100 == 99,
+                  truncated=False)
+        lay = s.layout
+    key = lay.shard_key("obs", 3)  # rows 192..255
+    path = os.path.join(url, key)
+    raw = bytearray(open(path, "rb").read())
+    raw[-40:] = b"\x55" * 40  # the last inner chunks fail their crc32c
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    return url, range(192, 256)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_corrupt_trains_through_a_bad_shard(tmp_path, workers, caplog):
+    url, bad_rows = _corrupt_store(tmp_path)
+    store = es.open(url)
+    with pytest.raises(StoreCorruptError, match="expstore verify"):
+        for _ in es.make_loader(store, batch_size=64, num_workers=workers, num_batches=40):
+            pass
+    caplog.set_level("WARNING", logger="expstore")
+    loader = es.make_loader(store, batch_size=64, num_workers=workers, num_batches=40,
+                            skip_corrupt=True)
+    seen = 0
+    for batch in loader:
+        obs = batch["obs"].numpy()
+        index = batch["index"].numpy()
+        assert obs.shape == (64, 2, 8, 8)
+        # every delivered sample is intact: its newest frame is its row's value
+        np.testing.assert_array_equal(obs[:, -1, 0, 0], (index - index // 101) % 250)
+        assert not np.isin(index, bad_rows).any()
+        seen += 1
+    loader.close()
+    assert seen == 40 and loader.stats.corrupt_rows_skipped > 0
+    if workers == 0:
+        warnings = [r for r in caplog.records if "corrupt shard obs/c/3" in r.getMessage()]
+        assert len(warnings) == 1  # logged once per shard
+    store.close()
+
+
+def test_in_process_sampling_skips_corrupt_shards(tmp_path, caplog):
+    url, bad_rows = _corrupt_store(tmp_path)
+    store = es.open(url)
+    with pytest.raises(StoreCorruptError, match="expstore repair"):
+        for _ in range(40):
+            store.sample(64)
+    caplog.set_level("WARNING", logger="expstore")
+    store.skip_corrupt = True
+    before = store.num_transitions
+    sampler = es.UniformSampler(store)
+    for _ in range(40):
+        for b in (store.sample(64), sampler.sample(64)):
+            assert not np.isin(b["index"], bad_rows).any()
+            np.testing.assert_array_equal(b["obs"][:, -1, 0, 0],
+                                          (b["index"] - b["index"] // 101) % 250)
+    assert store.corrupt_rows_skipped > 0
+    assert before - store.num_transitions == 63  # its 64 rows (one a final row) are lost
+    assert sum("corrupt shard obs/c/3" in r.getMessage() for r in caplog.records) == 1
+    store.close()

@@ -17,16 +17,20 @@ with ``next_observations`` ends truncated. ``infos/a/b`` becomes field ``infos.a
 top-level per-row arrays keep their name; ``metadata`` is not imported (noted).
 
 Export writes every stored transition: ``terminals``/``timeouts`` from the terminated /
-truncated flags, ``next_observations`` from the next row (the final row at episode end).
-An episode without final row (still open, or interrupted) is written up to its last step
-that has a next observation, which is marked as a timeout.
+truncated flags, ``next_observations`` from the next row (the final row at episode end),
+gzip-compressed by default, the store's spec in the file attribute ``expstore_spec`` (so
+import restores frame stacking). An episode without final row (still open, or
+interrupted) is written up to its last step that has a next observation, which is marked
+as a timeout; the summary's notes count the steps left out.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,11 +39,12 @@ from ..errors import DatasetFormatError
 from ..field import Field
 from ..rows import FLAG_LAST
 from ..spec import Spec
-from .episodes import capacity_for, lane_rows
+from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
 from .streaming import Prefetch, blocks
 from .summary import ImportSummary
 
+SPEC_ATTR = "expstore_spec"  # file attribute: the exported store's spec (JSON)
 CORE = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
 _FLAG_KINDS = "biuf"
 
@@ -139,15 +144,20 @@ def d4rl_spec(src: Any, where: str = "", reject_nonfinite: bool = True) -> Spec:
 
 
 def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
+                stack: int | str | None = "auto", padding: str | None = None,
                 capacity: int | None = None, shard_rows: int | None = None,
                 block_rows: int = 8192,
                 reject_nonfinite: bool = True, overwrite: bool = False,
                 storage_options: dict[str, Any] | None = None, fsync: bool = False,
-                progress: ProgressArg = None) -> ImportSummary:
+                progress: ProgressArg = None, where: str | None = None) -> ImportSummary:
     """Import a D4RL HDF5 file (path, or an open h5py file / dict of arrays) into ``url``.
 
-    Rows are read ``block_rows`` at a time (memory ~ one block). Ctrl-C stops at a block
-    boundary with every row so far flushed, then raises ``KeyboardInterrupt``.
+    ``stack``: frames per stacked observation (``observations`` holds one frame per row);
+    ``"auto"`` (default) restores what the file's ``expstore_spec`` attribute says (written
+    by :func:`export_d4rl`), else none. ``padding``: ``"reset"``/``"zero"`` (default: the
+    file's, else ``"reset"``). Rows are read ``block_rows`` at a time (memory ~ one
+    block). Ctrl-C stops at a block boundary with every row so far flushed, then raises
+    ``KeyboardInterrupt``. ``where``: how messages name a mapping given as ``src``.
     """
     t0 = time.perf_counter()
     if isinstance(src, (str, os.PathLike)):
@@ -159,21 +169,54 @@ def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
             raise DatasetFormatError(f"{where}: not a readable HDF5 file ({e})") from e
         with f:
             return _import(f, where, url, capacity, shard_rows, block_rows, reject_nonfinite,
-                           overwrite, storage_options, fsync, progress, t0)
-    return _import(src, "<arrays>", url, capacity, shard_rows, block_rows, reject_nonfinite,
-                   overwrite, storage_options, fsync, progress, t0)
+                           overwrite, storage_options, fsync, progress, t0, stack, padding)
+    return _import(src, where or "<arrays>", url, capacity, shard_rows, block_rows,
+                   reject_nonfinite, overwrite, storage_options, fsync, progress, t0, stack,
+                   padding)
+
+
+def saved_spec(src: Any) -> dict[str, Any] | None:
+    """The spec JSON :func:`export_d4rl` keeps in the file's ``expstore_spec`` attribute."""
+    raw = getattr(src, "attrs", {}).get(SPEC_ATTR)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw if isinstance(raw, str) else bytes(raw).decode())
+    except (ValueError, TypeError):
+        return None
+
+
+def _with_stack(spec: Spec, src: Any, stack: int | str | None, padding: str | None,
+                summary: ImportSummary) -> Spec:
+    """``spec`` with the observation's frame stacking: given, or the file's (``"auto"``)."""
+    saved = (saved_spec(src) or {}).get("fields", {}).get("obs", {})
+    if stack == "auto":
+        stack = saved.get("stack")
+        if stack:
+            summary.notes.append(f"obs: stack={stack} restored from the file's {SPEC_ATTR} "
+                                 "(import with stack=None for single frames)")
+    elif stack is not None and (isinstance(stack, bool) or not isinstance(stack, int)
+                                or stack < 1):
+        raise ValueError(f"stack: expected 'auto', None or an int >= 1, got {stack!r}")
+    if not stack or stack == 1:
+        return spec
+    padding = padding or saved.get("padding") or "reset"
+    fields = dict(spec.fields)
+    fields["obs"] = replace(fields["obs"], stack=int(stack), padding=padding)
+    return replace(spec, fields=fields)
 
 
 def _import(src: Any, where: str, url: Any, capacity: int | None, shard_rows: int | None,
             block_rows: int, reject_nonfinite: bool, overwrite: bool, storage_options: Any,
-            fsync: bool, progress: ProgressArg, t0: float) -> ImportSummary:
+            fsync: bool, progress: ProgressArg, t0: float, stack: int | str | None = None,
+            padding: str | None = None) -> ImportSummary:
     from ..store import create
 
-    spec = d4rl_spec(src, where, reject_nonfinite)
+    summary = ImportSummary(where, str(url), lanes=1, kind="d4rl import")
+    spec = _with_stack(d4rl_spec(src, where, reject_nonfinite), src, stack, padding, summary)
     plan = _Plan(src, where, block_rows)
     need = plan.steps + plan.episodes
     cap = capacity_for(need, 1, capacity)
-    summary = ImportSummary(where, str(url), lanes=1)
     if plan.cut.any():
         summary.notes.append(f"{int(plan.cut.sum())} episode(s) cut where next_observations "
                              "differs from the next row's observations (stored as truncated)")
@@ -232,12 +275,24 @@ def _import(src: Any, where: str, url: Any, capacity: int | None, shard_rows: in
         prog.close()
         store.close()
         summary.seconds = time.perf_counter() - t0
+    summary.bytes_out = _bytes_on_disk(url, storage_options)
     return summary
 
 
+def _bytes_on_disk(url: Any, storage_options: Any) -> int:
+    from ..storage.backends import backend_for
+
+    backend = backend_for(os.fspath(url), storage_options, fsync=False)
+    try:
+        return int(backend.total_bytes())
+    finally:
+        backend.close()
+
+
 # -- export ------------------------------------------------------------------------------
-def _transitions(store: Any) -> list[tuple[Any, np.ndarray, np.ndarray]]:
-    """Per lane: (lane rows, indexes of exported steps, timeout override mask)."""
+def _transitions(store: Any) -> list[tuple[Any, np.ndarray, np.ndarray, int]]:
+    """Per lane: (lane rows, indexes of exported steps, timeout override mask, steps left
+    out because their next observation is not stored)."""
     out = []
     for lane in range(store.lanes):
         lr = lane_rows(store, lane)
@@ -256,27 +311,38 @@ def _transitions(store: Any) -> list[tuple[Any, np.ndarray, np.ndarray]]:
         prev = np.flatnonzero(dangling) - 1
         prev = prev[prev >= 0]
         force[prev[ok[prev]]] = True
-        out.append((lr, np.flatnonzero(ok), force))
+        out.append((lr, np.flatnonzero(ok), force, int(dangling.sum())))
     return out
 
 
-def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: int = 8192,
-                compression: str | None = None, storage_options: dict[str, Any] | None = None,
+def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: int = 2048,
+                compression: str | None = "gzip", compression_level: int | None = None,
+                overwrite: bool = False, storage_options: dict[str, Any] | None = None,
                 progress: ProgressArg = None) -> ImportSummary:
     """Write every transition of the store at ``url`` as a D4RL HDF5 file ``dst``.
 
-    Lanes are written one after the other. ``compression``: h5py dataset compression
-    (``None``, ``"gzip"``, ``"lzf"``). Fields ``infos.x`` become ``infos/x``; the
-    file appears at ``dst`` only when complete.
+    Lanes are written one after the other. ``compression``: h5py dataset compression,
+    ``"gzip"`` (default, level ``compression_level``, default 4), ``"lzf"`` or ``None``
+    (uncompressed). Fields ``infos.x`` become ``infos/x``. The store's spec is kept in the
+    file's ``expstore_spec`` attribute, so :func:`import_d4rl` restores frame stacking.
+    The last step of an episode still open has no stored next observation: it is left out
+    (the summary's notes count such steps) and the step before it is marked a timeout.
+    Fails if ``dst`` exists unless ``overwrite=True``; the file appears at ``dst`` only
+    when complete.
     """
     from ..store import open as open_store
 
     h5py = _h5py()
+    if compression not in (None, "gzip", "lzf"):
+        raise ValueError(f"compression: expected 'gzip', 'lzf' or None, got {compression!r}")
+    dst = os.fspath(dst)
+    if os.path.exists(dst) and not overwrite:
+        raise FileExistsError(f"{dst}: exists (pass overwrite=True, or --overwrite, to "
+                              "replace it)")
     t0 = time.perf_counter()
     store = open_store(url, "r", storage_options=storage_options)
-    dst = os.fspath(dst)
     tmp = f"{dst}.{os.getpid()}.tmp"
-    summary = ImportSummary(str(url), dst)
+    summary = ImportSummary(str(url), dst, kind="d4rl export")
     try:
         spec = store.spec
         if spec.obs_names != ["obs"] or spec.action_names != ["action"]:
@@ -284,14 +350,30 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
                                      f"array; this store has {spec.obs_names} and "
                                      f"{spec.action_names}")
         plans = _transitions(store)
-        total = sum(len(s) for _, s, _ in plans)
+        total = sum(len(s) for _, s, _, _ in plans)
+        left = {lr.lane: n for lr, _, _, n in plans if n}
+        if left:
+            summary.notes.append(
+                f"{sum(left.values()):,} step(s) of open episodes left out: their next "
+                "observation is not stored yet (" + ", ".join(
+                    f"lane {k}: {v}" for k, v in sorted(left.items())) + "); the step "
+                "before each is written as a timeout")
         extras = [n for n in spec.fields if n not in ("obs", "action", "reward", "terminated",
                                                       "truncated")]
         cols = {"observations": "obs", "actions": "action", "rewards": "reward",
                 **{n.replace(".", "/"): n for n in extras}}
         prog = Progress(total, f"d4rl export {os.path.basename(dst)}", progress)
+        row_bytes = sum(spec.fields[n].row_nbytes for n in cols.values()) + \
+            spec.fields["obs"].row_nbytes + 2
+        reader = ExportReader(store)
         with h5py.File(tmp, "w") as f:
-            kw = {"compression": compression} if compression else {}
+            f.attrs[SPEC_ATTR] = json.dumps(spec.to_json())
+            kw: dict[str, Any] = {}
+            if compression and total:
+                kw["compression"] = compression
+                if compression == "gzip":
+                    kw["compression_opts"] = 4 if compression_level is None else \
+                        int(compression_level)
             ds = {}
             for key, name in [*cols.items(), ("next_observations", "obs")]:
                 fld = spec.fields[name]
@@ -299,24 +381,28 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
             for key in ("terminals", "timeouts"):
                 ds[key] = f.create_dataset(key, (total,), bool, **kw)
             pos = 0
-            for lr, sel, force in plans:
+            for lr, sel, force, _ in plans:
                 for a, b in blocks(0, len(sel), block_rows):
                     idx = sel[a:b]
                     rows, steps = lr.rows[idx], lr.steps[idx]
                     nrows, nsteps = lr.rows[idx + 1], lr.steps[idx + 1]
                     for key, name in cols.items():
-                        ds[key][pos : pos + b - a] = store.read(name, rows, steps)
-                    ds["next_observations"][pos : pos + b - a] = store.read("obs", nrows, nsteps)
-                    ds["terminals"][pos : pos + b - a] = store.read("terminated", rows, steps)
-                    trunc = store.read("truncated", rows, steps) | force[idx]
+                        ds[key][pos : pos + b - a] = reader.read(name, rows, steps)
+                    ds["next_observations"][pos : pos + b - a] = reader.read("obs", nrows,
+                                                                             nsteps)
+                    ds["terminals"][pos : pos + b - a] = reader.read("terminated", rows, steps)
+                    trunc = reader.read("truncated", rows, steps) | force[idx]
                     ds["timeouts"][pos : pos + b - a] = trunc
                     summary.episodes += int(((lr.flags[idx + 1] & FLAG_LAST) != 0).sum())
                     pos += b - a
-                    prog.update(b - a)
+                    prog.update(b - a, (b - a) * row_bytes)
         prog.close()
+        reader.close()
         os.replace(tmp, dst)
         summary.steps = summary.rows = total
         summary.lanes = store.lanes
+        summary.bytes_in = total * row_bytes
+        summary.bytes_out = os.path.getsize(dst)
         summary.outputs.append(dst)
     except BaseException:
         if os.path.exists(tmp):

@@ -64,3 +64,29 @@ def capacity_for(rows_per_lane: int, lanes: int = 1, capacity: int | None = None
         raise ValueError(f"capacity: {capacity} rows cannot hold {lanes} lane(s) of "
                          f"{rows_per_lane} rows (need >= {need})")
     return int(capacity)
+
+
+class ExportReader:
+    """Reads fields of a store for an export, through a shard reader of its own with small
+    caches (``cache_bytes``, default 8 MB), so an export's memory stays ~ one block of rows
+    rather than the store's sampling caches (up to ~200 MB)."""
+
+    def __init__(self, store: Any, cache_bytes: int = 8 << 20) -> None:
+        from ..storage.reader import ShardReader
+
+        self.store = store
+        self.reader = ShardReader(store.backend, store.layout, chunk_cache_bytes=cache_bytes,
+                                  values_budget=cache_bytes)
+
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Values of ``name`` at ``rows`` holding ``steps``; rows must be committed."""
+        f = self.store.layout.fields[name]
+        out = np.empty((len(rows), *f.shape), f.dtype)
+        ok = self.reader.read(name, np.asarray(rows, np.int64), np.asarray(steps, np.int64),
+                              out)
+        if not ok.all():
+            raise KeyError(f"{name}: rows {np.asarray(rows)[~ok][:8].tolist()} are not held")
+        return out
+
+    def close(self) -> None:
+        self.reader.close()

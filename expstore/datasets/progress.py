@@ -1,6 +1,7 @@
 """Progress and Ctrl-C for long imports/exports.
 
-* :class:`Progress` — a tqdm bar (rows, MB/s, ETA) or a callback, or nothing.
+* :class:`Progress` — a tqdm bar (rows of a known total, MB/s of decoded bytes where the
+  caller counts them, ETA) or a callback, or nothing.
 * :func:`interruptible` — while importing, Ctrl-C only sets a flag; the importer stops at
   the next block boundary, flushes the store and raises ``KeyboardInterrupt`` (a second
   Ctrl-C interrupts at once).
@@ -24,7 +25,7 @@ class Progress:
     called with increments, or nothing (``False``/``None``)."""
 
     def __init__(self, total: int, desc: str, progress: ProgressArg = None) -> None:
-        self.rows = 0
+        self.rows: float = 0
         self.bytes = 0
         self._fn = progress if callable(progress) else None
         self._bar = None
@@ -36,7 +37,7 @@ class Progress:
             self._bar = tqdm(total=total, desc=desc, unit="row", unit_scale=True,
                              dynamic_ncols=True, smoothing=0.05)
 
-    def update(self, rows: int, nbytes: int = 0) -> None:
+    def update(self, rows: float, nbytes: int = 0) -> None:
         self.rows += rows
         self.bytes += nbytes
         if self._fn is not None:
@@ -44,10 +45,10 @@ class Progress:
         if self._bar is not None:
             self._bar.update(rows)
             now = time.perf_counter()
-            if now - self._last > 0.5:
+            if self.bytes and now - self._last > 0.5:  # no rate for callers without bytes
                 self._last = now
                 mbs = self.bytes / max(now - self._t0, 1e-9) / 1e6
-                self._bar.set_postfix_str(f"{mbs:,.0f} MB/s", refresh=False)
+                self._bar.set_postfix_str(f"{mbs:,.1f} MB/s", refresh=False)
 
     def close(self) -> None:
         if self._bar is not None:

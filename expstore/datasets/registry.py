@@ -9,8 +9,13 @@ format is used, so optional dependencies (h5py, minari) stay optional. Register 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+#: options the CLI sets itself (flags), not listed as ``-o`` options
+CLI_FLAGS = ("progress", "overwrite", "storage_options")
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,23 @@ class Format:
     importer: str
     exporter: str
     help: str = ""
+    #: ``-o`` option -> one line of help, for the importer and the exporter
+    import_help: dict[str, str] = field(default_factory=dict)
+    export_help: dict[str, str] = field(default_factory=dict)
+    src_help: str = "the dataset to read"
+    dst_help: str = "where to write the dataset"
+
+    def options(self, which: str) -> list[tuple[str, Any, str]]:
+        """``(name, default, help)`` of the ``-o`` options of the ``"import"`` or
+        ``"export"`` function (read from its signature; help from the registry)."""
+        fn = self.functions()[0 if which == "import" else 1]
+        helps = self.import_help if which == "import" else self.export_help
+        out = []
+        for name, p in inspect.signature(fn).parameters.items():
+            if p.kind != p.KEYWORD_ONLY or name in CLI_FLAGS:
+                continue
+            out.append((name, p.default, helps.get(name, "see the function's docstring")))
+        return out
 
     def functions(self) -> tuple[Callable, Callable]:
         """``(import_fn, export_fn)``; a clear ``ImportError`` if the module is missing."""
@@ -36,9 +58,10 @@ class Format:
 FORMATS: dict[str, Format] = {}
 
 
-def register(name: str, module: str, importer: str, exporter: str, help: str = "") -> None:
-    """Add (or replace) a format."""
-    FORMATS[name] = Format(name, module, importer, exporter, help)
+def register(name: str, module: str, importer: str, exporter: str, help: str = "",
+             **details: Any) -> None:
+    """Add (or replace) a format (``details``: the other :class:`Format` fields)."""
+    FORMATS[name] = Format(name, module, importer, exporter, help, **details)
 
 
 def get_format(name: str) -> Format:
@@ -47,11 +70,71 @@ def get_format(name: str) -> Format:
     return FORMATS[name]
 
 
+_STORE = {
+    "capacity": "store capacity in rows (default: what the data needs; rounded up to "
+                "whole shards)",
+    "shard_rows": "rows per shard object (default: automatic, 64..4096)",
+    "fsync": "fsync every object written (survives power loss; slower)",
+    "reject_nonfinite": "refuse NaN/inf values (false: store them)",
+    "block_rows": "rows read and written at a time (memory ~ one block)",
+}
+
 register("dopamine", "expstore.datasets.dopamine", "import_dopamine", "export_dopamine",
-         "Dopamine replay checkpoints / DQN Replay Dataset (folder of *_ckpt.N.gz)")
+         "Dopamine replay checkpoints / DQN Replay Dataset (folder of *_ckpt.N.gz)",
+         import_help={**_STORE,
+                      "stack": "frames per stacked observation (Dopamine's is 4)",
+                      "num_actions": "action count, for the action field's bounds "
+                                     "(default: max action + 1)",
+                      "codec": "codec of the observation field, e.g. "
+                               '\'{"name":"blosc","cname":"lz4"}\''},
+         export_help={"stack": "frames per stack written (default: the store's)",
+                      "capacity": "replay capacity written (default: the rows exported)",
+                      "update_horizon": "Dopamine's n-step update horizon",
+                      "compresslevel": "gzip level 1..9 of the .gz files",
+                      "block_rows": _STORE["block_rows"]},
+         src_help="folder (local or fsspec URL) of Dopamine *_ckpt.N.gz checkpoints",
+         dst_help="folder to write the checkpoints into")
 register("d4rl", "expstore.datasets.d4rl", "import_d4rl", "export_d4rl",
-         "D4RL HDF5 file (observations, actions, rewards, terminals, timeouts, ...)")
+         "D4RL HDF5 file (observations, actions, rewards, terminals, timeouts, ...)",
+         import_help={**_STORE,
+                      "stack": "frames per stacked observation: 'auto' (what the file's "
+                               "expstore_spec says), null or an int",
+                      "padding": "frame-stack padding at episode start: reset or zero "
+                                 "(default: the file's, else reset)",
+                      "where": "how messages name the source (default: SRC)"},
+         export_help={"block_rows": _STORE["block_rows"],
+                      "compression": "gzip (default), lzf or null (uncompressed)",
+                      "compression_level": "gzip level 0..9 (default 4)"},
+         src_help="D4RL HDF5 file", dst_help="HDF5 file to write")
 register("npz", "expstore.datasets.npz", "import_npz", "export_npz",
-         "one .npz file with every row (small data)")
+         "one .npz file with every row, read and written in blocks",
+         import_help={**_STORE},
+         export_help={"compressed": "deflate the arrays (false: stored)",
+                      "block_rows": _STORE["block_rows"]},
+         src_help=".npz file (expstore's, or D4RL-style arrays)", dst_help=".npz file to write")
 register("minari", "expstore.datasets.minari", "import_minari", "export_minari",
-         "Minari dataset (id or directory)")
+         "Minari dataset (id or directory)",
+         import_help={**_STORE,
+                      "root": "Minari datasets folder (default: MINARI_DATASETS_PATH or "
+                              "~/.minari/datasets)",
+                      "frame_stack": "'auto' (what the dataset's metadata says), null, or k: "
+                                     "observations of shape (k, ...) stored one frame a row",
+                      "padding": "frame-stack padding at episode start: reset or zero",
+                      "infos": "import per-step infos as fields",
+                      "episode_indices": "episodes to import, e.g. [0,1,2] (default all)",
+                      "reward_dtype": "reward dtype (default: the dataset's)",
+                      "truncate_unfinished": "mark an unflagged last step truncated "
+                                             "instead of failing"},
+         export_help={"root": "Minari datasets folder (default: MINARI_DATASETS_PATH or "
+                              "~/.minari/datasets)",
+                      "data_format": "hdf5 or arrow",
+                      "compression": "auto, gzip/lzf (hdf5), zstd/lz4 (arrow), or null",
+                      "compression_level": "compression level (default: the codec's)",
+                      "jpeg_encoding": "Minari's own lossy JPEG writer for images",
+                      "stacked": "write frame-stacked fields as (k, ...) stacks",
+                      "infos": "write user fields as per-step infos",
+                      "env": "Gymnasium id recorded as the dataset's env_spec",
+                      "metadata": "extra dataset metadata, a JSON object",
+                      "compare_jpeg": "also report Minari's JPEG size of the images"},
+         src_help="Minari dataset id (e.g. mujoco/pusher/expert-v0) or its data folder",
+         dst_help="Minari dataset id to write (under root)")

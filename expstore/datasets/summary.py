@@ -1,13 +1,28 @@
-"""What an import or export did: :class:`ImportSummary` (counts, time, notes)."""
+"""What an import or export did: :class:`ImportSummary` (counts, bytes, time, notes), printed
+in one style for every format, and :func:`human_bytes` (decimal units: 1 MB = 10**6 bytes).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal (SI) units: ``"999 B"``, ``"18.4 MB"`` (1 MB = 10**6 B)."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1000 or unit == _UNITS[-1]:
+            return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # pragma: no cover
+
 
 @dataclass
 class ImportSummary:
-    """What an import or export did (counts in rows / steps / episodes, time in s)."""
+    """What an import or export did: counts in rows / steps / episodes, sizes in bytes,
+    time in s. ``notes`` say what was left out or changed, and why."""
 
     source: str
     target: str
@@ -19,11 +34,28 @@ class ImportSummary:
     bytes_in: int = 0  # raw (decompressed) bytes read from the source
     notes: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    kind: str = ""  # what ran, e.g. "d4rl import", "npz export"
+    bytes_out: int = 0  # bytes written (on disk / storage; 0 when unknown)
+
+    @property
+    def rate(self) -> float:
+        """Steps per second (NaN when no time passed)."""
+        return self.steps / self.seconds if self.seconds > 0 else float("nan")
 
     def __str__(self) -> str:
-        rate = self.steps / self.seconds if self.seconds else float("nan")
-        lines = [f"{self.source} -> {self.target}: {self.steps:,} steps, {self.rows:,} rows, "
-                 f"{self.episodes:,} episodes, {self.lanes} lane(s) in {self.seconds:.1f} s "
-                 f"({rate:,.0f} steps/s)"]
+        head = f"{self.kind}: " if self.kind else ""
+        lines = [f"{head}{self.source} -> {self.target}",
+                 f"  {self.steps:,} steps, {self.rows:,} rows, {self.episodes:,} episodes, "
+                 f"{self.lanes} lane(s)"]
+        sizes = []
+        if self.bytes_in:
+            sizes.append(f"{human_bytes(self.bytes_in)} raw")
+        if self.bytes_out:
+            sizes.append(f"{human_bytes(self.bytes_out)} written")
+        speed = f"{self.rate:,.0f} steps/s" if self.seconds > 0 else "-"
+        if self.seconds > 0 and self.bytes_in:
+            speed += f", {human_bytes(self.bytes_in / self.seconds)}/s"
+        lines.append(f"  {', '.join(sizes) + ' ' if sizes else ''}in {self.seconds:.1f} s "
+                     f"({speed})")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -35,12 +35,14 @@ from ..sampling.uniform import UniformSampler
 from ..storage.layout import Layout
 from .columns import numpy_alloc
 from .execute import assemble_batches
+from .skip_corrupt import SkipCorruptSource
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
 _STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
-               "read_seconds", "cache_hits", "cache_misses", "stale_replaced")
+               "read_seconds", "cache_hits", "cache_misses", "corrupt_rows_skipped",
+               "stale_replaced")
 
 
 @dataclass
@@ -58,6 +60,8 @@ class LoaderStats:
     cache_hits: int = 0
     cache_misses: int = 0
     stale_replaced: int = 0
+    #: rows not delivered because their shard failed its checks (``skip_corrupt=True``)
+    corrupt_rows_skipped: int = 0
     #: shared-memory buffers workers had to create (slots filled or grown at the start,
     #: later only when the consumer still holds every slot's batch; see ``transport``)
     new_buffers: int = 0
@@ -84,7 +88,9 @@ class StoreDataset(torch.utils.data.Dataset):
 
     def __init__(self, url: str, layout: Layout, storage_options: dict | None = None,
                  cache_bytes: int = 256 << 20, local_source: Any = None,
-                 pack: bool = False, n_slots: int = 8) -> None:
+                 pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False) -> None:
+        self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
+        self._skipping: SkipCorruptSource | None = None
         self.url = url
         self.layout = layout
         self.storage_options = storage_options
@@ -102,9 +108,21 @@ class StoreDataset(torch.utils.data.Dataset):
         d = dict(self.__dict__)
         d["_reader"], d["_local_source"], d["_pid"], d["_writer"] = None, None, -1, None
         d["_staged"] = None
+        d["_skipping"] = None
         return d
 
     def _source(self, staged: Any = None) -> Any:
+        """Where this process reads (see :meth:`_plain_source`), skipping corrupt shards
+        with ``skip_corrupt`` (one in-memory quarantine per process)."""
+        source = self._plain_source(staged)
+        if not self.skip_corrupt:
+            return source
+        if self._skipping is None or self._skipping.pid != os.getpid():
+            self._skipping = SkipCorruptSource(source, self.layout)
+        self._skipping.source = source
+        return self._skipping
+
+    def _plain_source(self, staged: Any = None) -> Any:
         """Where this process reads: the store's own source (no workers), else its shard
         reader, and rows staged in shared memory where the plans include some."""
         if self._local_source is not None:
@@ -142,6 +160,7 @@ class StoreDataset(torch.utils.data.Dataset):
         source = self._source(getattr(plans, "staged", None))
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
+        skipped = source.found.rows_skipped if isinstance(source, SkipCorruptSource) else 0
         t0 = _now()
         n = sum(getattr(p, "batches", 1) for p in plans)
         host_specs = {_STATS_KEY: ((len(_STAT_NAMES),), np.dtype(np.float64)),
@@ -168,6 +187,8 @@ class StoreDataset(torch.utils.data.Dataset):
         host[_ALL_STALE][:] = [b is None for b, _ in results]
         host[_STATS_KEY][:] = [len(results), *(a - b for a, b in zip(after[:4], before[:4])),
                                _now() - t0, after[4] - before[4], after[5] - before[5],
+                               (source.found.rows_skipped - skipped
+                                if isinstance(source, SkipCorruptSource) else 0),
                                sum(st for _, st in results)]
         if pack:
             return writer.message()
@@ -388,7 +409,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                 multiprocessing_context: str | None = None, num_batches: int | None = None,
                 guard: int | None = None, spare: int | None = None,
                 cache_bytes: int = 256 << 20, timeout: float = 0,
-                batches_per_message: int | None = None) -> StoreLoader:
+                batches_per_message: int | None = None,
+                skip_corrupt: bool = False) -> StoreLoader:
     """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
 
     ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
@@ -405,6 +427,9 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
     later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
+    ``skip_corrupt=True``: a shard that fails its checks does not end training; its rows
+    are quarantined in the reading process's memory (logged once per shard, counted in
+    ``loader.stats.corrupt_rows_skipped``) and their samples replaced like stale ones.
     """
     check_batch(batch_size)
     if sampler is None:
@@ -423,7 +448,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
         view = ReaderView(guard=guard or 0)
     local = store.source if num_workers == 0 else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
-                           pack=num_workers > 0, n_slots=prefetch_factor + 2)
+                           pack=num_workers > 0, n_slots=prefetch_factor + 2,
+                           skip_corrupt=skip_corrupt)
     kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
                                   timeout=timeout)
     if num_workers > 0:

@@ -9,7 +9,7 @@ The spec, capacity, lanes and format version are the group's ``expstore`` attrib
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,8 @@ from .backends import Backend
 from .shard import Checked, make_codec, zarr_codec
 
 FORMAT_VERSION = 1
+#: array attribute holding a copy of the group's ``expstore`` attribute (the layout)
+BACKUP_ATTR = "expstore_layout"
 
 META_FIELDS: dict[str, Field] = {
     "_step_id": Field((), np.int64, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
@@ -40,6 +42,8 @@ class Layout:
     #: inner chunks end with a crc32c and shard headers carry one (stores made before this
     #: option existed have none: their attributes lack ``checksum``)
     checksum: bool = True
+    #: the capacity ``create`` was asked for, before rounding up to whole shards (rows)
+    requested_capacity: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -101,6 +105,8 @@ class Layout:
             "shard_rows": self.shard_rows,
             "checksum": self.checksum,
             "spec": self.spec.to_json(),
+            **({} if self.requested_capacity is None
+               else {"requested_capacity": self.requested_capacity}),
         }
 
     @classmethod
@@ -110,7 +116,8 @@ class Layout:
             raise StoreCorruptError(f"{where}: store format version {version!r} is not one "
                                     f"this expstore reads (<= {FORMAT_VERSION})")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
-                   int(attrs["shard_rows"]), bool(attrs.get("checksum", False)))
+                   int(attrs["shard_rows"]), bool(attrs.get("checksum", False)),
+                   attrs.get("requested_capacity"))
 
 
 def auto_shard_rows(capacity: int, lanes: int = 1) -> int:
@@ -155,6 +162,7 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
             compressors=codecs or None,
             fill_value=fill,
             dimension_names=["row", *(f"{name}_{i}" for i in range(len(f.shape)))],
+            attributes={BACKUP_ATTR: layout.to_attrs()},  # repair rebuilds zarr.json from it
         )
     # Written last: a store without this attribute is not an expstore store.
     group.attrs["expstore"] = layout.to_attrs()

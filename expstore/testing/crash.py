@@ -334,9 +334,11 @@ def _read_line(fd: int, timeout: float) -> str:
 
     buf = b""
     end = time.monotonic() + timeout
+    ready = select.poll()  # not select(): it fails for descriptors >= 1024
+    ready.register(fd, select.POLLIN)
     while not buf.endswith(b"\n"):
         left = end - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not ready.poll(left * 1000):
             return buf.decode() or "timeout"
         chunk = os.read(fd, 1)
         if not chunk:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,11 +17,14 @@ from ...spec import BUILTIN, Spec
 from ...store import open as open_store
 from ..episodes import store_episodes
 from ..progress import Progress, ProgressArg
+from ..summary import ImportSummary, human_bytes
 from .paths import check_id, datasets_root, require_minari
 from .values import stack_frames, tree_from_fields
 from .write import ArrowWriter, Episode, Hdf5Writer, MinariNativeWriter, tree_nbytes
 
 INFO_PREFIX = "info."
+#: dataset metadata key holding the frame stacking of the exported store
+FRAME_STACK_KEY = "expstore_frame_stack"
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,36 @@ class MinariExport:
     raw_nbytes: int  #: the same arrays uncompressed
     jpeg_nbytes: int | None = None  #: JPEG bytes of the image observations (compare_jpeg)
     image_nbytes: int | None = None  #: raw bytes of those image observations
+    source: str = ""  #: the store's URL
+    seconds: float = 0.0
+    lanes: int = 1
+    #: what was left out and why (open or damaged episodes), frame stacking kept
+    notes: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float:
         """Uncompressed / on-disk size."""
         return self.raw_nbytes / self.nbytes if self.nbytes else float("nan")
+
+    @property
+    def rows(self) -> int:
+        """Observation rows written (steps + one final observation per episode)."""
+        return self.steps + self.episodes
+
+    def summary(self) -> ImportSummary:
+        """The same facts in the summary every import and export prints."""
+        return ImportSummary(self.source, f"{self.dataset_id} ({self.path})", rows=self.rows,
+                             steps=self.steps, episodes=self.episodes, lanes=self.lanes,
+                             seconds=self.seconds, bytes_in=self.raw_nbytes,
+                             notes=list(self.notes), outputs=[self.path],
+                             kind="minari export", bytes_out=self.nbytes)
+
+    def __str__(self) -> str:
+        text = str(self.summary())
+        if self.jpeg_nbytes is not None and self.image_nbytes:
+            text += (f"\n  JPEG (lossy) would take {human_bytes(self.jpeg_nbytes)} for "
+                     f"{human_bytes(self.image_nbytes)} of image observations")
+        return text
 
 
 def user_fields(spec: Spec) -> list[str]:
@@ -173,7 +202,7 @@ def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
     data_dir = ds_dir / "data"
     if data_dir.exists() and not overwrite:
         raise FileExistsError(f"{data_dir}: a Minari dataset {dataset_id!r} exists "
-                              "(pass overwrite=True to replace it)")
+                              "(pass overwrite=True, or --overwrite, to replace it)")
     created_dir = not ds_dir.exists()
     ds_dir.mkdir(parents=True, exist_ok=True)
     tmp = ds_dir / f".data-tmp-{os.getpid()}"
@@ -210,6 +239,9 @@ def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
             writer.close()
         meta: dict[str, Any] = {"dataset_id": dataset_id, "minari_version": minari.__version__,
                                 "total_steps": steps, "total_episodes": len(episodes)}
+        stacks = frame_stacks(spec, stacked)
+        if stacks:
+            meta[FRAME_STACK_KEY] = stacks
         if saved_env_spec:
             meta["env_spec"] = saved_env_spec
         for k, v in (metadata or {}).items():
@@ -228,7 +260,29 @@ def write_dataset(store: Any, dataset_id: str, root: Any, data_format: str,
     nbytes = sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file())
     return MinariExport(dataset_id, str(data_dir), data_format, compression, len(episodes),
                         steps, nbytes, raw, jpeg if compare_jpeg else None,
-                        image if compare_jpeg else None)
+                        image if compare_jpeg else None, source=str(store.url),
+                        lanes=store.lanes, notes=tuple(_notes(store, steps, stacks)))
+
+
+def frame_stacks(spec: Spec, stacked: bool) -> dict[str, dict[str, Any]]:
+    """``{field: {stack, padding, stacked}}`` of the frame-stacked observation fields: what
+    :func:`~expstore.datasets.minari.import_minari` reads back (``frame_stack="auto"``)."""
+    return {n: {"stack": int(f.stack), "padding": f.padding, "stacked": bool(stacked)}
+            for n, f in spec.fields.items() if n in spec.obs_names and f.stack}
+
+
+def _notes(store: Any, steps: int, stacks: dict[str, Any]) -> list[str]:
+    notes = []
+    left = store.num_transitions - steps
+    if left > 0:
+        notes.append(f"{left:,} step(s) not in a complete episode left out (an episode still "
+                     "open, or one whose first rows were overwritten or are quarantined): "
+                     "Minari episodes run from reset to a terminated or truncated step")
+    for name, st in stacks.items():
+        how = "stacks" if st["stacked"] else "single frames"
+        notes.append(f"{name}: stack={st['stack']} ({st['padding']}) kept in the dataset's "
+                     f"metadata ({FRAME_STACK_KEY}), written as {how}")
+    return notes
 
 
 def _open(store_or_url: Any, storage_options: dict[str, Any] | None) -> tuple[Any, bool]:
@@ -253,8 +307,11 @@ def export_minari(store_or_url: Any, dataset_id: str, *, root: str | os.PathLike
     arrow), ``"gzip"``/``"lzf"`` (hdf5), ``"zstd"``/``"lz4"`` (arrow) — all lossless — or
     ``None`` for Minari's own uncompressed writer; ``jpeg_encoding=True`` uses Minari's
     own writer with its lossy JPEG encoding of image spaces. ``stacked=True`` writes
-    stacked fields as ``(k, *shape)`` stacks. ``env``: a Gymnasium id or EnvSpec recorded
-    as the dataset's ``env_spec`` (default: the one an imported store remembers).
+    stacked fields as ``(k, *shape)`` stacks; either way the stacking is kept in the
+    dataset's metadata (``expstore_frame_stack``) and ``import_minari`` restores it.
+    The result's ``notes`` count the steps left out (an episode still open). ``env``: a
+    Gymnasium id or EnvSpec recorded as the dataset's ``env_spec`` (default: the one an
+    imported store remembers).
     ``metadata``: extra dataset metadata (``author``, ``description``, ...).
     ``compare_jpeg=True`` also JPEG-encodes the image observations the way Minari does
     and reports those bytes (``jpeg_nbytes``). ``progress``: ``True`` for a progress bar
@@ -270,11 +327,13 @@ def export_minari(store_or_url: Any, dataset_id: str, *, root: str | os.PathLike
     elif jpeg_encoding and compression is not None:
         raise ValueError("jpeg_encoding=True is Minari's own (lossy) writer; it takes "
                          "compression=None or 'auto'")
+    t0 = time.perf_counter()
     store, opened = _open(store_or_url, storage_options)
     try:
-        return write_dataset(store, dataset_id, root, data_format, compression,
-                             compression_level, jpeg_encoding, stacked, infos, env, metadata,
-                             overwrite, compare_jpeg, progress)
+        out = write_dataset(store, dataset_id, root, data_format, compression,
+                            compression_level, jpeg_encoding, stacked, infos, env, metadata,
+                            overwrite, compare_jpeg, progress)
+        return replace(out, seconds=time.perf_counter() - t0)
     finally:
         if opened:
             store.close()

@@ -18,6 +18,7 @@ from ...store import Store, create
 from ..progress import Progress, ProgressArg
 from .paths import require_minari, resolve
 from .values import stack_frames, tree_map
+from .write import tree_nbytes
 
 
 def flat_infos(infos: dict[str, Any], where: str, prefix: str = "info") -> dict[str, Any]:
@@ -47,6 +48,30 @@ def flat_infos(infos: dict[str, Any], where: str, prefix: str = "info") -> dict[
 def _dicts_to_tree(items: list[dict]) -> dict[str, Any]:
     return {k: (_dicts_to_tree([d[k] for d in items]) if isinstance(items[0][k], dict)
                 else np.asarray([d[k] for d in items])) for k in items[0]}
+
+
+def _frame_stack(meta: dict[str, Any], frame_stack: int | str | None, padding: str,
+                 where: str) -> tuple[int | None, str, dict[str, dict[str, Any]]]:
+    """``(frame_stack, padding, single-frame fields to stack)`` for ``frame_stack="auto"``:
+    from the dataset metadata ``expstore_frame_stack`` (see ``export_minari``)."""
+    if frame_stack != "auto":
+        if frame_stack is not None and (isinstance(frame_stack, bool) or
+                                        not isinstance(frame_stack, int) or frame_stack < 1):
+            raise ValueError(f"frame_stack: expected 'auto', None or an int >= 1, got "
+                             f"{frame_stack!r}")
+        return frame_stack, padding, {}
+    saved = meta.get("expstore_frame_stack") or {}
+    if not isinstance(saved, dict):
+        return None, padding, {}
+    stacked = {n: s for n, s in saved.items() if s.get("stacked")}
+    singles = {n: s for n, s in saved.items() if not s.get("stacked")}
+    if stacked:
+        ks = {int(s["stack"]) for s in stacked.values()}
+        if len(ks) != 1:
+            raise ValueError(f"{where}: fields stacked by different depths {stacked}; pass "
+                             "frame_stack=")
+        return ks.pop(), next(iter(stacked.values())).get("padding", padding), singles
+    return None, padding, singles
 
 
 def import_episode(store, spec, ep, where, infos, truncate_unfinished) -> None:
@@ -102,7 +127,7 @@ def import_episode(store, spec, ep, where, infos, truncate_unfinished) -> None:
 
 
 def import_minari(src: str | os.PathLike, url: str | os.PathLike, *,
-                  root: str | os.PathLike | None = None, frame_stack: int | None = None,
+                  root: str | os.PathLike | None = None, frame_stack: int | str | None = "auto",
                   padding: str = "reset", infos: bool = True,
                   episode_indices: Sequence[int] | None = None, capacity: int | None = None,
                   shard_rows: int | None = None, reward_dtype: Any = None,
@@ -114,7 +139,9 @@ def import_minari(src: str | os.PathLike, url: str | os.PathLike, *,
     Any dataset ``minari`` loads works: hdf5 or arrow, JPEG-encoded or not, written by
     ``DataCollector``, ``create_dataset_from_buffers`` or :func:`export_minari`.
     ``frame_stack=k``: observations of shape ``(k, ...)`` are stored one frame per row
-    (checked; see module doc). ``infos=False`` skips infos. ``capacity`` defaults to the
+    (checked; see module doc); ``"auto"`` (default) restores the stacking an
+    :func:`export_minari` dataset keeps in its metadata (``expstore_frame_stack``), else
+    stores whole observations (``None``). ``infos=False`` skips infos. ``capacity`` defaults to the
     rows needed (``create`` rounds it up to whole shards of ``shard_rows``, default
     automatic). ``reward_dtype`` defaults to the dataset's (Minari's are float64).
     An episode must end with a terminated or truncated step and have none before;
@@ -143,12 +170,17 @@ def import_minari(src: str | os.PathLike, url: str | os.PathLike, *,
     info_fields = ({n: Field(a.shape[1:], a.dtype) for n, a in
                     flat_infos(first.infos or {}, f"{where} episode {first.id}").items()}
                    if infos else {})
+    raw_meta = MinariStorage.read_raw_metadata(data_dir)
+    frame_stack, padding, singles = _frame_stack(raw_meta, frame_stack, padding, where)
     try:
         spec = Spec.from_spaces(obs_space, act_space, frame_stack=frame_stack,
                                 extras=info_fields, padding=padding)
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from e
-    raw_meta = MinariStorage.read_raw_metadata(data_dir)
+    if singles:  # exported as single frames: stack them again
+        spec = replace(spec, fields={n: replace(f, stack=singles[n]["stack"],
+                                                padding=singles[n]["padding"])
+                                     if n in singles else f for n, f in spec.fields.items()})
     structure = dict(spec.structure)
     structure["obs"] = {**structure["obs"], "gym": space_to_json(obs_space)}
     structure["action"] = {**structure["action"], "gym": space_to_json(act_space)}
@@ -170,7 +202,7 @@ def import_minari(src: str | os.PathLike, url: str | os.PathLike, *,
         for ep in itertools.chain([first], it):
             import_episode(store, spec, ep, f"{where} episode {ep.id}", infos,
                            truncate_unfinished)
-            bar.update(len(ep.rewards) + 1)
+            bar.update(len(ep.rewards) + 1, tree_nbytes(ep.observations))
         store.flush()
     except BaseException:
         store.close()
