@@ -39,6 +39,7 @@ from __future__ import annotations
 from .checkpoint import (
     STORE_PREFIX,
     Checkpoint,
+    ckpt_name,
     ckpt_path,
     dopamine_invalid_range,
     dopamine_spec,
@@ -46,7 +47,9 @@ from .checkpoint import (
     inspect_checkpoint,
 )
 from .export import export_dopamine
-from .importer import import_dopamine
+from .importer import import_dopamine, parse_suffixes
+from .source import SourceFolder
 
-__all__ = ["Checkpoint", "STORE_PREFIX", "ckpt_path", "dopamine_invalid_range", "dopamine_spec",
-           "export_dopamine", "find_suffixes", "import_dopamine", "inspect_checkpoint"]
+__all__ = ["Checkpoint", "STORE_PREFIX", "SourceFolder", "ckpt_name", "ckpt_path",
+           "dopamine_invalid_range", "dopamine_spec", "export_dopamine", "find_suffixes",
+           "import_dopamine", "inspect_checkpoint", "parse_suffixes"]
