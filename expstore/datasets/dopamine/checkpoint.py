@@ -108,10 +108,17 @@ class Checkpoint:
         return np.concatenate([arr[self.start:], arr[: self.start]])
 
 
-def open_npy_gz(folder: SourceFolder, name: str) -> NpyGzipReader:
-    """A streaming reader of file ``name`` of ``folder``."""
+_HEAD_BYTES = 1 << 16  # compressed bytes fetched for a look at a remote file's header
+
+
+def open_npy_gz(folder: SourceFolder, name: str, head: bool = False) -> NpyGzipReader:
+    """A streaming reader of file ``name`` of ``folder`` (``head``: reading little more
+    than the header, so remote storage sends a few KiB, not a read-ahead block)."""
     if not folder.remote:
         return NpyGzipReader(folder.location(name))
+    if head:
+        return NpyGzipReader(folder.location(name), folder.open(name, _HEAD_BYTES),
+                             chunk=_HEAD_BYTES)
     return NpyGzipReader(folder.location(name), folder.open(name))
 
 
@@ -135,7 +142,7 @@ def inspect_checkpoint(directory: str | os.PathLike | SourceFolder, suffix: int,
     names = sorted(m.group(1) for n in d.names() if (m := pat.match(n)))
     arrays: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for name in names:
-        with open_npy_gz(d, ckpt_name(STORE_PREFIX + name, suffix)) as r:
+        with open_npy_gz(d, ckpt_name(STORE_PREFIX + name, suffix), head=True) as r:
             arrays[name] = (r.shape, r.dtype)
     obs_path = d.location(ckpt_name(STORE_PREFIX + "observation", suffix))
     obs_shape, _ = arrays["observation"]
@@ -155,13 +162,13 @@ def inspect_checkpoint(directory: str | os.PathLike | SourceFolder, suffix: int,
             raise DatasetFormatError(f"{p}: expected a numeric dtype of kind {kinds!r}, got "
                                      f"{dtype}")
     ac_path = d.location(ckpt_name("add_count", suffix))
-    with open_npy_gz(d, ckpt_name("add_count", suffix)) as r:
+    with open_npy_gz(d, ckpt_name("add_count", suffix), head=True) as r:
         ac = r.read_all()
     if ac.size != 1 or ac.dtype.kind not in "iu" or int(ac.reshape(-1)[0]) < 0:
         raise DatasetFormatError(f"{ac_path}: expected one integer >= 0, got {ac!r}")
     add_count = int(ac.reshape(-1)[0])
     ir_path = d.location(ckpt_name("invalid_range", suffix))
-    with open_npy_gz(d, ckpt_name("invalid_range", suffix)) as r:
+    with open_npy_gz(d, ckpt_name("invalid_range", suffix), head=True) as r:
         ir = r.read_all()
     ck = Checkpoint(d, suffix, add_count, ir, cap, arrays)
     if add_count and cap:

@@ -73,14 +73,15 @@ class SourceFolder:
             return f"{self.url.rstrip('/')}/{name}"
         return os.path.join(self.root, name)
 
-    def open(self, name: str) -> BinaryIO:
-        """``name`` opened for reading (``FileNotFoundError`` naming it when missing)."""
+    def open(self, name: str, read_ahead: int = READ_AHEAD) -> BinaryIO:
+        """``name`` opened for reading (``FileNotFoundError`` naming it when missing);
+        remote files fetch ``read_ahead`` bytes per request."""
         try:
             if not self.remote:
                 return open(os.path.join(self.root, name), "rb")  # noqa: SIM115
             path = f"{self.root}/{name}"
             try:
-                return self.fs.open(path, "rb", block_size=READ_AHEAD, cache_type="readahead")
+                return self.fs.open(path, "rb", block_size=read_ahead, cache_type="readahead")
             except TypeError:  # a filesystem without these options
                 return self.fs.open(path, "rb")
         except FileNotFoundError:
