@@ -208,20 +208,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             src = _upload(run, server)
             cases.append(("import_dopamine", "from s3 (moto), workers per core, isal",
                           {"SRC": src, "SOURCE_OPTIONS": server.storage_options}))
-        results = []
-        for case, how, extra in cases:
-            runs = []
-            for _ in range(args.repeats):
+        runs: list[list[dict]] = [[] for _ in cases]
+        for _ in range(args.repeats):  # round robin: a change of load hits every case
+            for i, (case, how, extra) in enumerate(cases):
                 url = scratch / "s.zarr"
                 shutil.rmtree(url, ignore_errors=True)
-                runs.append(run_child(case, {**base, **extra, "URL": str(url)}))
-                print(f"{case} ({how}): {runs[-1]}", flush=True)
-            results.append({"case": case, "how": how, "frames": int(runs[0]["frames"]),
-                            "fps": statistics.median(r["fps"] for r in runs),
-                            "seconds": statistics.median(r["seconds"] for r in runs),
-                            "tree_peak_rss_mb": statistics.median(r["tree_peak_rss_mb"]
-                                                                  for r in runs),
-                            "runs": runs})
+                runs[i].append(run_child(case, {**base, **extra, "URL": str(url)}))
+                print(f"{case} ({how}): {runs[i][-1]}", flush=True)
+        results = [{"case": case, "how": how, "frames": int(rs[0]["frames"]),
+                    "fps": statistics.median(r["fps"] for r in rs),
+                    "seconds": statistics.median(r["seconds"] for r in rs),
+                    "tree_peak_rss_mb": statistics.median(r["tree_peak_rss_mb"] for r in rs),
+                    "runs": rs} for (case, how, _), rs in zip(cases, runs)]
     finally:
         if server is not None:
             server.stop()
@@ -235,7 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      "fps_vs_np_load"],
                            {"fps": "frames/s", "tree_peak_rss_mb": "peak RSS, process tree (MB)",
                             "fps_vs_np_load": "rate vs np.load"})
-    body = (f"{table}\n\nMedians of {args.repeats} run(s), each a fresh process tree on "
+    body = (f"{table}\n\nMedians of {args.repeats} run(s) (cases taken in turn), each a fresh "
+            f"process tree on "
             f"{os.cpu_count()} CPU cores. Run: {args.checkpoints} checkpoints of "
             f"{meta['frames']:,} rows (84x84 uint8 frames of real {args.game} episodes with "
             f"Dopamine's padding; observation file {meta['gz_bytes'] / 1e6:,.1f} MB at gzip "
