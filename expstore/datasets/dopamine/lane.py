@@ -128,7 +128,7 @@ def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]
                 if r.pos > fa:  # second range of a wrapped buffer: start over
                     r.close()
                     readers[name] = r = ck.reader(name)
-                r.skip(fa - r.pos)
+                r.skip(fa - r.pos, block_rows)
             for a, b in blocks(fa, fb, block_rows):
                 vals = {name: r.read(b - a) for name, r in readers.items()}
                 if b == ck.capacity:
