@@ -63,7 +63,7 @@ BUCKET, RUN = "atari-replay-datasets", "dqn/Pong/1/replay_logs"
 CHILD = {  # each body sets t0 after its imports and `frames` (rows processed)
     "np.load(gzip.open)": """
         import gzip, numpy as np
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_now()
         frames = 0
         for s in SUFFIXES:
             with open(f"{DIR}/$store$_observation_ckpt.{s}.gz", "rb") as f, \\
@@ -77,7 +77,7 @@ CHILD = {  # each body sets t0 after its imports and `frames` (rows processed)
             import sys
             sys.modules["isal"] = None  # the zlib fallback
         from expstore.datasets import import_dopamine
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_now()
         s = import_dopamine(SRC, URL, workers=WORKERS, source_options=SOURCE_OPTIONS)
         frames = FRAMES
         extra = {"steps": s.steps, "rows": s.rows}
@@ -108,10 +108,17 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
     """One case in a fresh interpreter: seconds, frames/s, peak RSS of its process tree."""
     body = textwrap.dedent(CHILD[case])
     head = "".join(f"{k} = {v!r}\n" for k, v in env.items())
-    code = (f"import json, resource, time\nextra = {{}}\n{head}{body}\n"
+    code = (f"import json, resource, time\nextra = {{}}\n{head}"
+            "def cpu_now():\n"
+            "    r = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "    return r.ru_utime + r.ru_stime\n"
+            f"{body}\n"
             "dt = time.perf_counter() - t0\n"
-            "print(json.dumps({'seconds': dt, 'frames': frames, 'main_maxrss_mb': "
-            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}))\n")
+            "me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, "
+            "resource.RUSAGE_CHILDREN))\n"
+            "cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - cpu0\n"
+            "print(json.dumps({'seconds': dt, 'frames': frames, 'cpu_seconds': cpu, "
+            "'main_maxrss_mb': me.ru_maxrss / 1024, **extra}))\n")
     proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c",
                              code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
@@ -124,6 +131,7 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
         raise RuntimeError(f"{case}: {err[-2000:]}")
     out = json.loads(out_text.strip().splitlines()[-1])
     out["fps"] = out["frames"] / out["seconds"]
+    out["frames_per_cpu_s"] = out["frames"] / out["cpu_seconds"]
     out["tree_peak_rss_mb"] = peak / 2**20
     return out
 
@@ -219,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "fps": statistics.median(r["fps"] for r in rs),
                     "seconds": statistics.median(r["seconds"] for r in rs),
                     "tree_peak_rss_mb": statistics.median(r["tree_peak_rss_mb"] for r in rs),
+                    "frames_per_cpu_s": statistics.median(r["frames_per_cpu_s"] for r in rs),
                     "runs": rs} for (case, how, _), rs in zip(cases, runs)]
     finally:
         if server is not None:
@@ -230,9 +239,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {"args": vars(args), "run": meta, "cpus": os.cpu_count(), "results": results}
     save_json("dopamine_run", out)
     table = markdown_table(results, ["case", "how", "frames", "fps", "tree_peak_rss_mb",
-                                     "fps_vs_np_load"],
+                                     "fps_vs_np_load", "frames_per_cpu_s"],
                            {"fps": "frames/s", "tree_peak_rss_mb": "peak RSS, process tree (MB)",
-                            "fps_vs_np_load": "rate vs np.load"})
+                            "fps_vs_np_load": "rate vs np.load",
+                            "frames_per_cpu_s": "frames per CPU-s"})
     body = (f"{table}\n\nMedians of {args.repeats} run(s) (cases taken in turn), each a fresh "
             f"process tree on "
             f"{os.cpu_count()} CPU cores. Run: {args.checkpoints} checkpoints of "
@@ -241,7 +251,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"level {args.level}); checkpoints 1.. are wrapped rings (oldest row at "
             f"{WRAP_STEP:,} x N). The store uses its default frame codec (lz4hc-5). Peak RSS "
             "is the highest sum of VmRSS over the process and its worker processes (sampled "
-            "every 20 ms); np.load holds one whole inflated observation file. Targets: rate "
+            "every 20 ms); np.load holds one whole inflated observation file. Frames per "
+            "CPU-s: frames / (user + system CPU time of the process tree from the start of "
+            "the timed part, worker start-up included), which the machine's other load "
+            "changes less than the rate. Targets: rate "
             ">= 2x np.load(gzip.open), process tree < 500 MB.")
     if not args.no_write:
         write_section("Datasets: Dopamine run import", body, command=command_line(),
