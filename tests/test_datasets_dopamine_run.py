@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -272,3 +273,21 @@ def test_isal_inflates_when_installed():
     assert npy_gzip._inflater() is isal.isal_zlib
     data = gzip.compress(b"x" * 1000)
     assert npy_gzip._inflater().decompressobj(31).decompress(data) == b"x" * 1000
+
+
+def test_a_script_without_main_guard_imports_in_parallel(tmp_path):
+    """Worker processes never re-run the caller's script (no ``__main__`` guard needed)."""
+    write_run(tmp_path / "run")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        from expstore.datasets import import_dopamine
+        s = import_dopamine({str(tmp_path / "run")!r}, {str(tmp_path / "s.zarr")!r},
+                            workers=2)
+        print("lanes", s.lanes)
+    """))
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("lanes 3") == 1
+    import_dopamine(tmp_path / "run", tmp_path / "one.zarr", workers=1)
+    same_rows(es.open(tmp_path / "s.zarr"), es.open(tmp_path / "one.zarr"))

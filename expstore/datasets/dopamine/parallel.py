@@ -1,19 +1,22 @@
 """Checkpoints imported in parallel: :func:`run_lanes`, one worker process per CPU core.
 
-Each worker takes the next checkpoint from a shared queue and streams it into its own lane
-(lanes have separate writers and leases, so workers never touch the same object). Workers
-send progress and results to the parent, which draws the bar and records finished lanes.
-They ignore SIGINT (the parent asks them to stop at a block boundary) and die with the
-parent (Linux ``PR_SET_PDEATHSIG``, else a parent check per block), so a killed import
-leaves only committed rows behind, never a writer running on its own.
+Workers are plain ``python -c`` processes (the caller's ``__main__`` is never re-imported,
+so scripts need no ``if __name__ == "__main__"`` guard) connected to the parent by a Unix
+socket. Each asks the parent for the next checkpoint and streams it into its own lane
+(lanes have separate writers and leases, so workers never touch the same object), sending
+progress and results back; the parent draws the bar and records finished lanes. Workers
+run in their own session (a terminal's Ctrl-C reaches only the parent, which asks them to
+stop at a block boundary) and die with the parent (Linux ``PR_SET_PDEATHSIG``, else a
+parent check per block), so a killed import leaves only committed rows behind, never a
+writer running on its own.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import queue
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -68,55 +71,112 @@ class _Flag:
 
 def _run_processes(tasks: list[tuple[int, Checkpoint]], n: int, args: tuple, progress: Any,
                    interrupted: Callable[[], bool], lane_done: Any) -> None:
-    import multiprocessing as mp
+    """Start ``n`` workers (``python -c``, so the caller's ``__main__`` is never
+    re-imported), hand out ``tasks`` as workers ask, relay their messages."""
+    from multiprocessing.connection import Listener, wait
 
-    ctx = mp.get_context("spawn")  # no fork of a process holding threads and leases
-    todo: Any = ctx.Queue()
-    for lane, ck in tasks:
-        todo.put((lane, ck))
-    for _ in range(n):
-        todo.put(None)
-    msgs: Any = ctx.Queue()
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(todo, msgs, stop, os.getpid(), args),
-                         name=f"expstore-dopamine-{i}", daemon=True) for i in range(n)]
-    for p in procs:
-        p.start()
+    authkey = os.urandom(32)
+    todo = list(tasks)
+    procs: list[subprocess.Popen] = []
+    conns: list[Any] = []
     error: BaseException | None = None
-    running = n
-    try:
-        while running:
-            if interrupted() and not stop.is_set():
-                stop.set()
-            try:
-                kind, body = msgs.get(timeout=_POLL)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs):
-                    dead = [p.exitcode for p in procs]
-                    error = error or RuntimeError(f"import worker processes ended without "
-                                                  f"reporting (exit codes {dead})")
-                    break
-                continue
-            if kind == "progress":
-                progress(*body)
-            elif kind == "lane":
-                lane_done(body)
-            elif kind == "error":
-                stop.set()
-                error = error or _unpickle(body)
-            elif kind == "exit":
-                running -= 1
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if error is not None:
+    stopping = False
+    with Listener(family="AF_UNIX", authkey=authkey) as listener:
+        init = pickle.dumps({"address": listener.address, "authkey": authkey,
+                             "sys_path": sys.path, "parent": os.getpid(), "args": args})
+        try:
+            for _ in range(n):
+                p = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+                                     start_new_session=True)
+                procs.append(p)
+                p.stdin.write(init)
+                p.stdin.close()
+            conns = _accept(listener, procs)
+            live = list(conns)
+            while live:
+                if interrupted() and not stopping:
+                    stopping = True
+                    _send_all(live, ("stop", None))
+                ready = wait(live, timeout=_POLL)
+                for c in ready:
+                    try:
+                        kind, body = c.recv()
+                    except (EOFError, OSError):
+                        live.remove(c)
+                        error = error or RuntimeError("an import worker process ended "
+                                                      "without reporting (killed?)")
+                        stopping = True
+                        _send_all(live, ("stop", None))
+                        continue
+                    if kind == "next":
+                        c.send(("task", None if stopping or not todo else todo.pop(0)))
+                    elif kind == "progress":
+                        progress(*body)
+                    elif kind == "lane":
+                        lane_done(body)
+                    elif kind == "error":
+                        error = error or _unpickle(body)
+                        stopping = True
+                        _send_all(live, ("stop", None))
+                    elif kind == "exit":
+                        live.remove(c)
+        except BaseException:
+            _send_all(conns, ("stop", None))
+            raise
+        finally:
+            for p in procs:
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for c in conns:
+                c.close()
+    if error is not None and not interrupted():  # Ctrl-C: the caller raises it
         raise error
+
+
+_BOOT = ("import pickle, sys; init = pickle.load(sys.stdin.buffer); sys.path[:] = "
+         "init['sys_path']; from expstore.datasets.dopamine.parallel import worker_main; "
+         "worker_main(init)")
+
+
+def _accept(listener: Any, procs: list[subprocess.Popen]) -> list[Any]:
+    """One connection per started worker (fails if one dies before connecting)."""
+    import threading
+
+    conns: list[Any] = []
+    failed: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            for _ in procs:
+                conns.append(listener.accept())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failed.append(e)
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(_POLL)
+        dead = [p.returncode for p in procs if p.poll() is not None]
+        if dead and t.is_alive():
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            raise RuntimeError(f"an import worker process exited at start (exit code "
+                               f"{dead[0]})")
+    if failed:
+        raise failed[0]
+    return conns
+
+
+def _send_all(conns: list[Any], msg: tuple) -> None:
+    for c in conns:
+        try:
+            c.send(msg)
+        except (OSError, EOFError, ValueError):
+            pass
 
 
 def _unpickle(body: tuple[bytes | None, str]) -> BaseException:
@@ -173,40 +233,58 @@ def _die_with_parent() -> None:
 
 
 class _WorkerStop:
-    """Stop when the parent asks, or when it is gone."""
+    """Stop when the parent says so, or when it is gone (checked per block)."""
 
-    def __init__(self, event: Any, parent: int) -> None:
-        self._event = event
+    def __init__(self, conn: Any, parent: int) -> None:
+        self._conn = conn
         self._parent = parent
+        self.stopped = False
 
     def is_set(self) -> bool:
         if os.getppid() != self._parent:
             os._exit(1)  # parent killed: leave committed rows, nothing else
-        return self._event.is_set()
+        while not self.stopped and self._conn.poll():
+            kind, _ = self._conn.recv()
+            self.stopped = kind == "stop"
+        return self.stopped
+
+    def next_task(self) -> Any:
+        """The next ``(lane, checkpoint)`` from the parent, or ``None``."""
+        if self.is_set():
+            return None
+        self._conn.send(("next", None))
+        while True:
+            kind, body = self._conn.recv()
+            if kind == "stop":
+                self.stopped = True
+            elif kind == "task":
+                return None if self.stopped else body
 
 
-def _worker(todo: Any, msgs: Any, stop: Any, parent: int, args: tuple) -> None:
+def worker_main(init: dict[str, Any]) -> None:
+    """A worker process: import checkpoints the parent hands out, one lane each."""
+    from multiprocessing.connection import Client
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     _fixed_mmap_threshold()
+    parent = init["parent"]
     if os.getppid() != parent:
         os._exit(1)
-    url, stack, block_rows, storage_options, fsync = args
-    flag = _WorkerStop(stop, parent)
+    url, stack, block_rows, storage_options, fsync = init["args"]
+    conn = Client(init["address"], authkey=init["authkey"])
+    flag = _WorkerStop(conn, parent)
     pending = [0, 0]
 
     def report(rows: int, nbytes: int) -> None:
         pending[0] += rows
         pending[1] += nbytes
         if pending[0] >= 8 * block_rows:
-            msgs.put(("progress", tuple(pending)))
+            conn.send(("progress", tuple(pending)))
             pending[:] = [0, 0]
 
     try:
-        while not flag.is_set():
-            task = todo.get()
-            if task is None:
-                break
+        while (task := flag.next_task()) is not None:
             lane, ck = task
             try:
                 res = import_lane(ck, url, lane, stack, block_rows,
@@ -217,16 +295,17 @@ def _worker(todo: Any, msgs: Any, stop: Any, parent: int, args: tuple) -> None:
                     blob = pickle.dumps(e)
                 except Exception:  # noqa: BLE001 - unpicklable: send the text
                     blob = None
-                msgs.put(("error", (blob, f"{type(e).__name__}: {e}")))
+                conn.send(("error", (blob, f"{type(e).__name__}: {e}")))
                 break
             release_memory()
             if any(pending):
-                msgs.put(("progress", tuple(pending)))
+                conn.send(("progress", tuple(pending)))
                 pending[:] = [0, 0]
-            msgs.put(("lane", res))
+            conn.send(("lane", res))
             if res.stopped:
                 break
     finally:
         if any(pending):
-            msgs.put(("progress", tuple(pending)))
-        msgs.put(("exit", None))
+            conn.send(("progress", tuple(pending)))
+        conn.send(("exit", None))
+        conn.close()
