@@ -199,7 +199,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
     try:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {args.url} holds the rows flushed so far", file=sys.stderr)
+        again = "; run the same command again to resume" if args.format == "dopamine" else ""
+        print(f"\ninterrupted: {args.url} holds the rows flushed so far{again}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     print(res)
     return 0

@@ -262,6 +262,7 @@ def test_ctrl_c_stops_the_workers_and_leaves_a_partial_store(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert b"run the same command again to resume" in err
     assert store_info(str(url))["partial_import"]
     assert verify_store(str(url)).ok
 

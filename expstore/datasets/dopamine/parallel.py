@@ -214,18 +214,6 @@ def release_memory() -> None:
             pass
 
 
-def _fixed_mmap_threshold() -> None:
-    """Worker processes only: buffers of 1 MiB and more always get their own mapping,
-    returned to the OS when freed (glibc's default threshold grows with the blocks freed,
-    after which they stay in the heap and the RSS of a long import creeps up)."""
-    libc = _libc()
-    if libc is not None:
-        try:
-            libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-        except AttributeError:
-            pass
-
-
 def _die_with_parent() -> None:
     libc = _libc()
     if libc is not None:
@@ -267,7 +255,6 @@ def worker_main(init: dict[str, Any]) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    _fixed_mmap_threshold()
     parent = init["parent"]
     if os.getppid() != parent:
         os._exit(1)
