@@ -25,6 +25,13 @@ Mapping (one checkpoint = one expstore lane, in chronological order):
   (Dopamine's ``invalid_range`` after the cursor) cannot start transitions either. Leading
   all-zero rows of a wrapped buffer are taken as padding (a new episode starts after them).
 
+A whole run imports straight from a local folder or any fsspec URL (the DQN Replay
+Dataset: ``gs://atari-replay-datasets/dqn/<Game>/<run>/replay_logs``): files are streamed,
+never copied; checkpoints are decoded in parallel, one worker process per core
+(:mod:`.parallel`); gzip inflates with ``isal`` when installed. The store is marked as a
+partial import until every checkpoint is in, and the same import resumes it
+(:mod:`.lane`: source rows map to store rows deterministically).
+
 Every stored row (all fields) survives import -> export -> import unchanged. Export writes
 what Dopamine's ``save()`` writes (``np.save`` into ``gzip.GzipFile``, level 9), unwrapped,
 one checkpoint suffix per lane (and per interrupted episode within a lane); episodes that
