@@ -65,6 +65,7 @@ def _human(n: float) -> str:
 # -- info -------------------------------------------------------------------------------
 def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Facts about a store: spec, geometry, rows, episodes, bytes on disk, compression."""
+    from .storage.import_marker import describe_import, import_is_partial, read_import_marker
     from .store import open as open_store
 
     store = open_store(url, "r", storage_options=storage_options)
@@ -74,6 +75,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         raw_row = sum(f.row_nbytes for f in lay.fields.values())
         disk = store.backend.total_bytes()
         idx = store.index
+        marker = read_import_marker(store.backend)
         return {
             "url": store.url,
             "capacity": store.capacity,
@@ -89,6 +91,8 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
             "bytes_on_disk": int(disk),
             "raw_bytes": int(rows * raw_row),
             "compression_ratio": (rows * raw_row / disk) if disk else None,
+            "import": describe_import(marker),
+            "partial_import": import_is_partial(marker),
             "fields": {n: {"shape": list(f.shape), "dtype": str(f.dtype), "stack": f.stack,
                            "padding": f.padding if f.stack else None,
                            "codec": f.resolved_codec(), "chunk_rows": lay.chunk_rows(n),
@@ -110,6 +114,8 @@ def _print_info(info: dict[str, Any]) -> None:
           "episode: its final observation)")
     print(f"episodes    {info['episodes_held']:,} complete held, {info['episodes']:,} finished "
           "written")
+    if info.get("import"):
+        print(f"import      {info['import']}")
     ratio = info["compression_ratio"]
     print(f"on disk     {_human(info['bytes_on_disk'])} (raw {_human(info['raw_bytes'])}, "
           f"ratio {ratio:.1f}x)" if ratio else f"on disk     {_human(info['bytes_on_disk'])}")
@@ -178,6 +184,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if rep.quarantined:
         print(f"{rep.quarantined:,} row(s) quarantined by an earlier repair (lost, never "
               "sampled)")
+    if rep.partial_import:
+        print(rep.partial_import)
     if not rep.ok:
         print(REPAIR_HINT.format(url=args.url))
     return 0 if rep.ok else 1
@@ -254,7 +262,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
     try:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {args.url} holds the rows flushed so far", file=sys.stderr)
+        again = "; run the same command again to resume" if args.format == "dopamine" else ""
+        print(f"\ninterrupted: {args.url} holds the rows flushed so far{again}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     print(_summary(res, args, time.perf_counter() - t0))
     return 0

@@ -25,6 +25,7 @@ import numpy as np
 from .errors import ExpstoreError, error_detail
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .storage.backends import backend_for
+from .storage.import_marker import describe_import, import_is_partial, read_import_marker
 from .storage.layout import Layout, read_layout
 from .storage.quarantine import Quarantine, read_quarantine
 from .storage.shard import EMPTY, HEADER_SIZE, index_size, parse_head
@@ -46,6 +47,9 @@ class VerifyReport:
     #: quarantined); lanes whose state file could not be read are in ``problems`` only
     lost: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     quarantined: int = 0  # committed rows already quarantined (lost earlier), not read
+    #: one line when a dataset import into the store did not finish (rows are intact but
+    #: the dataset is not all there; re-running the import resumes it), else ``None``
+    partial_import: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,6 +71,9 @@ def verify_store(url: str, storage_options: dict[str, Any] | None = None,
         return rep
     rep.lanes = layout.lanes
     rep.problems += [p for _, p in check_arrays(backend, layout)]
+    marker = read_import_marker(backend)
+    if import_is_partial(marker):
+        rep.partial_import = describe_import(marker)
     try:
         quarantine = read_quarantine(backend)
     except (ExpstoreError, OSError) as e:

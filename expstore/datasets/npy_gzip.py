@@ -16,7 +16,7 @@ import io
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -40,15 +40,23 @@ class NpyGzipReader:
     """Rows of an ``np.save``'d array inside a gzip file, read in order.
 
     ``shape``/``dtype`` come from the header; :meth:`read` returns the next ``n`` rows,
-    :meth:`skip` discards rows. Errors name the file and what was expected.
+    :meth:`skip` discards rows. Errors name the file and what was expected. ``fileobj``:
+    read from this open binary file instead (``path`` then only names it in messages).
+    ``chunk``: compressed bytes read at a time (small for a header-only look at a remote
+    file).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        try:
-            self._f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.path}: file not found") from None
+    def __init__(self, path: str | os.PathLike, fileobj: BinaryIO | None = None,
+                 chunk: int = _IN_CHUNK) -> None:
+        self.path = path if fileobj is not None else Path(path)  # for messages
+        if fileobj is not None:
+            self._f = fileobj  # e.g. an fsspec file of a bucket; closed in close()
+        else:
+            try:
+                self._f = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.path}: file not found") from None
+        self._chunk = int(chunk)
         self._z = _inflater()
         self._d = self._z.decompressobj(31)
         self._tail = b""  # compressed input not yet consumed
@@ -66,7 +74,7 @@ class NpyGzipReader:
 
     # -- raw stream ----------------------------------------------------------------------
     def _read_in(self) -> bytes:
-        chunk = self._f.read(_IN_CHUNK)
+        chunk = self._f.read(self._chunk)
         self.compressed_read += len(chunk)
         return chunk
 
@@ -296,7 +304,7 @@ def save_gz(path: str | os.PathLike, arr: Any, compresslevel: int = 9) -> None:
         raise
 
 
-def load_gz(path: str | os.PathLike) -> np.ndarray:
+def load_gz(path: str | os.PathLike, fileobj: BinaryIO | None = None) -> np.ndarray:
     """A small ``np.save``'d array from a gzip file (clear errors naming the file)."""
-    with NpyGzipReader(path) as r:
+    with NpyGzipReader(path, fileobj) as r:
         return r.read_all()

@@ -25,6 +25,13 @@ Mapping (one checkpoint = one expstore lane, in chronological order):
   (Dopamine's ``invalid_range`` after the cursor) cannot start transitions either. Leading
   all-zero rows of a wrapped buffer are taken as padding (a new episode starts after them).
 
+A whole run imports straight from a local folder or any fsspec URL (the DQN Replay
+Dataset: ``gs://atari-replay-datasets/dqn/<Game>/<run>/replay_logs``): files are streamed,
+never copied; checkpoints are decoded in parallel, one worker process per core
+(:mod:`.parallel`); gzip inflates with ``isal`` when installed. The store is marked as a
+partial import until every checkpoint is in, and the same import resumes it
+(:mod:`.lane`: source rows map to store rows deterministically).
+
 Every stored row (all fields) survives import -> export -> import unchanged. Export writes
 what Dopamine's ``save()`` writes (``np.save`` into ``gzip.GzipFile``, level 9), unwrapped,
 one checkpoint suffix per lane (and per interrupted episode within a lane); episodes that
@@ -39,6 +46,7 @@ from __future__ import annotations
 from .checkpoint import (
     STORE_PREFIX,
     Checkpoint,
+    ckpt_name,
     ckpt_path,
     dopamine_invalid_range,
     dopamine_spec,
@@ -46,7 +54,9 @@ from .checkpoint import (
     inspect_checkpoint,
 )
 from .export import export_dopamine
-from .importer import import_dopamine
+from .importer import import_dopamine, parse_suffixes
+from .source import SourceFolder
 
-__all__ = ["Checkpoint", "STORE_PREFIX", "ckpt_path", "dopamine_invalid_range", "dopamine_spec",
-           "export_dopamine", "find_suffixes", "import_dopamine", "inspect_checkpoint"]
+__all__ = ["Checkpoint", "STORE_PREFIX", "SourceFolder", "ckpt_name", "ckpt_path",
+           "dopamine_invalid_range", "dopamine_spec", "export_dopamine", "find_suffixes",
+           "import_dopamine", "inspect_checkpoint", "parse_suffixes"]
