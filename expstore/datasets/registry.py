@@ -80,13 +80,19 @@ _STORE = {
 }
 
 register("dopamine", "expstore.datasets.dopamine", "import_dopamine", "export_dopamine",
-         "Dopamine replay checkpoints / DQN Replay Dataset (folder of *_ckpt.N.gz)",
+         "Dopamine replay checkpoints / DQN Replay Dataset (local or fsspec folder, *_ckpt.N.gz)",
          import_help={**_STORE,
                       "stack": "frames per stacked observation (Dopamine's is 4)",
                       "num_actions": "action count, for the action field's bounds "
                                      "(default: max action + 1)",
                       "codec": "codec of the observation field, e.g. "
-                               '\'{"name":"blosc","cname":"lz4"}\''},
+                               '\'{"name":"blosc","cname":"lz4"}\'',
+                      "suffixes": "checkpoints to import, one lane each: '0-9,12' "
+                                  "(default: every checkpoint found)",
+                      "workers": "processes decoding checkpoints in parallel (default: one "
+                                 "per CPU core; 1: in this process)",
+                      "source_options": "fsspec options for the source URL, as JSON, e.g. "
+                                        '\'{"token":"anon"}\''},
          export_help={"stack": "frames per stack written (default: the store's)",
                       "capacity": "replay capacity written (default: the rows exported)",
                       "update_horizon": "Dopamine's n-step update horizon",
