@@ -85,7 +85,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
             "shard_rows": lay.shard_rows,
             "rows": rows,
             "transitions": store.num_transitions,
-            "episodes": int(store.episodes),
+            "episodes": store.episodes_written,
             "episodes_held": store.num_episodes,
             "lane_rows": [int(c - v) for c, v in zip(idx.count, idx.lower_bound())],
             "bytes_on_disk": int(disk),

@@ -4,8 +4,7 @@
   optionally only some lanes and a lane-step range.
 * :func:`read_episode` — one episode as a dict of arrays, the way Minari's
   ``iterate_episodes`` hands them out.
-* :class:`EpisodeCount` — ``store.episodes``: the number of finished episodes written (an
-  ``int``) that, called, iterates the episodes held.
+* :func:`iter_episodes` — ``store.episodes()``: the complete episodes held, one by one.
 * :func:`count_transitions` / :func:`missing_field` — the counts and errors of the
   ``Store`` read-back methods.
 
@@ -17,7 +16,7 @@ rows (steps + one final row per finished episode), ``store.num_transitions`` cou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,29 +157,6 @@ def iter_episodes(store: Any, lanes: int | Iterable[int] | None = None,
     time (memory: one episode)."""
     for i, ref in enumerate(find_episodes(store.index, lanes, steps)):
         yield read_episode(store, ref, i, stacked)
-
-
-class EpisodeCount(int):
-    """Finished episodes written to a store so far, an ``int`` (episodes since overwritten
-    included). Calling it iterates the complete episodes held:
-    ``for ep in store.episodes(lanes=0, steps=(0, 10_000)): ...`` (see
-    :func:`iter_episodes`)."""
-
-    _iterate: Callable[..., Iterator[dict[str, Any]]]
-
-    def __new__(cls, value: int, iterate: Callable[..., Iterator[dict[str, Any]]]
-                ) -> EpisodeCount:
-        obj = super().__new__(cls, value)
-        obj._iterate = iterate
-        return obj
-
-    def __call__(self, lanes: int | Iterable[int] | None = None,
-                 steps: tuple[int | None, int | None] | None = None,
-                 stacked: bool = True) -> Iterator[dict[str, Any]]:
-        return self._iterate(lanes=lanes, steps=steps, stacked=stacked)
-
-    def __repr__(self) -> str:
-        return int.__repr__(self)
 
 
 def missing_field(name: str, fields: Iterable[str]) -> KeyError:

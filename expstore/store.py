@@ -23,7 +23,6 @@ import numpy as np
 
 from .appender import Appender
 from .episode_view import (
-    EpisodeCount,
     count_transitions,
     find_episodes,
     iter_episodes,
@@ -333,12 +332,10 @@ class Store:
         return int((self.index.count - self.index.valid_from).sum())
 
     @property
-    def episodes(self) -> EpisodeCount:
-        """Finished episodes written so far (including ones since overwritten), an ``int``;
-        ``store.episodes(lanes=, steps=, stacked=)`` iterates the complete episodes held
-        (:meth:`iter_episodes`)."""
-        return EpisodeCount(sum(self._lane_episodes(i) for i in range(self.lanes)),
-                            self.iter_episodes)
+    def episodes_written(self) -> int:
+        """Finished episodes written so far, all lanes, including ones since overwritten
+        (:attr:`num_episodes` counts the complete episodes held now)."""
+        return sum(self._lane_episodes(i) for i in range(self.lanes))
 
     def _lane_episodes(self, lane: int) -> int:
         if lane in self.writers:
@@ -406,9 +403,9 @@ class Store:
             lo, hi = int(steps.min()), int(steps.max()) + 1
             self.index.mark_lost(lane, [(lo, hi)], lo, hi)
 
-    def iter_episodes(self, lanes: int | Iterable[int] | None = None,
-                      steps: tuple[int | None, int | None] | None = None,
-                      stacked: bool = True) -> Iterator[dict[str, Any]]:
+    def episodes(self, lanes: int | Iterable[int] | None = None,
+                 steps: tuple[int | None, int | None] | None = None,
+                 stacked: bool = True) -> Iterator[dict[str, Any]]:
         """The complete episodes held, one dict of arrays each (memory: one episode), lane
         by lane, oldest first. ``lanes``: a lane or lanes; ``steps``: ``(start, stop)``
         lane steps an episode must lie within. See ``episode_view.read_episode`` for the
@@ -419,7 +416,7 @@ class Store:
                 steps: tuple[int | None, int | None] | None = None,
                 stacked: bool = True) -> dict[str, Any]:
         """Episode ``i`` (negative counts from the newest) of the complete episodes held,
-        with the same filters as :meth:`iter_episodes`."""
+        with the same filters as :meth:`episodes`."""
         refs = find_episodes(self.index, lanes, steps)
         if not -len(refs) <= int(i) < len(refs):
             raise IndexError(f"episode {i}: the store holds {len(refs)} complete "

@@ -91,13 +91,13 @@ def main() -> None:
     store, env_name, seconds = collect(a.url, a.steps, a.seed)
     rate, store, stats = stream(a.url, a.batches, a.batch_size, a.workers)
     on_disk = store.backend.total_bytes()
-    transitions = len(store) - store.episodes
+    transitions = len(store) - store.episodes_written
     obs_fields = [store.spec.fields[n] for n in store.spec.obs_names]
     raw = sum(f.row_nbytes * (f.stack or 1) * 2 for f in obs_fields)  # obs + next_obs, stacked
     rows = [
         ("environment", env_name),
         ("rows written", f"{len(store):,} ({transitions:,} transitions, "
-                         f"{store.episodes} episodes)"),
+                         f"{store.episodes_written} episodes)"),
         ("record rate", f"{a.steps / seconds:,.0f} steps/s (env included)"),
         ("bytes on disk / transition", f"{on_disk / max(transitions, 1):,.0f} B"),
         ("raw stacked obs+next_obs / transition", f"{raw:,} B "

@@ -65,7 +65,7 @@ def main() -> None:
                   env_steps=model.num_timesteps, train_seconds=round(train_s, 1),
                   eval_mean_return=float(mean), eval_std=float(std),
                   solved=bool(mean >= 475), store=buf.store.url, store_rows=len(buf.store),
-                  episodes_stored=buf.store.episodes)
+                  episodes_stored=buf.store.episodes_written)
     buf.close()
     print(json.dumps(result))
 

@@ -67,7 +67,7 @@ def test_import_info_verify_export(dopamine_dir, tmp_path, capsys):
     assert re.match(SUMMARY, res.stdout) and res.stdout.startswith("dopamine import: ")
     info = json.loads(run(capsys, "info", url, "--json")[0])
     store = es.open(url)
-    assert info["rows"] == len(store) > 1000 and info["episodes"] == store.episodes == 7
+    assert info["rows"] == len(store) > 1000 and info["episodes"] == store.episodes_written == 7
     assert info["fields"]["obs"]["stack"] == 4 and info["compression_ratio"] > 5
     assert info["bytes_on_disk"] == store.backend.total_bytes()
     text, _ = run(capsys, "info", url)

@@ -74,7 +74,7 @@ def test_import_keeps_every_transition(tmp_path):
     trunc = a["timeouts"].copy()
     trunc[[HIDDEN_RESET, N - 1]] = True  # the hidden reset and the file's unfinished end
     np.testing.assert_array_equal(tr["truncated"], trunc)
-    assert store.episodes == len(ENDS) + 2
+    assert store.episodes_written == len(ENDS) + 2
     store.close()
 
 

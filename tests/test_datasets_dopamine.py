@@ -117,7 +117,7 @@ def test_several_checkpoints_are_lanes(tmp_path):
     assert store.lanes == 2 and summary.lanes == 2
     la, lb = lane_rows(store, 0), lane_rows(store, 1)
     assert la.episode_step[0] == 0  # starts after Dopamine's initial padding: a new episode
-    assert store.episodes == 10 + int((b._store["terminal"] == 1).sum())
+    assert store.episodes_written == 10 + int((b._store["terminal"] == 1).sum())
     assert len(la.rows) == a.add_count - (K - 1) * 10 + 10  # padding dropped, final rows added
     for buf, suffix_rows in ((a, la), (b, lb)):
         sids = store.read("sid", suffix_rows.rows, suffix_rows.steps)

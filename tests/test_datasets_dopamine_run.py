@@ -59,7 +59,7 @@ def write_run(d: Path, checkpoints: int = 3, capacity: int = 400, seed: int = 0)
 def same_rows(a: es.Store, b: es.Store, block: int = 4096) -> None:
     """Every row of every lane: all fields, flags and episode positions (read in blocks)."""
     assert a.lanes == b.lanes and a.spec.same_as(b.spec)
-    assert len(a) == len(b) and a.episodes == b.episodes
+    assert len(a) == len(b) and a.episodes_written == b.episodes_written
     for lane in range(a.lanes):
         ra, rb = lane_rows(a, lane), lane_rows(b, lane)
         np.testing.assert_array_equal(ra.flags, rb.flags)

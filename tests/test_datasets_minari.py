@@ -388,7 +388,7 @@ def test_import_dataset_written_by_minari(tmp_path, data_format):
     assert store.spec.fields["reward"].dtype == np.float64  # Minari's reward dtype kept
     assert set(store.spec.fields) >= {"obs.img", "obs.vec", "info.lives", "info.vel",
                                       "info.stats.ok"}
-    assert store.episodes == 3 and len(store) == 9 + 4 + 15 + 3
+    assert store.episodes_written == 3 and len(store) == 9 + 4 + 15 + 3
     assert_store_holds(store, eps)
     store.close()
     # reopened from disk (committed), read-only
@@ -542,7 +542,7 @@ def test_import_errors(tmp_path, minari_root):
     with pytest.raises(es.ValidationError, match=r"episode 1: the last step is neither"):
         import_minari("ext/open-v0", tmp_path / "o.zarr")
     s = import_minari("ext/open-v0", tmp_path / "o2.zarr", truncate_unfinished=True)
-    assert s.episodes == 2
+    assert s.episodes_written == 2
     # a flag before the last step
     eps = make_episodes(box, act, [4], rng)
     eps[0]["term"][1] = True
@@ -558,7 +558,7 @@ def test_import_errors(tmp_path, minari_root):
     with pytest.raises(es.ValidationError, match=r"info 'x': expected 5 values.*infos=False"):
         import_minari("ext/infos-v0", tmp_path / "i.zarr")
     s = import_minari("ext/infos-v0", tmp_path / "i2.zarr", infos=False)
-    assert "info.x" not in s.spec.fields and s.episodes == 1
+    assert "info.x" not in s.spec.fields and s.episodes_written == 1
     # capacity too small, store exists
     with pytest.raises(ValueError, match=r"capacity: 4 rows < 5"):
         import_minari("ext/infos-v0", tmp_path / "c.zarr", capacity=4, shard_rows=1)

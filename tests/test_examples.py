@@ -34,7 +34,7 @@ def run_script(name: str, *args: str, timeout: float = 120) -> dict:
 def check_store(url: Path, res: dict, wrapped: bool) -> None:
     """The kept store holds what the script reported writing."""
     with es.open(url) as store:
-        assert store.episodes == res["episodes"]
+        assert store.episodes_written == res["episodes"]
         if wrapped:
             assert res["store_rows"] == len(store) <= store.capacity
         else:  # one row per step plus one final row per finished episode

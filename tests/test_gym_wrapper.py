@@ -115,7 +115,7 @@ def test_single_env_records_every_step(tmp_path):
     store = es.open(tmp_path / "cp.zarr")
     rows = reference(log)
     check_lane(store, 0, rows)
-    assert store.episodes == episodes + 2  # + the cut one + the one open at close
+    assert store.episodes_written == episodes + 2  # + the cut one + the one open at close
     # transitions read back pair each step with its real next observation
     anchors = np.array([j for j, e in enumerate(rows) if not e["final"]])
     tr = store.transitions(anchors)
@@ -189,7 +189,7 @@ def test_reopen_appends_and_rejects_other_spaces(tmp_path):
         env.close()
     store = es.open(url)
     assert sum(1 for s in store.read("_flags", np.arange(len(store))) if s & FLAG_LAST) \
-        == store.episodes
-    assert len(store) == 60 + store.episodes
+        == store.episodes_written
+    assert len(store) == 60 + store.episodes_written
     with pytest.raises(es.SpecError, match="differs"):
         es.RecordToStore(gym.make("MountainCar-v0"), url)

@@ -230,7 +230,7 @@ def test_sac_stores_scaled_actions(tmp_path):
     data = check_samples(buf, buf.calls, {0: rows}, n=64)
     assert data.actions.dtype == torch.float32
     assert np.abs(buf.store.read("action", np.arange(300))).max() <= 1.0  # scaled to [-1, 1]
-    assert buf.store.episodes == 1  # Pendulum: 200-step episodes end truncated (timeout)
+    assert buf.store.episodes_written == 1  # Pendulum: 200-step episodes end truncated (timeout)
     assert buf.store.read("_flags", np.array([199]))[0] & FLAG_TRUNCATED
     buf.close()
 

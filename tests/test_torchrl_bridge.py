@@ -66,7 +66,7 @@ def test_plain_torchrl_replaybuffer_samples_valid_transitions(cartpole_store):
     url, by_step = cartpole_store
     storage = ExpstoreStorage(url)
     rb = ReplayBuffer(storage=storage, batch_size=128)  # TorchRL's default RandomSampler
-    assert len(rb) == len(storage.store) == 600 + storage.store.episodes
+    assert len(rb) == len(storage.store) == 600 + storage.store.episodes_written
     for _ in range(3):
         td = rb.sample()
         assert td.batch_size == (128,)
