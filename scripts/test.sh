@@ -9,4 +9,19 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --disable-pip-version-check "${TORCH_PIN:-torch==2.13.0}" -e ".[test]" 2>&1 \
   | grep -v "^WARNING: Location" || true
 "$PY" -c "import torch, zarr, expstore; print('torch', torch.__version__, 'zarr', zarr.__version__)"
+# gymnasium 0.29 (CleanRL pins gymnasium==0.29.1): the sb3/gym extras must resolve next to it,
+# and the adapter tests run on it. A second venv sees the first one's packages through a .pth
+# file (no second torch install) and holds only gymnasium 0.29.1 itself. Full runs only.
+if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
+  V029=${EXPSTORE_VENV_GYM029:-$VENV-gym029}
+  [ -x "$V029/bin/python" ] || "$PY" -c "import sys, venv; venv.create(sys.argv[1], with_pip=True)" "$V029"
+  site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
+  site "$PY" > "$(site "$V029/bin/python")/expstore-base-venv.pth"
+  "$V029/bin/python" -m pip install -q --disable-pip-version-check --dry-run "gymnasium==0.29.1" ".[sb3,gym]"
+  "$V029/bin/python" -m pip install -q --disable-pip-version-check --ignore-installed --no-deps \
+    "gymnasium==0.29.1"
+  "$V029/bin/python" -c "import gymnasium; assert gymnasium.__version__ == '0.29.1', gymnasium.__version__"
+  "$V029/bin/python" -m pytest -q -p no:cacheprovider tests/test_sb3.py tests/test_sb3_contract.py \
+    tests/test_torchrl_bridge.py
+fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

@@ -307,7 +307,11 @@ def test_atari_frame_stack_stores_one_frame_per_row(tmp_path):
     """DQN on real ALE Pong with VecFrameStack(4): rows hold single 84x84 frames, and
     sampled stacks equal the (4, 84, 84) observations SB3 added."""
     pytest.importorskip("ale_py")
+    import gymnasium as gym
     from stable_baselines3.common.env_util import make_atari_env
+
+    if "PongNoFrameskip-v4" not in gym.registry:
+        pytest.skip("ALE environments are not registered with this gymnasium")
     from stable_baselines3.common.vec_env import VecFrameStack, VecTransposeImage
 
     env = VecTransposeImage(VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=1,
@@ -346,10 +350,15 @@ def test_cleanrl_style_loop(tmp_path):
     ``real_next_obs`` (final obs of truncated envs): truncations are recovered from the
     broken continuity, stored truncated with their final obs, and sampled as not done."""
     import gymnasium as gym
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    from gymnasium import vector
 
-    envs = SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=20)] * 2,
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    make = [lambda: gym.make("CartPole-v1", max_episode_steps=20)] * 2
+    if hasattr(vector, "AutoresetMode"):  # gymnasium 1.x
+        envs = vector.SyncVectorEnv(make, autoreset_mode=vector.AutoresetMode.SAME_STEP)
+        final_key = "final_obs"
+    else:  # gymnasium 0.29 (CleanRL's pin): same-step autoreset, "final_observation"
+        envs = vector.SyncVectorEnv(make)
+        final_key = "final_observation"
     rb = ExpstoreReplayBuffer(2048, envs.single_observation_space, envs.single_action_space,
                               "cpu", n_envs=2, handle_timeout_termination=False,
                               url=tmp_path / "clean.zarr", seed=0)
@@ -362,7 +371,7 @@ def test_cleanrl_style_loop(tmp_path):
         real_next_obs = next_obs.copy()
         for idx, trunc in enumerate(truncations):
             if trunc:
-                real_next_obs[idx] = infos["final_obs"][idx]
+                real_next_obs[idx] = infos[final_key][idx]
         rb.add(obs, real_next_obs, actions, rewards, terminations, infos)
         n_term += terminations
         n_trunc += truncations & ~terminations

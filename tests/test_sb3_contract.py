@@ -272,14 +272,17 @@ def test_sac_and_td3_train_from_learning_starts_zero(tmp_path):
 
 
 def test_dqn_four_envs_n_step_dict_obs_learning_starts_zero(tmp_path):
-    from gymnasium.wrappers import FlattenObservation  # noqa: F401  (gymnasium present)
+    class SplitObs(gym.ObservationWrapper):  # works on gymnasium 0.29 and 1.x
+        def __init__(self, env):
+            super().__init__(env)
+            box = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+            self.observation_space = spaces.Dict({"x": box, "v": box})
+
+        def observation(self, o):
+            return {"x": o[:2], "v": o[2:]}
 
     def make():
-        env = gym.make("CartPole-v1")
-        return gym.wrappers.TransformObservation(
-            env, lambda o: {"x": o[:2], "v": o[2:]},
-            spaces.Dict({"x": spaces.Box(-np.inf, np.inf, (2,), np.float32),
-                         "v": spaces.Box(-np.inf, np.inf, (2,), np.float32)}))
+        return SplitObs(gym.make("CartPole-v1"))
 
     venv = make_vec_env(make, n_envs=4, seed=0)
     model = DQN("MultiInputPolicy", venv, learning_starts=0, batch_size=16, buffer_size=2000,
