@@ -109,6 +109,25 @@ def test_size_pos_full_follow_sb3_through_wraparound(n_envs):
     ours.close()
 
 
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_same_np_random_seed_gives_sb3s_batches(n_envs):
+    """seed=None draws like SB3 (np.random, same calls): CleanRL/SB3 runs stay identical."""
+    obs_space, act_space = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(3)
+    ref = ReplayBuffer(100, obs_space, act_space, "cpu", n_envs=n_envs)
+    ours = ExpstoreReplayBuffer(100, obs_space, act_space, "cpu", n_envs=n_envs)
+    for args in stream(obs_space, act_space, 80, n_envs):
+        ref.add(*args)
+        ours.add(*args)
+    for seed in range(3):
+        np.random.seed(seed)
+        want = ref.sample(32)
+        np.random.seed(seed)
+        got = ours.sample(32)
+        for f in ("observations", "next_observations", "actions", "rewards", "dones"):
+            np.testing.assert_array_equal(getattr(got, f).numpy(), getattr(want, f).numpy(), f)
+    ours.close()
+
+
 def test_one_add_is_one_sampleable_transition(tmp_path):
     """k adds give k transitions (the newest included) and size() says k."""
     space = spaces.Box(-10, 10, (2,), np.float32)

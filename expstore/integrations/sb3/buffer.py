@@ -105,7 +105,8 @@ class ExpstoreReplayBuffer(ReplayBuffer):
     :meth:`flush`. ``None`` (default): mirror when it takes at most 1 GiB
     (:data:`MIRROR_AUTO_BYTES`); otherwise batches are read from the store.
     ``fsync=False``: commits are atomic but not forced to disk (a training buffer).
-    ``seed``: sampling seed (default: drawn from ``np.random``, which SB3 seeds).
+    ``seed``: sampling seed; ``None`` (default) draws from ``np.random`` (which SB3 seeds)
+    with the same calls as SB3's ``ReplayBuffer``, so the same seed gives the same batches.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
@@ -133,8 +134,11 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         self._url_arg = url
         self.url = url.url if isinstance(url, Store) else url
         self._overwrite = overwrite
-        self._seed = seed if seed is not None else int(np.random.randint(2**31 - 1))
-        self._rng = np.random.default_rng(self._seed)
+        self._seed = seed
+        # seed=None: uniform draws use np.random exactly as SB3's ReplayBuffer does (same
+        # calls, same order), so a seeded run samples the very batches SB3's buffer would
+        self._rng: np.random.Generator | None = (
+            None if seed is None else np.random.default_rng(seed))
         self._store: Any = None
         self._sync: StoreSync | None = None
         self.last_batch: dict[str, np.ndarray] | None = None
@@ -225,7 +229,8 @@ class ExpstoreReplayBuffer(ReplayBuffer):
             self._sync = StoreSync(self._writer, self._mirror, self._submitted)
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
-        self._sampler = None if self._mirror is not None else self._make_sampler(self._seed)
+        self._sampler = None if self._mirror is not None else self._make_sampler(
+            self._seed if self._seed is not None else int(np.random.randint(2**31 - 1)))
 
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.uniform import UniformSampler
@@ -461,11 +466,25 @@ class ExpstoreReplayBuffer(ReplayBuffer):
             self.last_batch = batch
             return self._to_samples(batch, env)
         if m.tree is not None:
+            if self._rng is None:  # drawn once, from np.random (which SB3 seeds)
+                self._rng = np.random.default_rng(int(np.random.randint(2**31 - 1)))
             inds, envs, weights = m.draw_prioritized(batch_size, self._rng)
         else:
-            inds, envs = m.draw_uniform(batch_size, self._rng)
+            upper = m.filled()
+            if upper == 0:
+                raise ValidationError("sample: the buffer is empty; add transitions first")
+            if self._rng is None:
+                inds = np.random.randint(0, upper, size=batch_size)
+            else:
+                inds = self._rng.integers(0, upper, batch_size)
+            envs = self._draw_envs(batch_size)
             weights = None
         return self._mirror_samples(inds, envs, weights, env)
+
+    def _draw_envs(self, n: int) -> np.ndarray:
+        if self._rng is None:
+            return np.random.randint(0, high=self.n_envs, size=(n,))
+        return self._rng.integers(0, self.n_envs, n)
 
     def _mirror_samples(self, inds: np.ndarray, envs: np.ndarray, weights: Any,
                         env: Any) -> ExpstoreSamples:
@@ -490,7 +509,7 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         store rows without."""
         if self._mirror is not None:
             inds = np.asarray(batch_inds, np.int64)
-            envs = self._rng.integers(0, self.n_envs, len(inds))
+            envs = self._draw_envs(len(inds))
             return self._mirror_samples(inds, envs, None, env)
         return self._to_samples(self.store.transitions(batch_inds, self.n_steps, self.gamma),
                                 env)

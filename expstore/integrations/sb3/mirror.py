@@ -97,16 +97,6 @@ class RamMirror:
         return {k: v[idx] for k, v in self.arrays.items()}
 
     # -- sampling --------------------------------------------------------------------------
-    def draw_uniform(self, batch_size: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``batch_size`` (slot, env) pairs, uniform over the held transitions."""
-        upper = self.filled()
-        if upper == 0:
-            raise ValidationError("sample: the buffer is empty; add transitions first")
-        inds = rng.integers(0, upper, batch_size)
-        envs = rng.integers(0, self.n_envs, batch_size) if self.n_envs > 1 else _zeros(batch_size)
-        return inds, envs
-
     def gather(self, inds: np.ndarray, envs: np.ndarray, n_steps: int = 1,
                gamma: float = 0.99, reward_fn: Any = None) -> Gathered:
         """Transitions at (``inds``, ``envs``): flat obs fields, ``next_`` fields, ``action``
@@ -206,14 +196,6 @@ class RamMirror:
             self.tree.update(ids[keep], pri)
             self.max_priority = max(self.max_priority, float(pri.max()))
         return int(keep.sum())
-
-
-def _zeros(n: int, _cache: dict[int, np.ndarray] = {}) -> np.ndarray:  # noqa: B006
-    z = _cache.get(n)
-    if z is None:
-        z = _cache[n] = np.zeros(n, np.int64)
-        z.flags.writeable = False
-    return z
 
 
 def _numpy(x: Any) -> Any:
