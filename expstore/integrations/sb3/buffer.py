@@ -148,6 +148,10 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size // 2))
         self._submitted = 0  # adds handed to the store so far
         self._bind_mirror()
+        if self._mirror is not None:
+            # the store opens at the first chunk, inside the training loop: import its
+            # libraries now (about a second) rather than then
+            import zarr  # noqa: F401
         if self._mirror is not None and url is not None and not overwrite:
             if self._store_exists(url):
                 self._fill_mirror()
