@@ -46,7 +46,8 @@ class SummaryWriter:
     def __init__(self, *a, **k): pass
     def add_text(self, *a, **k): pass
     def add_scalar(self, tag, value, step=None, *a, **k):
-        scalars.setdefault(tag, []).append([int(step or 0), float(getattr(value, "item", lambda: value)())])
+        value = value.item() if hasattr(value, "item") else value
+        scalars.setdefault(tag, []).append([int(step or 0), float(value)])
     def close(self):
         with open(os.environ["BENCH_SCALARS"], "w") as f:
             json.dump(scalars, f)

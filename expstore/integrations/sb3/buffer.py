@@ -89,6 +89,8 @@ class _DoneMarks:
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
+#: steps copied for the store and not yet written, at most (bytes; at least one buffer)
+SYNC_QUEUE_BYTES = 64 << 20
 
 
 class ExpstoreReplayBuffer(ReplayBuffer):
@@ -145,7 +147,7 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
         self._mirror = self._make_mirror(mirror)
-        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size // 2))
+        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size))
         self._submitted = 0  # adds handed to the store so far
         self._bind_mirror()
         if self._mirror is not None:
@@ -230,7 +232,9 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         self._overwrite = False
         self._writer = StepWriter(self._store)
         if self._mirror is not None:
-            self._sync = StoreSync(self._writer, self._mirror, self._submitted)
+            step_bytes = max(self._mirror.nbytes // self._mirror.size, 1)
+            self._sync = StoreSync(self._writer, self.n_envs,
+                                   max(self._mirror.size, SYNC_QUEUE_BYTES // step_bytes))
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
         self._sampler = None if self._mirror is not None else self._make_sampler(
@@ -274,7 +278,7 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         if m.adds > self._submitted:
             self.store  # noqa: B018  (opens; starts the writer thread)
             assert self._sync is not None
-            self._sync.request(m.adds, m.size - self._chunk)
+            self._sync.submit(m.window(max(self._submitted, m.adds - m.size), m.adds))
             self._submitted = m.adds
 
     def flush(self) -> None:
@@ -283,7 +287,7 @@ class ExpstoreReplayBuffer(ReplayBuffer):
             self._submit()
         if self._store is not None:
             if self._sync is not None:
-                self._sync.wait(self._submitted)
+                self._sync.wait()
             self._store.flush()
 
     def close(self) -> None:
@@ -385,18 +389,24 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         else:
             timeout = False
         pos = m.adds % m.size
-        if self._plain_obs:
-            self._put("obs", pos, obs)
-            self._put("next_obs", pos, next_obs)
-        else:
+        a = self._mirror_arrays
+        term, trunc = self._a_terminated, self._a_truncated
+        try:  # SB3's shapes: plain assignments, as SB3's own add does
+            if not self._plain_obs:
+                raise ValueError
+            a["obs"][pos] = obs
+            a["next_obs"][pos] = next_obs
+            a["action"][pos] = action
+            a["reward"][pos] = reward
+            term[pos] = done
+        except (ValueError, TypeError):  # other shapes: reshaped, or refused naming the field
             for name, value in self._flat_obs(obs, "").items():
                 self._put(name, pos, value)
             for name, value in self._flat_obs(next_obs, "next_").items():
                 self._put(name, pos, value)
-        self._put("action", pos, action)
-        self._put("reward", pos, reward)
-        term, trunc = self._a_terminated, self._a_truncated
-        self._put("terminated", pos, done)
+            self._put("action", pos, action)
+            self._put("reward", pos, reward)
+            self._put("terminated", pos, done)
         if timeout is not False:
             trunc[pos] = timeout & term[pos]
             term[pos] &= ~trunc[pos]

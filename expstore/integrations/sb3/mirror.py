@@ -56,6 +56,11 @@ class RamMirror:
         return per * int(size) * int(n_envs) + 8 * int(size)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the mirror's arrays hold."""
+        return sum(a.nbytes for a in self.arrays.values()) + self.step_at.nbytes
+
+    @property
     def pos(self) -> int:
         return self.adds % self.size
 

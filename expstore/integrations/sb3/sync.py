@@ -1,52 +1,54 @@
 """Writing a buffer's RAM mirror to its store on a background thread, in add order.
 
-The mirror itself is the queue: the thread copies the steps added since its last pass
-(``taken .. target``) out of the ring and appends them to the store, lane by lane, through
-a :class:`StepWriter`. The adding thread never waits unless it is about to overwrite a
-step the store has not taken yet (the store writes more slowly than RAM for a whole
-buffer's worth of steps).
+Every ``chunk`` adds the buffer copies the new steps out of the ring (a few microseconds
+for small fields) and queues the copy; a daemon thread appends queued copies to the store,
+lane by lane, through a :class:`StepWriter`. The adding thread waits only when more than
+``max_pending`` steps are queued (the store has fallen that far behind).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
+
+import numpy as np
 
 from ...errors import ExpstoreError
 from ..step_writer import StepWriter
-from .mirror import RamMirror
 
 
 class StoreSync:
-    """A daemon thread appending ``mirror`` steps ``taken..target`` to the store.
-    A failed write stops the writing; :meth:`check` raises it."""
+    """A daemon thread appending queued windows of steps (leading axes ``(steps,
+    n_envs)``) to the store. A failed write stops the writing; :meth:`check` raises it."""
 
-    def __init__(self, writer: StepWriter, mirror: RamMirror, taken: int) -> None:
-        self.writer, self.mirror = writer, mirror
-        self.taken = self.written = self.target = int(taken)
+    def __init__(self, writer: StepWriter, n_envs: int, max_pending: int) -> None:
+        self.writer, self.n_envs = writer, int(n_envs)
+        self.max_pending = max(int(max_pending), 1)
+        self.pending = 0  # steps queued or being written
         self.error: BaseException | None = None
+        self._queue: deque[dict[str, np.ndarray]] = deque()
         self._stop = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="expstore-sb3-sync", daemon=True)
         self._thread.start()
 
-    def request(self, target: int, room: int) -> None:
-        """Have steps up to add count ``target`` written; block until at most ``room``
-        steps wait to be taken (so the next ``room`` adds overwrite none of them)."""
+    def submit(self, window: dict[str, np.ndarray]) -> None:
+        """Queue ``window`` (a copy the caller no longer touches)."""
         self.check()
+        steps = len(window["reward"])
         with self._cond:
-            self.target = max(self.target, int(target))
-            self._cond.notify_all()
-            while self.target - self.taken > room and self.error is None:
+            while self.pending and self.pending + steps > self.max_pending \
+                    and self.error is None:
                 self._cond.wait()
+            self._queue.append(window)
+            self.pending += steps
+            self._cond.notify_all()
         self.check()
 
-    def wait(self, target: int) -> None:
-        """Return once every step up to ``target`` is in the store; raise a write's error."""
-        self.check()
+    def wait(self) -> None:
+        """Return once every queued step is in the store; raise a write's error."""
         with self._cond:
-            self.target = max(self.target, int(target))
-            self._cond.notify_all()
-            while self.written < target and self.error is None:
+            while self.pending and self.error is None:
                 self._cond.wait()
         self.check()
 
@@ -57,7 +59,7 @@ class StoreSync:
                 from self.error
 
     def stop(self) -> None:
-        """Write every requested step, then end the thread."""
+        """Write every queued step, then end the thread."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -67,17 +69,13 @@ class StoreSync:
         cond = self._cond
         while True:
             with cond:
-                while self.target == self.taken and not self._stop:
+                while not self._queue and not self._stop:
                     cond.wait()
-                if self.target == self.taken:  # stopping, nothing left
+                if not self._queue:  # stopping, nothing left
                     return
-                start, stop = self.taken, self.target
+                window = self._queue[0]
             try:
-                window = self.mirror.window(start, stop)  # the ring slots are still intact
-                with cond:
-                    self.taken = stop
-                    cond.notify_all()
-                for lane in range(self.mirror.n_envs):
+                for lane in range(self.n_envs):
                     self.writer.extend(lane, {k: v[:, lane] for k, v in window.items()})
             except BaseException as e:  # noqa: BLE001  (reported by check())
                 with cond:
@@ -85,5 +83,6 @@ class StoreSync:
                     cond.notify_all()
                 return
             with cond:
-                self.written = stop
+                self._queue.popleft()
+                self.pending -= len(window["reward"])
                 cond.notify_all()
