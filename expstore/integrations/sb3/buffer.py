@@ -2,7 +2,13 @@
 
 ``DQN(..., replay_buffer_class=ExpstoreReplayBuffer, replay_buffer_kwargs={"url": path})``
 works for DQN, SAC, TD3 (and CleanRL-style scripts that build SB3's buffer themselves).
-Each env of the VecEnv writes one lane. Compared with SB3's own buffer:
+Each env of the VecEnv writes one lane. For small fields (vector observations; up to
+1 GiB of RAM) the newest ``buffer_size`` steps per env are also kept in RAM in SB3's own
+layout (:mod:`.mirror`): ``add`` and ``sample`` cost about what SB3's do, ``size()``,
+``pos`` and ``full`` follow SB3's rules, and with ``seed=None`` the batches are the ones
+SB3's buffer would draw; the store is written behind it by a background thread
+(:mod:`.sync`) and is complete after :meth:`~ExpstoreReplayBuffer.flush`. Larger fields
+(images) are sampled from the store. Compared with SB3's own buffer:
 
 - observations are stored once (like ``optimize_memory_usage=True``), and that works with
   ``handle_timeout_termination=True`` too; ``frame_stack=k`` stores one frame per row;
@@ -21,9 +27,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -31,47 +36,12 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
 from ...errors import SpecError, ValidationError
-from ...field import Field
 from ...rows import FLAG_LAST
-from ...spec import Spec
 from ...store import Store
 from ..step_writer import StepWriter, open_or_create
+from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .mirror import RamMirror
 from .sync import StoreSync
-
-
-class ExpstoreSamples(NamedTuple):
-    """SB3's ``ReplayBufferSamples`` fields plus importance weights and row ids."""
-
-    observations: Any  # th.Tensor, or dict of tensors for Dict spaces
-    actions: th.Tensor
-    next_observations: Any
-    dones: th.Tensor  # (B, 1) float32, 1 where the transition terminated
-    rewards: th.Tensor  # (B, 1) float32 (n-step discounted sum when n_steps > 1)
-    discounts: th.Tensor | None = None  # (B, 1) gamma^m with n_steps > 1, else None
-    weights: th.Tensor | None = None  # (B, 1) float32 importance weights (1 if uniform)
-    index: np.ndarray | None = None  # (B,) store rows (for update_priorities)
-    step_id: np.ndarray | None = None  # (B,) lane steps of those rows
-
-
-def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space,
-             frame_stack: int | None = None) -> Spec:
-    """The spec an SB3 buffer stores: SB3 keeps Box actions unbounded (SAC/TD3 store the
-    [-1, 1]-scaled action) and float64 actions as float32; VecFrameStack pads with zeros."""
-    if frame_stack:
-        shape = getattr(observation_space, "shape", None) or ()
-        if len(shape) != 3 or shape[0] != frame_stack:
-            raise SpecError(f"frame_stack={frame_stack}: expected a channel-first observation "
-                            f"space of shape ({frame_stack}, H, W) (VecFrameStack + "
-                            f"VecTransposeImage), got {shape}")
-    spec = Spec.from_spaces(observation_space, action_space, frame_stack=frame_stack,
-                            padding="zero")
-    fields = dict(spec.fields)
-    for name in spec.action_names:
-        f = fields[name]
-        if f.dtype.kind == "f":
-            fields[name] = Field(f.shape, np.float32 if f.dtype == np.float64 else f.dtype)
-    return replace(spec, fields=fields)
 
 
 class _DoneMarks:
@@ -93,7 +63,7 @@ MIRROR_AUTO_BYTES = 1 << 30
 SYNC_QUEUE_BYTES = 64 << 20
 
 
-class ExpstoreReplayBuffer(ReplayBuffer):
+class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     """SB3 replay buffer whose transitions live in an expstore store at ``url``.
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
@@ -540,83 +510,6 @@ class ExpstoreReplayBuffer(ReplayBuffer):
             rows = idx.lane_rows(lane, np.arange(lo, hi))
             total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
         return min(total // self.n_envs, self.buffer_size)
-
-    # -- conversions -----------------------------------------------------------------------
-    def _shape_obs(self, obs: Any) -> Any:
-        if isinstance(obs, dict):
-            return {k: np.asarray(v).reshape(self.n_envs, *self._field(f"obs.{k}", v))
-                    for k, v in obs.items()}
-        return np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))
-
-    def _field(self, name: str, value: Any) -> tuple[int, ...]:
-        f = self.spec.fields.get(name)
-        if f is None:
-            return np.shape(value)[1:]
-        if f.stack and np.size(value) == self.n_envs * f.stack * int(np.prod(f.shape)):
-            return (f.stack, *f.shape)
-        return f.shape
-
-    def _shape_action(self, action: Any) -> Any:
-        if self.spec.structure["action"]["kind"] != "single":
-            return action
-        return np.asarray(action).reshape(self.n_envs, *self.spec.fields["action"].shape)
-
-    def _check_frames(self, obs: Any, next_obs: Any) -> None:
-        for name, o in self.spec.flatten("obs", obs).items():
-            if not self.spec.fields[name].stack:
-                continue
-            nx = self.spec.flatten("obs", next_obs)[name]
-            if o.ndim >= 2 and not np.array_equal(np.asarray(nx)[:, :-1], np.asarray(o)[:, 1:]):
-                raise ValidationError(
-                    f"{name}: frame_stack={self.frame_stack} expects next_obs[:, :-1] == "
-                    "obs[:, 1:] (a channel-first stack, newest frame last); got stacks that "
-                    "do not shift by one frame")
-
-    def _to_samples(self, b: dict[str, Any], env: Any,
-                    rewards_normalized: bool = False) -> ExpstoreSamples:
-        B = len(b["reward"])
-        obs, nxt = self._batch_obs(b, "obs"), self._batch_obs(b, "next_obs")
-        if self.spec.structure["action"]["kind"] == "single":
-            act = b["action"].reshape(B, -1)
-        else:
-            act = np.concatenate([b[n].reshape(B, -1) for n in self.spec.action_names], axis=1)
-        t = self._tensor
-        disc = None
-        if self.n_steps > 1:
-            disc = t((self.gamma ** b["horizon"].astype(np.float64)).astype(np.float32)[:, None])
-        reward = b["reward"].astype(np.float32, copy=False).reshape(B, 1)
-        if not rewards_normalized:
-            reward = self._normalize_reward(reward, env)
-        weight = b.get("weight")
-        return ExpstoreSamples(
-            observations=_map(t, self._normalize_obs(obs, env)),
-            actions=t(act),
-            next_observations=_map(t, self._normalize_obs(nxt, env)),
-            dones=t(b["terminated"].astype(np.float32).reshape(B, 1)),
-            rewards=t(reward),
-            discounts=disc,
-            weights=(th.ones((B, 1), device=self.device) if weight is None
-                     else t(weight.astype(np.float32, copy=False).reshape(B, 1))),
-            index=b["index"],
-            step_id=b["step_id"],
-        )
-
-    def _batch_obs(self, b: dict[str, np.ndarray], prefix: str) -> Any:
-        st = self.spec.structure["obs"]
-        if st["kind"] == "single":
-            v = b[prefix]
-            return v.reshape(len(v), *self.obs_shape)
-        shapes = self.obs_shape if isinstance(self.obs_shape, dict) else {}
-        return {k: (v := b[f"{prefix}.{k}"]).reshape(len(v), *shapes.get(k, v.shape[1:]))
-                for k in st["keys"]}
-
-    def _tensor(self, a: np.ndarray) -> th.Tensor:
-        return th.as_tensor(np.ascontiguousarray(a), device=self.device)
-
-
-def _map(fn: Any, x: Any) -> Any:
-    return {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
-
 
 def _close(writer: StepWriter | None, store: Any, tmpdir: str | None,
            sync: StoreSync | None) -> None:
