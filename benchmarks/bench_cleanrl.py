@@ -51,6 +51,13 @@ class SummaryWriter:
     def close(self):
         with open(os.environ["BENCH_SCALARS"], "w") as f:
             json.dump(scalars, f)
+try:  # ALE's v4 ids for gymnasium 0.29 (newer ale_py registers them only for gymnasium 1.x)
+    import ale_py.registration as ale_registration
+    import gymnasium
+    if "BreakoutNoFrameskip-v4" not in gymnasium.registry:
+        ale_registration.register_v0_v4_envs()
+except ImportError:
+    pass
 tb = types.ModuleType("torch.utils.tensorboard")
 tb.SummaryWriter = SummaryWriter
 sys.modules["torch.utils.tensorboard"] = tb
