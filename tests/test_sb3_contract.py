@@ -460,3 +460,20 @@ def test_store_after_flush_holds_the_stream(tmp_path):
     done = np.concatenate([s[4] for s in steps])
     np.testing.assert_array_equal(t["terminated"], done & ~timeout)
     store.close()
+
+
+def test_a_buffer_on_an_existing_store_starts_with_its_transitions(tmp_path):
+    obs_space, act_space = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)
+    steps = stream(obs_space, act_space, 60)
+    first = ExpstoreReplayBuffer(40, obs_space, act_space, url=tmp_path / "r.zarr")
+    for args in steps:
+        first.add(*args)
+    oldest_first = (first.pos + np.arange(40)) % 40
+    want = first._mirror.gather(oldest_first, np.zeros(40, np.int64))
+    first.close()
+    again = ExpstoreReplayBuffer(40, obs_space, act_space, url=tmp_path / "r.zarr")
+    assert (again.size(), again.full, again.pos) == (40, True, 0)
+    got = again._mirror.gather(np.arange(40), np.zeros(40, np.int64))
+    for k in ("obs", "next_obs", "action", "reward", "terminated"):
+        np.testing.assert_array_equal(got[k], want[k], k)
+    again.close()
