@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -95,12 +96,17 @@ def run(python: str, path: Path, args: list[str], work: Path) -> dict:
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                          env.get("PYTHONPATH", "")])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([python, str(runner), str(path), *args], check=True, cwd=work, env=env,
                    stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     scalars = json.loads(out.read_text())
     returns = scalars.get("charts/episodic_return", [])
     tail = [r for _, r in returns[-max(len(returns) // 5, 1):]]
-    return {"sps": scalars["charts/SPS"][-1][1], "episodes": len(returns),
+    steps = int(args[args.index("--total-timesteps") + 1])
+    return {"sps": scalars["charts/SPS"][-1][1], "cpu_sps": steps / cpu,
+            "episodes": len(returns),
             "return_last20pct": statistics.mean(tail) if tail else float("nan"),
             "curve": returns}
 
@@ -146,19 +152,24 @@ def main() -> None:
         runs = got[kind]
         rows.append({"script": args.script, "buffer": kind,
                      "sps": statistics.median(r["sps"] for r in runs),
+                     "cpu_sps": statistics.median(r["cpu_sps"] for r in runs),
                      "episodes": statistics.median(r["episodes"] for r in runs),
                      "return_last20pct": statistics.median(r["return_last20pct"]
                                                            for r in runs)})
     rows[1]["sps_ratio"] = ratio(rows[1]["sps"], rows[0]["sps"])
+    rows[1]["cpu_sps_ratio"] = ratio(rows[1]["cpu_sps"], rows[0]["cpu_sps"])
     rows[1]["identical_curves"] = f"{identical}/{args.repeats}"
     for r in rows:
         print(r)
-    body = markdown_table(rows, ["script", "buffer", "sps", "sps_ratio", "episodes",
+    body = markdown_table(rows, ["script", "buffer", "sps", "sps_ratio", "cpu_sps",
+                                 "cpu_sps_ratio", "episodes",
                                  "return_last20pct", "identical_curves"])
     body += (f"\n\nCleanRL 1.2.0 `{args.script}.py` as published, {args.steps} steps, "
              f"learning starts {starts}, seeds {args.seed}..{args.seed + args.repeats - 1}; "
              "the expstore run differs only in the buffer import. sps: the script's own "
-             "`charts/SPS` at the end (median of repeats). identical_curves: runs whose "
+             "`charts/SPS` at the end (median of repeats); cpu_sps: steps per CPU second of "
+             "the whole run (all threads, startup included; robust to other load on the "
+             "machine). identical_curves: runs whose "
              "episodic returns (step and value of every episode) equal the sb3 run with the "
              "same seed (the buffer draws its batches with np.random like SB3's).")
     write_section(f"CleanRL {args.script}.py: SB3 buffer vs expstore", body,

@@ -81,15 +81,17 @@ def train_pairs(steps: int, sac_steps: int, repeats: int) -> list[dict]:
     rows = []
     for name, algo, policy, make_env, kw, sb3_cls, extra, n in cases:
         sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
+        cpu_sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
         for rep in range(repeats):
             for kind in ("sb3", "expstore"):
                 cls = sb3_cls if kind == "sb3" else ExpstoreReplayBuffer
                 fresh = {k: dict(v) if isinstance(v, dict) else v for k, v in kw.items()}
                 model = algo(policy, make_env(), seed=rep, replay_buffer_class=cls,
                              replay_buffer_kwargs=dict(extra) or None, **fresh)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 model.learn(n)
                 sps[kind].append(n / (time.perf_counter() - t0))
+                cpu_sps[kind].append(n / (time.process_time() - c0))
                 if kind == "expstore":
                     model.replay_buffer.close()
                 del model
@@ -97,6 +99,8 @@ def train_pairs(steps: int, sac_steps: int, repeats: int) -> list[dict]:
                "expstore_sps": statistics.median(sps["expstore"]), "steps": n,
                "repeats": repeats}
         row["sps_ratio"] = ratio(row["expstore_sps"], row["sb3_sps"])
+        row["cpu_sps_ratio"] = ratio(statistics.median(cpu_sps["expstore"]),
+                                     statistics.median(cpu_sps["sb3"]))
         print(row, flush=True)
         rows.append(row)
     return rows
@@ -255,10 +259,12 @@ def main() -> None:
              "torch threads 1.")
     if train:
         body += "\n\n" + markdown_table(train, ["case", "sb3_sps", "expstore_sps",
-                                                 "sps_ratio", "steps", "repeats"])
+                                                 "sps_ratio", "cpu_sps_ratio", "steps",
+                                                 "repeats"])
         body += ("\n\nSteps/s of `model.learn(steps)` (medians of repeats, sb3 and expstore "
-                 "alternating, same seed); expstore buffer with its defaults (RAM mirror, "
-                 "temporary store).")
+                 "alternating, same seed); cpu_sps_ratio: the same with process CPU time "
+                 "(all threads) instead of wall time, robust to other load on the machine. "
+                 "expstore buffer with its defaults (RAM mirror, temporary store).")
     write_section("SB3 buffer", body, source=source,
                   extra={"load average (1 min) start/end":
                          f"{load0:.1f} / {os.getloadavg()[0]:.1f}"})
