@@ -144,44 +144,61 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def fill(buf, stream_fn, n, flush):
+    """Add the stream; (us per add, us per add with the final flush)."""
+    t_add = 0.0
+    for args in stream_fn():
+        t0 = time.perf_counter()
+        buf.add(*args)
+        t_add += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if flush:
+        buf.flush()
+    return t_add / n * 1e6, (t_add + time.perf_counter() - t0) / n * 1e6
+
+
 def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
-    rows = []
-    for kind, make in (("sb3", make_sb3), ("expstore", make_es)):
-        adds, flushes, samples, nbytes = [], [], {b: [] for b in batches}, None
-        for rep in range(repeats):
+    """Per repeat: fill both buffers (order alternating), then time ``sample(B)`` calls
+    interleaved one by one (sb3, expstore, sb3, ...) for about a second per batch size, so
+    load from elsewhere on the machine hits both alike."""
+    got = {k: {"add": [], "flush": [], **{b: [] for b in batches}} for k in ("sb3", "expstore")}
+    nbytes = {}
+    for rep in range(repeats):
+        bufs = {}
+        order = ("sb3", "expstore") if rep % 2 == 0 else ("expstore", "sb3")
+        for kind in order:
             url = work / f"{name}-{kind}-{rep}.zarr"
-            buf = make(n, url)
-            t_add = 0.0
-            for args in stream_fn():
-                t0 = time.perf_counter()
-                buf.add(*args)
-                t_add += time.perf_counter() - t0
-            adds.append(t_add / n * 1e6)
-            t0 = time.perf_counter()
-            if kind != "sb3":
-                buf.flush()
-            flushes.append((t_add + time.perf_counter() - t0) / n * 1e6)
-            for b in batches:
-                buf.sample(b)
-                calls, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < 1.0:
-                    buf.sample(b)
-                    calls += 1
-                samples[b].append((time.perf_counter() - t0) / calls * 1e6)
-            if kind == "sb3":
-                nbytes = sum(getattr(buf, a).nbytes for a in
-                             ("observations", "next_observations", "actions", "rewards",
-                              "dones", "timeouts") if hasattr(buf, a)) / n
-            else:
-                buf.flush()
-                nbytes = du(url) / n
-                buf.close()
-            del buf
-        row = {"case": name, "buffer": kind, "add_us": statistics.median(adds),
-               "add_flush_us": statistics.median(flushes),
-               "bytes_per_transition": round(nbytes)}
+            bufs[kind] = (make_sb3 if kind == "sb3" else make_es)(n, url)
+            add_us, flush_us = fill(bufs[kind], stream_fn, n, kind == "expstore")
+            got[kind]["add"].append(add_us)
+            got[kind]["flush"].append(flush_us)
         for b in batches:
-            row[f"sample{b}_us"] = statistics.median(samples[b])
+            total = {"sb3": 0.0, "expstore": 0.0}
+            calls, t_end = 0, time.perf_counter() + 1.0
+            while time.perf_counter() < t_end or calls < 5:
+                for kind in ("sb3", "expstore"):
+                    t0 = time.perf_counter()
+                    bufs[kind].sample(b)
+                    total[kind] += time.perf_counter() - t0
+                calls += 1
+            for kind in total:
+                got[kind][b].append(total[kind] / calls * 1e6)
+        ref = bufs["sb3"]
+        nbytes["sb3"] = sum(getattr(ref, a).nbytes for a in
+                            ("observations", "next_observations", "actions", "rewards",
+                             "dones", "timeouts") if hasattr(ref, a)) / n
+        bufs["expstore"].flush()
+        nbytes["expstore"] = du(Path(bufs["expstore"].url)) / n
+        bufs["expstore"].close()
+        del bufs
+    rows = []
+    for kind in ("sb3", "expstore"):
+        g = got[kind]
+        row = {"case": name, "buffer": kind, "add_us": statistics.median(g["add"]),
+               "add_flush_us": statistics.median(g["flush"]),
+               "bytes_per_transition": round(nbytes[kind])}
+        for b in batches:
+            row[f"sample{b}_us"] = statistics.median(g[b])
         rows.append(row)
     base, new = rows
     new["add_ratio"] = ratio(new["add_us"], base["add_us"])
@@ -201,7 +218,7 @@ def main() -> None:
     ap.add_argument("--sac-steps", type=int, default=1_500)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
 
     work = Path(tempfile.mkdtemp(prefix="bench-sb3-"))
     load0 = os.getloadavg()[0]
@@ -213,6 +230,13 @@ def main() -> None:
                                                 device="cpu"),
         lambda n, url: ExpstoreReplayBuffer(n, cp.observation_space, cp.action_space,
                                             device="cpu", url=url, seed=0),
+        lambda: cartpole_stream(n), n, args.repeats, (64, 256), work)
+    results += run_case(
+        "cartpole-nstep3", lambda n, url: NStepReplayBuffer(n, cp.observation_space,
+                                                           cp.action_space, device="cpu",
+                                                           n_steps=3),
+        lambda n, url: ExpstoreReplayBuffer(n, cp.observation_space, cp.action_space,
+                                            device="cpu", url=url, n_steps=3),
         lambda: cartpole_stream(n), n, args.repeats, (64, 256), work)
     results += run_case(
         "cartpole-per", lambda n, url: ReplayBuffer(n, cp.observation_space, cp.action_space,
@@ -248,8 +272,9 @@ def main() -> None:
                                     "sample32_us", "sample256_us", "sample64_ratio",
                                     "sample32_ratio", "sample256_ratio",
                                     "bytes_per_transition", "bytes_ratio"])
-    body += ("\n\nMedians of repeats (fresh buffer each); ratios are expstore / sb3 from "
-             "this run. add_us: one `add` call (1 env); sampleB_us: one `sample(B)` call "
+    body += ("\n\nMedians of repeats (fresh buffers each; sample calls interleaved one by "
+             "one between the two buffers); ratios are expstore / sb3 from this run. "
+             "add_us: one `add` call (1 env); sampleB_us: one `sample(B)` call "
              "(torch tensors, CPU). bytes: sb3 = its numpy arrays; expstore = files of the "
              "store after flush (fsync off, the buffer default). CartPole: SB3 defaults. "
              "Pong: SB3 `optimize_memory_usage=True, handle_timeout_termination=False` vs "
