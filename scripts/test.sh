@@ -16,7 +16,9 @@ if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
   V029=${EXPSTORE_VENV_GYM029:-$VENV-gym029}
   [ -x "$V029/bin/python" ] || "$PY" -c "import sys, venv; venv.create(sys.argv[1], with_pip=True)" "$V029"
   site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
-  site "$PY" > "$(site "$V029/bin/python")/expstore-base-venv.pth"
+  # addsitedir also reads the first venv's own .pth files (the editable expstore install)
+  echo "import site; site.addsitedir(r'$(site "$PY")')" \
+    > "$(site "$V029/bin/python")/expstore-base-venv.pth"
   "$V029/bin/python" -m pip install -q --disable-pip-version-check --dry-run "gymnasium==0.29.1" ".[sb3,gym]"
   "$V029/bin/python" -m pip install -q --disable-pip-version-check --ignore-installed --no-deps \
     "gymnasium==0.29.1"
