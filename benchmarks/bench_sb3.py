@@ -2,13 +2,21 @@
 and bytes per transition, against SB3's own buffer measured in the same run.
 
     python benchmarks/bench_sb3.py [--pong 10000] [--cartpole 20000] [--repeats 3]
+        [--train-steps 10000] [--sac-steps 1500]
 
 Cases: CartPole-v1 (real random-policy steps, SB3 defaults) and ALE Pong frames
 (``frames.load_atari_frames``) as SB3 sees them after ``VecFrameStack(4)`` +
 ``VecTransposeImage``: SB3 with ``optimize_memory_usage=True`` (its most compact mode,
 which needs ``handle_timeout_termination=False``) vs expstore with ``frame_stack=4``.
 Times are medians over repeats; add = one ``add`` call of one env step (building the
-observations is not timed); sample = one ``sample(B)`` call returning torch tensors.
+observations is not timed; the store is written behind the RAM mirror by a background
+thread, and ``add_flush_us`` also counts the final ``flush()``: every step in the store);
+sample = one ``sample(B)`` call returning torch tensors.
+
+Training pairs (``--train-steps``): SB3 DQN on CartPole-v1 (1 env, 4 envs, 3-step returns
+against SB3's ``NStepReplayBuffer``, Dict observations against ``DictReplayBuffer``) and
+SAC / TD3 on Pendulum-v1, each with SB3's buffer and with ours, same seed, alternating;
+steps/s of ``learn()`` (model construction not timed).
 """
 
 from __future__ import annotations
@@ -28,7 +36,74 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import markdown_table, ratio, save_json, write_section  # noqa: E402
 
-from expstore.integrations import ExpstoreReplayBuffer  # noqa: E402
+from expstore.integrations import (  # noqa: E402
+    ExpstoreReplayBuffer,
+    PrioritizedExpstoreReplayBuffer,
+)
+
+
+class _SplitObs(gym.ObservationWrapper):
+    """CartPole with a Dict observation (position / velocity halves)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"x": box, "v": box})
+
+    def observation(self, o):
+        return {"x": o[:2], "v": o[2:]}
+
+
+def train_pairs(steps: int, sac_steps: int, repeats: int) -> list[dict]:
+    """steps/s of SB3 learn() with SB3's buffer and with ours, per case."""
+    from stable_baselines3 import DQN, SAC, TD3
+    from stable_baselines3.common.buffers import NStepReplayBuffer
+    from stable_baselines3.common.env_util import make_vec_env
+
+    dqn = dict(learning_starts=1000, buffer_size=50_000)
+    small = dict(learning_starts=200, buffer_size=50_000, policy_kwargs={"net_arch": [64, 64]})
+    cases = [
+        ("DQN CartPole 1 env", DQN, "MlpPolicy", lambda: make_vec_env("CartPole-v1", 1, seed=0),
+         dqn, None, {}, steps),
+        ("DQN CartPole 4 envs", DQN, "MlpPolicy",
+         lambda: make_vec_env("CartPole-v1", 4, seed=0), dqn, None, {}, steps),
+        ("DQN CartPole n-step 3", DQN, "MlpPolicy",
+         lambda: make_vec_env("CartPole-v1", 1, seed=0), dqn, NStepReplayBuffer,
+         {"n_steps": 3}, steps),
+        ("DQN CartPole Dict obs", DQN, "MultiInputPolicy",
+         lambda: make_vec_env(lambda: _SplitObs(gym.make("CartPole-v1")), 1, seed=0), dqn,
+         None, {}, steps),
+        ("SAC Pendulum", SAC, "MlpPolicy", lambda: make_vec_env("Pendulum-v1", 1, seed=0),
+         small, None, {}, sac_steps),
+        ("TD3 Pendulum", TD3, "MlpPolicy", lambda: make_vec_env("Pendulum-v1", 1, seed=0),
+         small, None, {}, sac_steps),
+    ]
+    rows = []
+    for name, algo, policy, make_env, kw, sb3_cls, extra, n in cases:
+        sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
+        cpu_sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
+        for rep in range(repeats):
+            for kind in ("sb3", "expstore"):
+                cls = sb3_cls if kind == "sb3" else ExpstoreReplayBuffer
+                fresh = {k: dict(v) if isinstance(v, dict) else v for k, v in kw.items()}
+                model = algo(policy, make_env(), seed=rep, replay_buffer_class=cls,
+                             replay_buffer_kwargs=dict(extra) or None, **fresh)
+                t0, c0 = time.perf_counter(), time.process_time()
+                model.learn(n)
+                sps[kind].append(n / (time.perf_counter() - t0))
+                cpu_sps[kind].append(n / (time.process_time() - c0))
+                if kind == "expstore":
+                    model.replay_buffer.close()
+                del model
+        row = {"case": name, "sb3_sps": statistics.median(sps["sb3"]),
+               "expstore_sps": statistics.median(sps["expstore"]), "steps": n,
+               "repeats": repeats}
+        row["sps_ratio"] = ratio(row["expstore_sps"], row["sb3_sps"])
+        row["cpu_sps_ratio"] = ratio(statistics.median(cpu_sps["expstore"]),
+                                     statistics.median(cpu_sps["sb3"]))
+        print(row, flush=True)
+        rows.append(row)
+    return rows
 
 
 def cartpole_stream(n: int, seed: int = 0):
@@ -69,42 +144,65 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def fill(buf, stream_fn, n, flush):
+    """Add the stream; (us per add, us per add with the final flush)."""
+    t_add = 0.0
+    for args in stream_fn():
+        t0 = time.perf_counter()
+        buf.add(*args)
+        t_add += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if flush:
+        buf.flush()
+    return t_add / n * 1e6, (t_add + time.perf_counter() - t0) / n * 1e6
+
+
 def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
-    rows = []
-    for kind, make in (("sb3", make_sb3), ("expstore", make_es)):
-        adds, samples, nbytes = [], {b: [] for b in batches}, None
-        for rep in range(repeats):
+    """Per repeat: fill both buffers (order alternating), then time ``sample(B)`` calls
+    interleaved one by one (sb3, expstore, sb3, ...) for about a second per batch size, so
+    load from elsewhere on the machine hits both alike."""
+    got = {k: {"add": [], "flush": [], **{b: [] for b in batches}} for k in ("sb3", "expstore")}
+    nbytes = {}
+    for rep in range(repeats):
+        bufs = {}
+        order = ("sb3", "expstore") if rep % 2 == 0 else ("expstore", "sb3")
+        for kind in order:
             url = work / f"{name}-{kind}-{rep}.zarr"
-            buf = make(n, url)
-            t_add = 0.0
-            for args in stream_fn():
-                t0 = time.perf_counter()
-                buf.add(*args)
-                t_add += time.perf_counter() - t0
-            adds.append(t_add / n * 1e6)
-            for b in batches:
-                buf.sample(b)
-                calls, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < 1.0:
-                    buf.sample(b)
-                    calls += 1
-                samples[b].append((time.perf_counter() - t0) / calls * 1e6)
-            if kind == "sb3":
-                nbytes = sum(getattr(buf, a).nbytes for a in
-                             ("observations", "next_observations", "actions", "rewards",
-                              "dones", "timeouts") if hasattr(buf, a)) / n
-            else:
-                buf.flush()
-                nbytes = du(url) / n
-                buf.close()
-            del buf
-        row = {"case": name, "buffer": kind, "add_us": statistics.median(adds),
-               "bytes_per_transition": round(nbytes)}
+            bufs[kind] = (make_sb3 if kind == "sb3" else make_es)(n, url)
+            add_us, flush_us = fill(bufs[kind], stream_fn, n, kind == "expstore")
+            got[kind]["add"].append(add_us)
+            got[kind]["flush"].append(flush_us)
         for b in batches:
-            row[f"sample{b}_us"] = statistics.median(samples[b])
+            total = {"sb3": 0.0, "expstore": 0.0}
+            calls, t_end = 0, time.perf_counter() + 1.0
+            while time.perf_counter() < t_end or calls < 5:
+                for kind in ("sb3", "expstore"):
+                    t0 = time.perf_counter()
+                    bufs[kind].sample(b)
+                    total[kind] += time.perf_counter() - t0
+                calls += 1
+            for kind in total:
+                got[kind][b].append(total[kind] / calls * 1e6)
+        ref = bufs["sb3"]
+        nbytes["sb3"] = sum(getattr(ref, a).nbytes for a in
+                            ("observations", "next_observations", "actions", "rewards",
+                             "dones", "timeouts") if hasattr(ref, a)) / n
+        bufs["expstore"].flush()
+        nbytes["expstore"] = du(Path(bufs["expstore"].url)) / n
+        bufs["expstore"].close()
+        del bufs
+    rows = []
+    for kind in ("sb3", "expstore"):
+        g = got[kind]
+        row = {"case": name, "buffer": kind, "add_us": statistics.median(g["add"]),
+               "add_flush_us": statistics.median(g["flush"]),
+               "bytes_per_transition": round(nbytes[kind])}
+        for b in batches:
+            row[f"sample{b}_us"] = statistics.median(g[b])
         rows.append(row)
     base, new = rows
     new["add_ratio"] = ratio(new["add_us"], base["add_us"])
+    new["add_flush_ratio"] = ratio(new["add_flush_us"], base["add_flush_us"])
     for b in batches:
         new[f"sample{b}_ratio"] = ratio(new[f"sample{b}_us"], base[f"sample{b}_us"])
     new["bytes_ratio"] = ratio(new["bytes_per_transition"], base["bytes_per_transition"])
@@ -116,9 +214,11 @@ def main() -> None:
     ap.add_argument("--cartpole", type=int, default=20_000)
     ap.add_argument("--pong", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=10_000)
+    ap.add_argument("--sac-steps", type=int, default=1_500)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from stable_baselines3.common.buffers import ReplayBuffer
+    from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
 
     work = Path(tempfile.mkdtemp(prefix="bench-sb3-"))
     load0 = os.getloadavg()[0]
@@ -130,6 +230,20 @@ def main() -> None:
                                                 device="cpu"),
         lambda n, url: ExpstoreReplayBuffer(n, cp.observation_space, cp.action_space,
                                             device="cpu", url=url, seed=0),
+        lambda: cartpole_stream(n), n, args.repeats, (64, 256), work)
+    results += run_case(
+        "cartpole-nstep3", lambda n, url: NStepReplayBuffer(n, cp.observation_space,
+                                                           cp.action_space, device="cpu",
+                                                           n_steps=3),
+        lambda n, url: ExpstoreReplayBuffer(n, cp.observation_space, cp.action_space,
+                                            device="cpu", url=url, n_steps=3),
+        lambda: cartpole_stream(n), n, args.repeats, (64, 256), work)
+    results += run_case(
+        "cartpole-per", lambda n, url: ReplayBuffer(n, cp.observation_space, cp.action_space,
+                                                    device="cpu"),
+        lambda n, url: PrioritizedExpstoreReplayBuffer(n, cp.observation_space,
+                                                       cp.action_space, device="cpu", url=url,
+                                                       seed=0),
         lambda: cartpole_stream(n), n, args.repeats, (64, 256), work)
     if args.pong:
         from frames import load_atari_frames
@@ -151,20 +265,36 @@ def main() -> None:
         source = f"CartPole-v1 random policy ({args.cartpole} steps)"
     for r in results:
         print(r)
-    body = markdown_table(results, ["case", "buffer", "add_us", "add_ratio", "sample64_us",
+    train = train_pairs(args.train_steps, args.sac_steps, args.repeats) if args.train_steps \
+        else []
+    body = markdown_table(results, ["case", "buffer", "add_us", "add_ratio", "add_flush_us",
+                                    "add_flush_ratio", "sample64_us",
                                     "sample32_us", "sample256_us", "sample64_ratio",
                                     "sample32_ratio", "sample256_ratio",
                                     "bytes_per_transition", "bytes_ratio"])
-    body += ("\n\nMedians of repeats (fresh buffer each); ratios are expstore / sb3 from "
-             "this run. add_us: one `add` call (1 env); sampleB_us: one `sample(B)` call "
+    body += ("\n\nMedians of repeats (fresh buffers each; sample calls interleaved one by "
+             "one between the two buffers); ratios are expstore / sb3 from this run. "
+             "add_us: one `add` call (1 env); sampleB_us: one `sample(B)` call "
              "(torch tensors, CPU). bytes: sb3 = its numpy arrays; expstore = files of the "
              "store after flush (fsync off, the buffer default). CartPole: SB3 defaults. "
              "Pong: SB3 `optimize_memory_usage=True, handle_timeout_termination=False` vs "
-             "expstore `frame_stack=4` (one compressed 84x84 frame per row). torch threads 1.")
+             "expstore `frame_stack=4` (the store holds one compressed 84x84 frame per row; "
+             "at 10,000 steps the RAM mirror, 0.56 GB, is under its 1 GiB default and "
+             "serves the samples); CartPole: RAM mirror (default). "
+             "cartpole-per: PrioritizedExpstoreReplayBuffer against SB3's uniform buffer. "
+             "torch threads 1.")
+    if train:
+        body += "\n\n" + markdown_table(train, ["case", "sb3_sps", "expstore_sps",
+                                                 "sps_ratio", "cpu_sps_ratio", "steps",
+                                                 "repeats"])
+        body += ("\n\nSteps/s of `model.learn(steps)` (medians of repeats, sb3 and expstore "
+                 "alternating, same seed); cpu_sps_ratio: the same with process CPU time "
+                 "(all threads) instead of wall time, robust to other load on the machine. "
+                 "expstore buffer with its defaults (RAM mirror, temporary store).")
     write_section("SB3 buffer", body, source=source,
                   extra={"load average (1 min) start/end":
                          f"{load0:.1f} / {os.getloadavg()[0]:.1f}"})
-    save_json("sb3", results)
+    save_json("sb3", {"buffers": results, "training": train})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   imported from a dataset remembers the dataset's own spaces (exact bounds);
 * :func:`check_space`, :func:`same_layout`.
 
-Spaces are recognised by class name; gymnasium is imported only to build spaces.
+Spaces are matched like ``isinstance``: a subclass of ``gymnasium.spaces.Box`` is a Box
+(:func:`space_kind` walks the class's bases, so gymnasium is imported only to build spaces).
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ from .errors import SpecError
 from .field import Field
 
 LEAF_SPACES = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
+KNOWN_SPACES = (*LEAF_SPACES, "Dict", "Tuple")
+
+
+def space_kind(space: Any) -> str:
+    """The Gymnasium space class ``space`` is an instance of (``"Box"``, ``"Dict"``, ...):
+    the first of its class and bases that is a gymnasium (or gym) space class; for other
+    objects, their own class name."""
+    for cls in type(space).__mro__:
+        if cls.__name__ in KNOWN_SPACES and cls.__module__.split(".")[0] in ("gymnasium", "gym"):
+            return cls.__name__
+    return type(space).__name__
 
 
 class SpecLike(Protocol):
@@ -40,7 +52,7 @@ def fields_from_space(
 
     ``box_bounds=False`` drops Box bounds (observation Boxes: real envs often leave them).
     """
-    name = type(space).__name__
+    name = space_kind(space)
     if name == "Dict":
         out: dict[str, Field] = {}
         for k, sub in space.spaces.items():
@@ -53,7 +65,7 @@ def fields_from_space(
 
 
 def _leaf_field(space: Any, frame_stack: int | None, padding: str, box_bounds: bool) -> Field:
-    name = type(space).__name__
+    name = space_kind(space)
     if name == "Discrete":
         start = int(getattr(space, "start", 0))
         return Field((), np.int64, low=start, high=start + int(space.n) - 1)
@@ -90,7 +102,7 @@ def _compact(a: np.ndarray) -> Any:
 # -- compact JSON (uniform Box bounds as scalars; inf as strings like Spec.to_json) --------
 def space_to_json(space: Any) -> dict[str, Any]:
     """Compact, strict-JSON description of a Box/Discrete/Multi*/Dict/Tuple space."""
-    kind = type(space).__name__
+    kind = space_kind(space)
     if kind == "Dict":
         return {"type": "Dict", "spaces": {str(k): space_to_json(s)
                                            for k, s in space.spaces.items()}}
@@ -159,7 +171,7 @@ def _unbound(v: Any, dt: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 def check_space(space: Any, what: str) -> None:
     """Raise a clear SpecError unless ``space`` is a leaf or one level of Dict/Tuple."""
-    kind = type(space).__name__
+    kind = space_kind(space)
     subs = (list(space.spaces.items()) if kind == "Dict" else
             list(enumerate(space.spaces)) if kind == "Tuple" else None)
     if subs is None:
@@ -168,7 +180,7 @@ def check_space(space: Any, what: str) -> None:
                             "MultiDiscrete, MultiBinary, or a Dict/Tuple of those)")
         return
     for k, sub in subs:
-        sk = type(sub).__name__
+        sk = space_kind(sub)
         if sk not in LEAF_SPACES:
             raise SpecError(f"{what}: {kind} entry {k!r} is a {sk}; expstore stores one level "
                             "of Dict/Tuple whose entries are Box, Discrete, MultiDiscrete or "
@@ -239,7 +251,7 @@ def _leaf_space(f: Field, hint: str | None, stacked: bool) -> Any:
 
 def same_layout(a: Any, b: Any) -> bool:
     """Same space types, keys, shapes and dtypes (bounds may differ)."""
-    ka, kb = type(a).__name__, type(b).__name__
+    ka, kb = space_kind(a), space_kind(b)
     if ka != kb:
         return False
     if ka == "Dict":

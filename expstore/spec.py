@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import SpecError, ValidationError
 from .field import Field
-from .spaces import fields_from_space
+from .spaces import fields_from_space, space_kind
 
 #: Names the store reserves for its own per-row metadata arrays.
 RESERVED = ("_step_id", "_episode_step", "_flags", "index", "weight", "step_id")
@@ -289,4 +289,4 @@ def _refuse_vector_spaces(observation_space: Any, action_space: Any) -> None:
 
 
 def _space_kind(space: Any) -> str:
-    return type(space).__name__
+    return space_kind(space)

@@ -19,4 +19,21 @@ if [ ! -x "$AZURITE" ]; then
     echo "warning: npm not found: the Azure tests will say so" >&2
   fi
 fi
+# gymnasium 0.29 (CleanRL pins gymnasium==0.29.1): the sb3/gym extras must resolve next to it,
+# and the adapter tests run on it. A second venv sees the first one's packages through a .pth
+# file (no second torch install) and holds only gymnasium 0.29.1 itself. Full runs only.
+if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
+  V029=${EXPSTORE_VENV_GYM029:-$VENV-gym029}
+  [ -x "$V029/bin/python" ] || "$PY" -c "import sys, venv; venv.create(sys.argv[1], with_pip=True)" "$V029"
+  site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
+  # addsitedir also reads the first venv's own .pth files (the editable expstore install)
+  echo "import site; site.addsitedir(r'$(site "$PY")')" \
+    > "$(site "$V029/bin/python")/expstore-base-venv.pth"
+  "$V029/bin/python" -m pip install -q --disable-pip-version-check --dry-run "gymnasium==0.29.1" ".[sb3,gym]"
+  "$V029/bin/python" -m pip install -q --disable-pip-version-check --ignore-installed --no-deps \
+    "gymnasium==0.29.1"
+  "$V029/bin/python" -c "import gymnasium; assert gymnasium.__version__ == '0.29.1', gymnasium.__version__"
+  "$V029/bin/python" -m pytest -q -p no:cacheprovider tests/test_sb3.py tests/test_sb3_contract.py \
+    tests/test_torchrl_bridge.py
+fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

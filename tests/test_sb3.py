@@ -131,7 +131,7 @@ def test_dqn_cartpole_buffer_holds_what_sb3_added(tmp_path):
     model = DQN("MlpPolicy", "CartPole-v1", buffer_size=10_000, learning_starts=500,
                 train_freq=5, seed=0, optimize_memory_usage=True,
                 replay_buffer_class=RecordingBuffer,
-                replay_buffer_kwargs={"url": str(url)})
+                replay_buffer_kwargs={"url": str(url), "mirror": False})
     model.learn(2500)
     # SB3's load() rebuilds the buffer from the saved kwargs (same url): it must not take
     # the store's write lease from the buffer still training
@@ -170,11 +170,13 @@ def test_two_envs_one_lane_each_with_wraparound(tmp_path):
     env = make_vec_env("CartPole-v1", n_envs=2, seed=3)
     model = DQN("MlpPolicy", env, buffer_size=1024, learning_starts=200, train_freq=8,
                 seed=3, replay_buffer_class=RecordingBuffer,
-                replay_buffer_kwargs={"url": str(tmp_path / "vec.zarr"), "shard_rows": 64})
+                replay_buffer_kwargs={"url": str(tmp_path / "vec.zarr"), "shard_rows": 64,
+                                      "mirror": False})
     model.learn(2400)
     buf = model.replay_buffer
     assert buf.store.lanes == 2 and buf.n_envs == 2
-    assert buf.store.capacity == 1024 and buf.full
+    # 1.5 x buffer_size rows (+16 per lane), rounded up to whole shards: 1536 + 32 -> 1664
+    assert buf.store.capacity == 1664 and buf.full
     rows_by_lane = {}
     for lane in (0, 1):
         rows_by_lane[lane] = expected_rows(buf.calls, lane, written(buf, lane))
@@ -193,7 +195,7 @@ def test_timeouts_bootstrap_and_handle_timeout_false_means_done(tmp_path):
     for handle, want_done in ((True, 0.0), (False, 1.0)):
         buf = ExpstoreReplayBuffer(400, env.observation_space, env.action_space,
                                    handle_timeout_termination=handle,
-                                   url=tmp_path / f"t{handle}.zarr", seed=0)
+                                   url=tmp_path / f"t{handle}.zarr", seed=0, mirror=False)
         obs = env.reset()
         timeouts = 0
         for _ in range(300):
@@ -221,7 +223,7 @@ def test_timeouts_bootstrap_and_handle_timeout_false_means_done(tmp_path):
 def test_sac_stores_scaled_actions(tmp_path):
     model = SAC("MlpPolicy", "Pendulum-v1", buffer_size=2000, learning_starts=200,
                 batch_size=64, seed=0, replay_buffer_class=RecordingBuffer,
-                replay_buffer_kwargs={"url": str(tmp_path / "sac.zarr")},
+                replay_buffer_kwargs={"url": str(tmp_path / "sac.zarr"), "mirror": False},
                 policy_kwargs={"net_arch": [32, 32]})
     model.learn(300)
     buf = model.replay_buffer
@@ -239,7 +241,7 @@ def test_prioritized_dqn_feeds_td_errors_back(tmp_path):
     model = PrioritizedDQN("MlpPolicy", "CartPole-v1", buffer_size=5000, learning_starts=300,
                            train_freq=8, seed=0, beta_final=1.0,
                            replay_buffer_kwargs={"url": str(tmp_path / "per.zarr"),
-                                                 "alpha": 0.6, "beta": 0.4})
+                                                 "alpha": 0.6, "beta": 0.4, "mirror": False})
     assert isinstance(model.replay_buffer, PrioritizedExpstoreReplayBuffer)
     model.learn(1500)
     buf = model.replay_buffer
@@ -272,7 +274,8 @@ def test_pickle_writes_held_steps_and_reopens(tmp_path):
     import gymnasium as gym
 
     space = gym.spaces.Box(-1, 1, (3,), np.float32)
-    buf = ExpstoreReplayBuffer(256, space, gym.spaces.Discrete(2), url=tmp_path / "p.zarr")
+    buf = ExpstoreReplayBuffer(256, space, gym.spaces.Discrete(2), url=tmp_path / "p.zarr",
+                               mirror=False)
     o = np.zeros((1, 3), np.float32)
     for t in range(10):
         buf.add(o + t, o + t + 1, np.array([t % 2]), np.array([1.0]), np.array([False]), [{}])
@@ -304,7 +307,11 @@ def test_atari_frame_stack_stores_one_frame_per_row(tmp_path):
     """DQN on real ALE Pong with VecFrameStack(4): rows hold single 84x84 frames, and
     sampled stacks equal the (4, 84, 84) observations SB3 added."""
     pytest.importorskip("ale_py")
+    import gymnasium as gym
     from stable_baselines3.common.env_util import make_atari_env
+
+    if "PongNoFrameskip-v4" not in gym.registry:
+        pytest.skip("ALE environments are not registered with this gymnasium")
     from stable_baselines3.common.vec_env import VecFrameStack, VecTransposeImage
 
     env = VecTransposeImage(VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=1,
@@ -343,10 +350,15 @@ def test_cleanrl_style_loop(tmp_path):
     ``real_next_obs`` (final obs of truncated envs): truncations are recovered from the
     broken continuity, stored truncated with their final obs, and sampled as not done."""
     import gymnasium as gym
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    from gymnasium import vector
 
-    envs = SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=20)] * 2,
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    make = [lambda: gym.make("CartPole-v1", max_episode_steps=20)] * 2
+    if hasattr(vector, "AutoresetMode"):  # gymnasium 1.x
+        envs = vector.SyncVectorEnv(make, autoreset_mode=vector.AutoresetMode.SAME_STEP)
+        final_key = "final_obs"
+    else:  # gymnasium 0.29 (CleanRL's pin): same-step autoreset, "final_observation"
+        envs = vector.SyncVectorEnv(make)
+        final_key = "final_observation"
     rb = ExpstoreReplayBuffer(2048, envs.single_observation_space, envs.single_action_space,
                               "cpu", n_envs=2, handle_timeout_termination=False,
                               url=tmp_path / "clean.zarr", seed=0)
@@ -359,7 +371,7 @@ def test_cleanrl_style_loop(tmp_path):
         real_next_obs = next_obs.copy()
         for idx, trunc in enumerate(truncations):
             if trunc:
-                real_next_obs[idx] = infos["final_obs"][idx]
+                real_next_obs[idx] = infos[final_key][idx]
         rb.add(obs, real_next_obs, actions, rewards, terminations, infos)
         n_term += terminations
         n_trunc += truncations & ~terminations
@@ -379,7 +391,8 @@ def test_cleanrl_style_loop(tmp_path):
     np.testing.assert_array_equal(b["next_obs"][b["truncated"]][:, 0] != 0, True)
 
 
-def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path):
+@pytest.mark.parametrize("mirror", [True, False])
+def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path, mirror):
     """Same stream into SB3's DictReplayBuffer and ours: same tensors for the same steps."""
     import gymnasium as gym
     from stable_baselines3.common.buffers import DictReplayBuffer
@@ -388,7 +401,8 @@ def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path):
                                  "room": gym.spaces.Discrete(5)})
     act_space = gym.spaces.MultiDiscrete([3, 4])
     ref = DictReplayBuffer(200, obs_space, act_space, "cpu", n_envs=1)
-    buf = ExpstoreReplayBuffer(200, obs_space, act_space, "cpu", url=tmp_path / "dict.zarr")
+    buf = ExpstoreReplayBuffer(200, obs_space, act_space, "cpu", url=tmp_path / "dict.zarr",
+                               mirror=mirror)
     rng = np.random.default_rng(0)
     o = {"pos": rng.uniform(-1, 1, (1, 3)).astype(np.float32), "room": np.array([0])}
     row_of_step, row = [], 0
@@ -404,7 +418,7 @@ def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path):
         o = n
     steps = np.arange(0, 110, 7)
     want = ref._get_samples(steps)
-    got = buf._get_samples(np.array(row_of_step)[steps])
+    got = buf._get_samples(steps if mirror else np.array(row_of_step)[steps])
     for k in ("pos", "room"):
         assert got.observations[k].shape == want.observations[k].shape
         np.testing.assert_array_equal(got.observations[k].numpy(), want.observations[k].numpy())
@@ -416,7 +430,8 @@ def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path):
     buf.close()
 
 
-def test_n_step_matches_sb3_nstep_buffer(tmp_path):
+@pytest.mark.parametrize("mirror", [True, False])
+def test_n_step_matches_sb3_nstep_buffer(tmp_path, mirror):
     """n_steps=3: same returns, next obs, dones and discounts as SB3's NStepReplayBuffer,
     across terminations and timeouts."""
     import gymnasium as gym
@@ -426,7 +441,7 @@ def test_n_step_matches_sb3_nstep_buffer(tmp_path):
     act = gym.spaces.Discrete(2)
     ref = NStepReplayBuffer(400, space, act, "cpu", n_steps=3, gamma=0.9)
     buf = ExpstoreReplayBuffer(400, space, act, "cpu", url=tmp_path / "n.zarr", n_steps=3,
-                               gamma=0.9)
+                               gamma=0.9, mirror=mirror)
     o = np.zeros((1, 2), np.float32)
     row_of_step, row = [], 0
     for t in range(150):
@@ -440,7 +455,7 @@ def test_n_step_matches_sb3_nstep_buffer(tmp_path):
         o = n if not end else np.full((1, 2), -(t + 1), np.float32)
     steps = np.arange(0, 140)
     want = ref._get_samples(steps)
-    got = buf._get_samples(np.array(row_of_step)[steps])
+    got = buf._get_samples(steps if mirror else np.array(row_of_step)[steps])
     for f in ("observations", "next_observations", "actions", "dones"):
         np.testing.assert_array_equal(getattr(got, f).numpy(), getattr(want, f).numpy(), f)
     for f in ("rewards", "discounts"):

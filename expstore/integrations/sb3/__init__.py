@@ -7,7 +7,8 @@
 Requires ``stable-baselines3`` (``pip install expstore[sb3]``).
 """
 
-from .buffer import ExpstoreReplayBuffer, ExpstoreSamples, sb3_spec
+from .buffer import ExpstoreReplayBuffer
+from .convert import ExpstoreSamples, sb3_spec
 from .per import PrioritizedDQN, PrioritizedExpstoreReplayBuffer
 
 __all__ = [

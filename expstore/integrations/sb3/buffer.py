@@ -2,7 +2,13 @@
 
 ``DQN(..., replay_buffer_class=ExpstoreReplayBuffer, replay_buffer_kwargs={"url": path})``
 works for DQN, SAC, TD3 (and CleanRL-style scripts that build SB3's buffer themselves).
-Each env of the VecEnv writes one lane. Compared with SB3's own buffer:
+Each env of the VecEnv writes one lane. For small fields (vector observations; up to
+1 GiB of RAM) the newest ``buffer_size`` steps per env are also kept in RAM in SB3's own
+layout (:mod:`.mirror`): ``add`` and ``sample`` cost about what SB3's do, ``size()``,
+``pos`` and ``full`` follow SB3's rules, and with ``seed=None`` the batches are the ones
+SB3's buffer would draw; the store is written behind it by a background thread
+(:mod:`.sync`) and is complete after :meth:`~ExpstoreReplayBuffer.flush`. Larger fields
+(images) are sampled from the store. Compared with SB3's own buffer:
 
 - observations are stored once (like ``optimize_memory_usage=True``), and that works with
   ``handle_timeout_termination=True`` too; ``frame_stack=k`` stores one frame per row;
@@ -21,9 +27,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -31,64 +36,49 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 
 from ...errors import SpecError, ValidationError
-from ...field import Field
 from ...rows import FLAG_LAST
-from ...spec import Spec
 from ...store import Store
 from ..step_writer import StepWriter, open_or_create
-
-
-class ExpstoreSamples(NamedTuple):
-    """SB3's ``ReplayBufferSamples`` fields plus importance weights and row ids."""
-
-    observations: Any  # th.Tensor, or dict of tensors for Dict spaces
-    actions: th.Tensor
-    next_observations: Any
-    dones: th.Tensor  # (B, 1) float32, 1 where the transition terminated
-    rewards: th.Tensor  # (B, 1) float32 (n-step discounted sum when n_steps > 1)
-    discounts: th.Tensor | None = None  # (B, 1) gamma^m with n_steps > 1, else None
-    weights: th.Tensor | None = None  # (B, 1) float32 importance weights (1 if uniform)
-    index: np.ndarray | None = None  # (B,) store rows (for update_priorities)
-    step_id: np.ndarray | None = None  # (B,) lane steps of those rows
-
-
-def sb3_spec(observation_space: spaces.Space, action_space: spaces.Space,
-             frame_stack: int | None = None) -> Spec:
-    """The spec an SB3 buffer stores: SB3 keeps Box actions unbounded (SAC/TD3 store the
-    [-1, 1]-scaled action) and float64 actions as float32; VecFrameStack pads with zeros."""
-    if frame_stack:
-        shape = getattr(observation_space, "shape", None) or ()
-        if len(shape) != 3 or shape[0] != frame_stack:
-            raise SpecError(f"frame_stack={frame_stack}: expected a channel-first observation "
-                            f"space of shape ({frame_stack}, H, W) (VecFrameStack + "
-                            f"VecTransposeImage), got {shape}")
-    spec = Spec.from_spaces(observation_space, action_space, frame_stack=frame_stack,
-                            padding="zero")
-    fields = dict(spec.fields)
-    for name in spec.action_names:
-        f = fields[name]
-        if f.dtype.kind == "f":
-            fields[name] = Field(f.shape, np.float32 if f.dtype == np.float64 else f.dtype)
-    return replace(spec, fields=fields)
+from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
+from .mirror import RamMirror
+from .sync import StoreSync
 
 
 class _DoneMarks:
     """Stand-in for SB3's ``dones`` array: ``OffPolicyAlgorithm._setup_learn`` sets
-    ``dones[pos] = True`` to cut the last episode; the store detects that break itself."""
+    ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
+    marks that step truncated (it bootstraps); the store detects the break itself."""
+
+    def __init__(self, mirror: RamMirror | None = None) -> None:
+        self.mirror = mirror
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        pass
+        if self.mirror is not None and bool(np.all(value)):
+            self.mirror.cut(int(np.asarray(key).ravel()[0]))
 
 
-class ExpstoreReplayBuffer(ReplayBuffer):
+#: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
+MIRROR_AUTO_BYTES = 1 << 30
+#: steps copied for the store and not yet written, at most (bytes; at least one buffer)
+SYNC_QUEUE_BYTES = 64 << 20
+
+
+class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     """SB3 replay buffer whose transitions live in an expstore store at ``url``.
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
     store there is reused, its rows included), an open :class:`~expstore.Store`, or ``None``
-    for a temporary directory removed with the buffer. Capacity is ``buffer_size`` rows
-    (rounded up; one extra row per finished episode holds its final observation).
+    for a temporary directory removed with the buffer. The store's capacity is 1.5 x
+    ``buffer_size`` rows (rounded up), so that final rows of episodes and whole-shard
+    eviction still leave ``buffer_size`` transitions in it.
+    ``mirror``: keep the newest ``buffer_size`` steps per env in RAM in SB3's layout and
+    sample from there (``add``/``sample`` cost about what SB3's do); the store is written
+    behind it by a background thread, ``chunk`` steps at a time, and is complete after
+    :meth:`flush`. ``None`` (default): mirror when it takes at most 1 GiB
+    (:data:`MIRROR_AUTO_BYTES`); otherwise batches are read from the store.
     ``fsync=False``: commits are atomic but not forced to disk (a training buffer).
-    ``seed``: sampling seed (default: drawn from ``np.random``, which SB3 seeds).
+    ``seed``: sampling seed; ``None`` (default) draws from ``np.random`` (which SB3 seeds)
+    with the same calls as SB3's ``ReplayBuffer``, so the same seed gives the same batches.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
@@ -98,7 +88,8 @@ class ExpstoreReplayBuffer(ReplayBuffer):
                  n_steps: int = 1, gamma: float = 0.99, frame_stack: int | None = None,
                  shard_rows: int | None = None, overwrite: bool = False,
                  storage_options: dict[str, Any] | None = None, fsync: bool = False,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, mirror: bool | None = None,
+                 chunk: int | None = None) -> None:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device,
                             n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
@@ -108,25 +99,57 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         self.gamma = float(gamma)
         self.frame_stack = frame_stack
         self.spec = sb3_spec(observation_space, action_space, frame_stack)
-        self.dones = _DoneMarks()
-        self._options = dict(capacity=int(buffer_size), lanes=n_envs, shard_rows=shard_rows,
+        capacity = int(self.buffer_size * n_envs * 3 // 2) + 16 * n_envs
+        self._options = dict(capacity=capacity, lanes=n_envs, shard_rows=shard_rows,
                              storage_options=storage_options, fsync=fsync)
         self._tmpdir: str | None = None
         self._url_arg = url
         self.url = url.url if isinstance(url, Store) else url
         self._overwrite = overwrite
         self._seed = seed
+        # seed=None: uniform draws use np.random exactly as SB3's ReplayBuffer does (same
+        # calls, same order), so a seeded run samples the very batches SB3's buffer would
+        self._rng: np.random.Generator | None = (
+            None if seed is None else np.random.default_rng(seed))
         self._store: Any = None
+        self._sync: StoreSync | None = None
         self.last_batch: dict[str, np.ndarray] | None = None
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
+        self._mirror = self._make_mirror(mirror)
+        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size))
+        self._submitted = 0  # adds handed to the store so far
+        self._bind_mirror()
+        if self._mirror is not None:
+            # the store opens at the first chunk, inside the training loop: import its
+            # libraries now (about a second) rather than then
+            import zarr  # noqa: F401
+        if self._mirror is not None and url is not None and not overwrite:
+            if self._store_exists(url):
+                self._fill_mirror()
+
+    def _make_mirror(self, mirror: bool | None) -> RamMirror | None:
+        single_action = self.spec.structure["action"]["kind"] == "single"
+        need = RamMirror.nbytes_for(self.spec, self.buffer_size, self.n_envs)
+        if mirror is None:
+            mirror = single_action and need <= MIRROR_AUTO_BYTES
+        if mirror and not single_action:
+            raise SpecError("mirror=True: the RAM mirror needs a single (non-Dict) action "
+                            "space; use mirror=False")
+        return RamMirror(self.spec, self.buffer_size, self.n_envs) if mirror else None
+
+    @property
+    def mirrored(self) -> bool:
+        """Whether batches come from the RAM mirror (else from the store)."""
+        return self._mirror is not None
 
     # -- store lifecycle -------------------------------------------------------------------
     # The store opens on first use, not here: SB3's ``load()`` rebuilds the buffer from the
     # saved kwargs, and a model loaded only to act must not take the store's write lease.
     @property
     def store(self) -> Any:
-        """The :class:`~expstore.Store` (opened for writing on first use)."""
+        """The :class:`~expstore.Store` (opened for writing on first use). With a mirror,
+        steps reach it in chunks: call :meth:`flush` first to see all of them."""
         if self._store is None:
             self._open()
         return self._store
@@ -140,6 +163,18 @@ class ExpstoreReplayBuffer(ReplayBuffer):
     def sampler(self) -> Any:
         self.store  # noqa: B018  (opens)
         return self._sampler
+
+    def _store_exists(self, url: Any) -> bool:
+        if isinstance(url, Store):
+            return True
+        from ...storage.backends import backend_for
+        from ...storage.layout import read_layout
+
+        try:
+            read_layout(backend_for(os.fspath(url), self._options["storage_options"]))
+        except FileNotFoundError:
+            return False
+        return True
 
     def _check_existing(self, url: Any) -> None:
         """Fail now, naming the differences, if a store at ``url`` cannot serve this buffer."""
@@ -166,61 +201,229 @@ class ExpstoreReplayBuffer(ReplayBuffer):
         self._store = open_or_create(url, self.spec, overwrite=self._overwrite, **self._options)
         self._overwrite = False
         self._writer = StepWriter(self._store)
+        if self._mirror is not None:
+            step_bytes = max(self._mirror.nbytes // self._mirror.size, 1)
+            self._sync = StoreSync(self._writer, self.n_envs,
+                                   max(self._mirror.size, SYNC_QUEUE_BYTES // step_bytes))
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
-                                           self._tmpdir)
-        seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
-        self._sampler = self._make_sampler(seed)
+                                           self._tmpdir, self._sync)
+        self._sampler = None if self._mirror is not None else self._make_sampler(
+            self._seed if self._seed is not None else int(np.random.randint(2**31 - 1)))
 
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.uniform import UniformSampler
 
         return UniformSampler(self.store, n_step=self.n_steps, gamma=self.gamma, seed=seed)
 
+    def _fill_mirror(self) -> None:
+        """Load the newest transitions of the store at ``url`` into the mirror (the same
+        number from every lane, at most ``buffer_size``)."""
+        store, m = self.store, self._mirror
+        assert m is not None
+        idx = store.index
+        per_lane = []
+        for lane in range(store.lanes):
+            lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
+            rows = idx.lane_rows(lane, np.arange(lo, hi))
+            per_lane.append(rows[idx.valid(rows, store.history, 1)])
+        k = min(min(len(r) for r in per_lane), self.buffer_size)
+        if k == 0:
+            return
+        got = [store.transitions(r[len(r) - k:]) for r in per_lane]
+        for t in range(k):
+            step = {}
+            for name in list(m.arrays):
+                key = "next_obs" + name[8:] if name.startswith("next_") else name
+                if key not in got[0]:
+                    continue
+                step[name] = np.stack([g[key][t] for g in got])
+            m.put(step)
+        self._submitted = m.adds  # already in the store
+        self.pos, self.full = m.pos, m.full
+
+    def _submit(self) -> None:
+        """Hand the steps added since the last chunk to the background writer."""
+        m = self._mirror
+        assert m is not None
+        if m.adds > self._submitted:
+            self.store  # noqa: B018  (opens; starts the writer thread)
+            assert self._sync is not None
+            self._sync.submit(m.window(max(self._submitted, m.adds - m.size), m.adds))
+            self._submitted = m.adds
+
     def flush(self) -> None:
         """Commit written rows to storage (the newest step per env stays held)."""
+        if self._mirror is not None and self._mirror.adds > self._submitted:
+            self._submit()
         if self._store is not None:
+            if self._sync is not None:
+                self._sync.wait()
             self._store.flush()
 
     def close(self) -> None:
         """Write held steps (unfinished episodes end truncated), flush, release the store
         (and its write lease). Using the buffer again reopens it."""
+        if self._mirror is not None and self._mirror.adds > self._submitted:
+            self._submit()
         if self._store is not None:
             self._finalizer()
-            self._store = None
+            self._store, self._sync = None, None
 
     def reset(self) -> None:
         """Empty the buffer: the store at ``url`` is recreated (on next use)."""
         if self._store is not None:
             self._finalizer.detach()
-            if hasattr(self._sampler, "close"):
+            if self._sync is not None:
+                self._sync.stop()
+            if getattr(self._sampler, "close", None):
                 self._sampler.close()
-            _close(None, self._store, None)
-            self._store = None
+            _close(None, self._store, None, None)
+            self._store, self._sync = None, None
+        if self._mirror is not None:
+            per = getattr(self._mirror, "tree", None) is not None
+            self._mirror = RamMirror(self.spec, self.buffer_size, self.n_envs)
+            self._bind_mirror()
+            if per:
+                self._enable_priorities()
+        self._submitted = 0
         self._overwrite = True
         self.pos, self.full = 0, False
 
+    def _enable_priorities(self) -> None:
+        pass
+
+    # -- pickling and copies ---------------------------------------------------------------
+    _TRANSIENT = ("_store", "_writer", "_sampler", "_finalizer", "_sync", "last_batch",
+                  "_mirror_arrays", "_a_terminated", "_a_truncated", "dones")
+
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle (``save_replay_buffer``): the url and settings only. Held steps are written
-        first (their episodes end truncated) and rows flushed, so a loaded copy sees all."""
-        if self._store is not None:
+        """Pickle (``save_replay_buffer``). Every added step is written to the store first
+        and flushed (held steps end truncated). The pickle carries the url and, with a RAM
+        mirror, the mirror itself; a buffer on a temporary store (``url=None``) needs the
+        mirror, because its store goes with it."""
+        if self._store is not None or (self._mirror is not None
+                                       and self._mirror.adds > self._submitted):
+            self.flush()
             self._writer.end()
             self._store.flush()
-        state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_store", "_writer", "_sampler", "_finalizer", "last_batch")}
+        if self._tmpdir is not None and self._mirror is None:
+            raise ValidationError(
+                "cannot pickle a buffer on a temporary store (url=None) without a RAM "
+                "mirror: the store is removed with the buffer; give url= a lasting path")
+        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
         state["_url_arg"] = self.url
+        state["_owned"] = self._tmpdir is not None or self.url is None
         state["_tmpdir"] = None  # a temporary store stays owned by the buffer that made it
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        owned = state.pop("_owned", False)
         self.__dict__.update(state)
-        self._store = None
-        self.last_batch = None
+        self._store, self._sync, self.last_batch = None, None, None
+        self._bind_mirror()
+        if owned:  # a fresh temporary store, written from the mirror
+            self._url_arg = self.url = None
+            self._overwrite = False
+            self._submitted = max(0, self._mirror.adds - self._mirror.size)
+        elif not self._store_exists(self._url_arg):
+            raise FileNotFoundError(
+                f"{self._url_arg}: the replay buffer's store is missing (moved or deleted "
+                f"since the buffer was saved); put it back at that path, or build a new "
+                f"buffer on the store's new url")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ExpstoreReplayBuffer:
+        """A copy writes its own temporary store (from the mirror); two buffers never write
+        one store. Without a mirror there is nothing in RAM to copy from: refused."""
+        if self._mirror is None:
+            raise TypeError("cannot copy an ExpstoreReplayBuffer that samples from its store "
+                            "(mirror=False): two buffers would write one store; build a "
+                            "second buffer on another url")
+        import copy
+
+        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__.update(copy.deepcopy(state, memo))
+        new.__setstate__({**new.__dict__, "_owned": True, "_tmpdir": None})
+        return new
 
     # -- SB3 contract ----------------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: Any) -> None:
         """One step of every env (leading axis ``n_envs``); ``next_obs`` is the real next
         (terminal) observation, as ``OffPolicyAlgorithm._store_transition`` passes it."""
+        m = self._mirror
+        if m is None:
+            return self._add_to_store(obs, next_obs, action, reward, done, infos)
+        if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
+            timeout = np.array([i.get("TimeLimit.truncated", False) for i in infos], bool)
+        else:
+            timeout = False
+        pos = m.adds % m.size
+        a = self._mirror_arrays
+        term, trunc = self._a_terminated, self._a_truncated
+        try:  # SB3's shapes: plain assignments, as SB3's own add does
+            if not self._plain_obs:
+                raise ValueError
+            a["obs"][pos] = obs
+            a["next_obs"][pos] = next_obs
+            a["action"][pos] = action
+            a["reward"][pos] = reward
+            term[pos] = done
+        except (ValueError, TypeError):  # other shapes: reshaped, or refused naming the field
+            for name, value in self._flat_obs(obs, "").items():
+                self._put(name, pos, value)
+            for name, value in self._flat_obs(next_obs, "next_").items():
+                self._put(name, pos, value)
+            self._put("action", pos, action)
+            self._put("reward", pos, reward)
+            self._put("terminated", pos, done)
+        if timeout is not False:
+            trunc[pos] = timeout & term[pos]
+            term[pos] &= ~trunc[pos]
+        else:
+            trunc[pos] = False
+        if self.frame_stack:
+            self._check_frames(obs, next_obs)
+        m.step_at[pos] = m.adds
+        m.adds += 1
+        self.pos = m.adds % m.size
+        self.full = m.adds >= m.size
+        if m.adds - self._submitted >= self._chunk:
+            self._submit()
+
+    def _put(self, name: str, pos: int, value: Any) -> None:
+        """``mirror[name][pos] = value`` (leading axis ``n_envs``), reshaped if it has to
+        be; a value that does not fit raises naming the field."""
+        target = self._mirror_arrays[name]
+        try:
+            target[pos] = value
+        except (ValueError, TypeError):
+            shape = target.shape[1:]
+            try:
+                target[pos] = np.asarray(value).reshape(shape)
+            except (ValueError, TypeError) as e:
+                raise ValidationError(
+                    f"{name}: expected {shape} ({target.dtype}) for {self.n_envs} env(s), got "
+                    f"{np.shape(value)} ({np.asarray(value).dtype}): {e}") from None
+
+    def _bind_mirror(self) -> None:
+        """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
+        m = self._mirror
+        self.dones = _DoneMarks(m)
+        if m is None:
+            return
+        self._mirror_arrays = m.arrays
+        self._a_terminated, self._a_truncated = m.arrays["terminated"], m.arrays["truncated"]
+        self._plain_obs = self.spec.structure["obs"]["kind"] == "single" and not self.frame_stack
+
+    def _flat_obs(self, obs: Any, pre: str) -> dict[str, Any]:
+        if isinstance(obs, dict):
+            return {f"{pre}obs.{k}": np.asarray(v).reshape(self.n_envs, *self._field(f"obs.{k}", v))
+                    for k, v in obs.items()}
+        return {pre + "obs": np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))}
+
+    def _add_to_store(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
+                      done: np.ndarray, infos: Any) -> None:
         n = self.n_envs
         done = np.asarray(done).reshape(n).astype(bool)
         timeout = np.zeros(n, bool)
@@ -241,103 +444,78 @@ class ExpstoreReplayBuffer(ReplayBuffer):
 
     def sample(self, batch_size: int, env: Any = None) -> ExpstoreSamples:
         """``batch_size`` transitions as torch tensors on ``self.device``."""
-        batch = self.sampler.sample(batch_size)
-        self.last_batch = batch
-        return self._to_samples(batch, env)
+        m = self._mirror
+        if m is None:
+            batch = self.sampler.sample(batch_size)
+            self.last_batch = batch
+            return self._to_samples(batch, env)
+        if m.tree is not None:
+            if self._rng is None:  # drawn once, from np.random (which SB3 seeds)
+                self._rng = np.random.default_rng(int(np.random.randint(2**31 - 1)))
+            inds, envs, weights = m.draw_prioritized(batch_size, self._rng)
+        else:
+            upper = m.filled()
+            if upper == 0:
+                raise ValidationError("sample: the buffer is empty; add transitions first")
+            if self._rng is None:
+                inds = np.random.randint(0, upper, size=batch_size)
+            else:
+                inds = self._rng.integers(0, upper, batch_size)
+            envs = self._draw_envs(batch_size)
+            weights = None
+        return self._mirror_samples(inds, envs, weights, env)
+
+    def _draw_envs(self, n: int) -> np.ndarray:
+        if self._rng is None:
+            return np.random.randint(0, high=self.n_envs, size=(n,))
+        return self._rng.integers(0, self.n_envs, n)
+
+    def _mirror_samples(self, inds: np.ndarray, envs: np.ndarray, weights: Any,
+                        env: Any) -> ExpstoreSamples:
+        assert self._mirror is not None
+        norm = None if env is None else (lambda r: self._normalize_reward(r, env))
+        b = self._mirror.gather(inds, envs, self.n_steps, self.gamma, norm)
+        b["weight"] = weights
+        self.last_batch = b
+        return self._to_samples(b, env, rewards_normalized=True)
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> None:
         """Feed ``|TD error|`` of sampled rows back (no-op for uniform sampling)."""
-        if getattr(self.sampler, "prioritized", False):
+        m = self._mirror
+        if m is not None:
+            if m.tree is not None:
+                m.update_priorities(index, td_error, step_id)
+        elif getattr(self.sampler, "prioritized", False):
             self.sampler.update_priorities(index, td_error, step_id)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ExpstoreSamples:
-        """Transitions starting at store rows ``batch_inds``."""
+        """Transitions at ``batch_inds``: buffer positions (random envs) with a mirror,
+        store rows without."""
+        if self._mirror is not None:
+            inds = np.asarray(batch_inds, np.int64)
+            envs = self._draw_envs(len(inds))
+            return self._mirror_samples(inds, envs, None, env)
         return self._to_samples(self.store.transitions(batch_inds, self.n_steps, self.gamma),
                                 env)
 
     def size(self) -> int:
-        """Transitions held per env (final rows of episodes not counted)."""
+        """Transitions held per env: every added step (the newest included), at most
+        ``buffer_size``; without a mirror, the store's (final rows of episodes not counted)."""
+        if self._mirror is not None:
+            return self._mirror.filled()
         idx = self.store.index
         total = 0
         for lane in range(self.store.lanes):
             lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
             rows = idx.lane_rows(lane, np.arange(lo, hi))
             total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
-        return total // self.n_envs
+        return min(total // self.n_envs, self.buffer_size)
 
-    # -- conversions -----------------------------------------------------------------------
-    def _shape_obs(self, obs: Any) -> Any:
-        if isinstance(obs, dict):
-            return {k: np.asarray(v).reshape(self.n_envs, *self._field(f"obs.{k}", v))
-                    for k, v in obs.items()}
-        return np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))
-
-    def _field(self, name: str, value: Any) -> tuple[int, ...]:
-        f = self.spec.fields.get(name)
-        if f is None:
-            return np.shape(value)[1:]
-        if f.stack and np.size(value) == self.n_envs * f.stack * int(np.prod(f.shape)):
-            return (f.stack, *f.shape)
-        return f.shape
-
-    def _shape_action(self, action: Any) -> Any:
-        if self.spec.structure["action"]["kind"] != "single":
-            return action
-        return np.asarray(action).reshape(self.n_envs, *self.spec.fields["action"].shape)
-
-    def _check_frames(self, obs: Any, next_obs: Any) -> None:
-        for name, o in self.spec.flatten("obs", obs).items():
-            if not self.spec.fields[name].stack:
-                continue
-            nx = self.spec.flatten("obs", next_obs)[name]
-            if o.ndim >= 2 and not np.array_equal(np.asarray(nx)[:, :-1], np.asarray(o)[:, 1:]):
-                raise ValidationError(
-                    f"{name}: frame_stack={self.frame_stack} expects next_obs[:, :-1] == "
-                    "obs[:, 1:] (a channel-first stack, newest frame last); got stacks that "
-                    "do not shift by one frame")
-
-    def _to_samples(self, b: dict[str, np.ndarray], env: Any) -> ExpstoreSamples:
-        B = len(b["reward"])
-        obs, nxt = self._batch_obs(b, "obs"), self._batch_obs(b, "next_obs")
-        if self.spec.structure["action"]["kind"] == "single":
-            act = b["action"].reshape(B, -1)
-        else:
-            act = np.concatenate([b[n].reshape(B, -1) for n in self.spec.action_names], axis=1)
-        t = self._tensor
-        disc = None
-        if self.n_steps > 1:
-            disc = t((self.gamma ** b["horizon"].astype(np.float64)).astype(np.float32)[:, None])
-        return ExpstoreSamples(
-            observations=_map(t, self._normalize_obs(obs, env)),
-            actions=t(act),
-            next_observations=_map(t, self._normalize_obs(nxt, env)),
-            dones=t(b["terminated"].astype(np.float32).reshape(B, 1)),
-            rewards=t(self._normalize_reward(b["reward"].astype(np.float32).reshape(B, 1), env)),
-            discounts=disc,
-            weights=t(b["weight"].astype(np.float32).reshape(B, 1)),
-            index=b["index"],
-            step_id=b["step_id"],
-        )
-
-    def _batch_obs(self, b: dict[str, np.ndarray], prefix: str) -> Any:
-        st = self.spec.structure["obs"]
-        if st["kind"] == "single":
-            v = b[prefix]
-            return v.reshape(len(v), *self.obs_shape)
-        shapes = self.obs_shape if isinstance(self.obs_shape, dict) else {}
-        return {k: (v := b[f"{prefix}.{k}"]).reshape(len(v), *shapes.get(k, v.shape[1:]))
-                for k in st["keys"]}
-
-    def _tensor(self, a: np.ndarray) -> th.Tensor:
-        return th.as_tensor(np.ascontiguousarray(a), device=self.device)
-
-
-def _map(fn: Any, x: Any) -> Any:
-    return {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
-
-
-def _close(writer: StepWriter | None, store: Any, tmpdir: str | None) -> None:
+def _close(writer: StepWriter | None, store: Any, tmpdir: str | None,
+           sync: StoreSync | None) -> None:
     try:
+        if sync is not None:
+            sync.stop()
         if writer is not None and tmpdir is None:
             writer.end()
     finally:

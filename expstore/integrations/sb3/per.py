@@ -15,15 +15,19 @@ import torch as th
 from stable_baselines3 import DQN
 from torch.nn import functional as F
 
+from ...sampling.by_priority import BetaSchedule
 from .buffer import ExpstoreReplayBuffer
+from .mirror import RamMirror
 
 
 class PrioritizedExpstoreReplayBuffer(ExpstoreReplayBuffer):
     """:class:`ExpstoreReplayBuffer` sampling by priority (``(|δ| + eps) ** alpha``).
 
     ``beta`` is the importance-sampling exponent (``beta_final``/``beta_steps``: linear
-    annealing per batch, see :class:`~expstore.PrioritizedSampler`). Priorities are saved
-    with the store on flush and reloaded when the store is reopened.
+    annealing per batch, see :class:`~expstore.PrioritizedSampler`). With the RAM mirror,
+    priorities live in a sum-tree over the mirror's transitions (index = ``pos * n_envs +
+    env``) and travel with the buffer's pickle; without it they are saved with the store
+    on flush and reloaded when the store is reopened.
     """
 
     def __init__(self, *args: Any, alpha: float = 0.6, beta: float = 0.4,
@@ -33,6 +37,17 @@ class PrioritizedExpstoreReplayBuffer(ExpstoreReplayBuffer):
                          beta_steps=beta_steps, eps=eps)
         super().__init__(*args, **kwargs)
 
+    def _make_mirror(self, mirror: bool | None) -> RamMirror | None:
+        m = super()._make_mirror(mirror)
+        if m is not None:
+            self._enable_priorities(m)
+        return m
+
+    def _enable_priorities(self, m: RamMirror | None = None) -> None:
+        p = self._per
+        (m or self._mirror).enable_priorities(  # type: ignore[union-attr]
+            p["alpha"], p["eps"], BetaSchedule(p["beta"], p["beta_final"], p["beta_steps"]))
+
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.prioritized import PrioritizedSampler
 
@@ -41,9 +56,10 @@ class PrioritizedExpstoreReplayBuffer(ExpstoreReplayBuffer):
 
     def set_beta(self, beta: float) -> None:
         """Use ``beta`` for the next batches (constant until set again)."""
-        from ...sampling.prioritized import BetaSchedule
-
-        self.sampler.beta_schedule = BetaSchedule(float(beta))
+        if self._mirror is not None:
+            self._mirror.schedule = BetaSchedule(float(beta))
+        else:
+            self.sampler.beta_schedule = BetaSchedule(float(beta))
 
 
 class PrioritizedDQN(DQN):
