@@ -26,8 +26,9 @@ class S3Backend(FsspecBackend):
     :class:`~expstore.storage.backends.retry.RetryPolicy`.
 
     botocore's own retries default to none (``config_kwargs["retries"] =
-    {"total_max_attempts": 1}``) so that the policy alone paces retries; set it in
-    ``storage_options`` to override.
+    {"total_max_attempts": 1}``) so that the policy alone paces retries, and its connection
+    pool to ``max(max_concurrency, max_uploads)`` connections (botocore's default of 10
+    would cap the requests in flight); set either in ``storage_options`` to override.
     """
 
     pins_versions = True
@@ -46,6 +47,8 @@ class S3Backend(FsspecBackend):
         opts = super()._fs_options()
         ck = dict(opts.get("config_kwargs") or {})
         ck.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        # botocore's pool (10 connections by default) would cap the requests in flight
+        ck.setdefault("max_pool_connections", max(self.max_concurrency, self.max_uploads))
         opts["config_kwargs"] = ck
         return opts
 
