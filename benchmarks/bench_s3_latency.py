@@ -17,9 +17,10 @@ local disk). Workers' decoded-row caches are limited to ``--cache-bytes`` each (
 RAM, frames keep coming from storage: without a shard cache, each warm batch's frames are
 ranged GETs.
 
-**Actor** (one process, ``store.add`` per step, 48k steps of real frames, capacity 1M so
-shards have the default 4,096 rows): transitions/s including the final flush, with the
-shard objects of a flush uploaded one at a time (``max_uploads=1``) and concurrently (16).
+**Actor** (one process, ``store.add`` per step, 48k steps of real frames, capacity 1M,
+shards of 4,096 rows (the default there) and 8,192): transitions/s including the final
+flush, with the shard objects of a flush uploaded one at a time (``max_uploads=1``) and
+concurrently (16).
 Writes section "S3 with latency" of benchmarks/RESULTS.md and results/s3_latency.json.
 """
 
@@ -92,9 +93,9 @@ def run_loader(url: str, so: dict | None, proxy: LatencyProxy | None, args: Any
 
 
 def run_actor(url: str, so: dict, data: dict, steps: int, uploads: int,
-              proxy: LatencyProxy) -> dict[str, float]:
+              proxy: LatencyProxy, shard_rows: int | None) -> dict[str, float]:
     store = es.create(url, spec_for_frames(), capacity=1_000_000, storage_options=so,
-                      overwrite=True)
+                      shard_rows=shard_rows, overwrite=True)
     store.backend.max_uploads = uploads
     fr, valid = data["frames"], np.flatnonzero(data["valid"])
     act, rew = data["actions"], data["rewards"]
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--cache-bytes", type=int, default=16 << 20,
                     help="decoded-row cache per worker (bytes)")
     ap.add_argument("--actor-steps", type=int, default=48000)
+    ap.add_argument("--actor-shard-rows", type=int, nargs="+", default=[4096, 8192],
+                    help="shard rows of the actor's store (4096: the default at 1M rows)")
+    ap.add_argument("--skip-loader", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-actor", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print, do not touch RESULTS.md")
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
             fill(local_url, data, None)
             fill(s3_url, data, moto.storage_options)  # filled without the delay
             runs: dict[str, list[dict]] = {"local": [], "s3": [], "s3 + shard cache": []}
-            for rep in range(args.repeats):
+            for rep in range(0 if args.skip_loader else args.repeats):
                 runs["local"].append(run_loader(local_url, None, None, args))
                 runs["s3"].append(run_loader(s3_url, so, proxy, args))
                 cache = {"path": str(Path(tmp) / f"cache{rep}"), "max_bytes": 4 << 30}
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
                     run_loader(s3_url, {**so, "shard_cache": cache}, proxy, args))
             results["loader"] = runs
             base = med(runs["local"], "warm_bps")
-            for case, r in runs.items():
+            for case, r in runs.items() if not args.skip_loader else ():
                 rows.append({
                     "case": case,
                     "cold batches/s": med(r, "cold_bps"),
@@ -168,18 +172,21 @@ def main(argv: list[str] | None = None) -> dict:
                 })
             actor_rows = []
             if not args.skip_actor:
-                actor: dict[int, list[dict]] = {1: [], 16: []}
+                actor: dict[str, list[dict]] = {}
                 for rep in range(args.repeats):
-                    for up in (1, 16):
-                        actor[up].append(run_actor(f"s3://bench/actor{rep}-{up}.zarr", so,
-                                                   data, args.actor_steps, up, proxy))
+                    for sr in args.actor_shard_rows:
+                        for up in (1, 16):
+                            actor.setdefault(f"{sr} {up}", []).append(run_actor(
+                                f"s3://bench/actor{rep}-{sr}-{up}.zarr", so, data,
+                                args.actor_steps, up, proxy, sr))
                 results["actor"] = actor
-                for up, r in actor.items():
-                    actor_rows.append({"uploads in flight": up,
+                for key, r in actor.items():
+                    sr, up = key.split()
+                    actor_rows.append({"shard rows": int(sr), "uploads in flight": int(up),
                                        "transitions/s": med(r, "tps"),
-                                       "vs one at a time": med(r, "tps") / med(actor[1], "tps"),
-                                       "requests": med(r, "requests"),
-                                       "shard rows": med(r, "shard_rows")})
+                                       "vs one at a time": med(r, "tps") / med(
+                                           actor[f"{sr} 1"], "tps"),
+                                       "requests": med(r, "requests")})
     results["rows"], results["actor_rows"] = rows, actor_rows
     cols = ["case", "cold batches/s", "cold requests/batch", "cold KiB/batch", "warm batches/s",
             "warm vs local", "warm requests/batch", "warm KiB/batch"]
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"Learner: `make_loader`, 2 workers, batch {args.batch}, uniform, stacked 84x84 frames; "
         f"every S3 request held {ms:.0f} ms by the proxy.\n\n{table}\n\n"
         f"Actor: one process, `store.add` per step, {args.actor_steps:,} steps, capacity 1M "
-        f"(default shard rows), {ms:.0f} ms per request.\n\n{atable}\n\n"
+        f"(4,096 shard rows is the default there), {ms:.0f} ms per request.\n\n{atable}\n\n"
         f"Medians of {args.repeats} repeats. Cold = the first {args.cold} batches of a fresh "
         f"loader (and an empty shard cache); warm = after {args.warmup} batches. Workers' "
         f"decoded-row caches are {args.cache_bytes >> 20} MiB each (an eighth of this store's "
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         "not AWS; local is the same store on local disk in the same run.")
     print(table)
     print(atable)
-    if not args.no_write:
+    if not (args.no_write or args.skip_loader or args.skip_actor):  # a whole section only
         load = f"{load_before:.1f} / {os.getloadavg()[0]:.1f} (1-min, before / after)"
         results["load_average"] = load
         write_section("S3 with latency", body, command=command_line(),
