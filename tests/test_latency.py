@@ -76,9 +76,9 @@ def test_proxy_stops_by_itself_and_refuses_bad_delays(s3_server):
 
 # -- concurrent uploads -------------------------------------------------------------------
 def test_flush_uploads_a_shards_objects_concurrently(slow_s3):
-    """A flush of one shard writes 8 objects (5 fields + 3 row arrays) and a lane state.
-    Uploaded one at a time (``max_uploads=1``) that is 8 request delays before the state;
-    concurrently, one."""
+    """A flush of one shard writes one object per field (10 here: 7 fields, 3 row arrays)
+    and a lane state. Uploaded one at a time (``max_uploads=1``) that is 10 request delays
+    before the state; concurrently, one."""
     url, so, proxy = slow_s3
     store = es.create(url, SPEC, capacity=512, shard_rows=64, storage_options=so)
     n_objects = len(store.layout.fields)
@@ -224,3 +224,47 @@ def test_loader_workers_read_through_the_cache(slow_s3, tmp_path):
     assert n == 20 * 16
     assert os.listdir(tmp_path / "c")
     store.close()
+
+
+TAKE_OVER = """
+import json, sys, time
+_now = time.time
+time.time = lambda: _now() + 1000.0  # this host's clock runs ahead: the lease looks expired
+import expstore as es
+from expstore.testing import data
+so = json.loads(sys.argv[2])
+with es.open(sys.argv[1], "r+", storage_options=so) as s:
+    batch, nxt = data.make_steps(0, int(s.index.count[0]), 10, session=2)
+    s.extend(batch)
+    print(int(s.index.count[0]))
+"""
+
+
+def test_concurrent_uploads_never_overwrite_a_new_lease_owner(s3_url):
+    """The ownership check still comes before a flush's concurrent uploads: a writer whose
+    lease another host took over fails its flush without writing a shard object."""
+    import json
+    import subprocess
+    import sys
+
+    url, so = s3_url
+    first = es.create(url, SPEC, capacity=256, shard_rows=64, storage_options=so)
+    batch, nxt = data.make_steps(0, 0, 20, session=1)
+    first.extend(batch)
+    first.flush()  # the lease was just renewed: no renewal for ttl/3
+    out = subprocess.run([sys.executable, "-c", TAKE_OVER, url, json.dumps(so)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    taken = int(out.stdout.split()[-1])
+    shard_key = first.layout.shard_key("obs.pixels", 0)
+    theirs = first.backend.get(shard_key)
+    batch, _ = data.make_steps(0, nxt, 5, session=1)
+    first.extend(batch)
+    with pytest.raises(es.StoreLockedError, match="lost its lease"):
+        first.flush()
+    assert first.backend.get(shard_key) == theirs  # not one object overwritten
+    with pytest.raises(es.StoreLockedError):
+        first.close()
+    r = es.open(url, storage_options=so)
+    assert int(r.index.count[0]) == taken
+    assert data.check_lane(r, 0, starts={nxt}) == taken
+    r.close()
