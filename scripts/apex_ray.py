@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import expstore as es  # noqa: E402
+from expstore.storage import read_state  # noqa: E402
 from expstore.testing import data  # noqa: E402
 from expstore.testing.ray_actors import LaneActor, learn  # noqa: E402
 
@@ -90,8 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
         samples += got["samples"]
         if time.monotonic() >= next_kill:
             lane = kills % lanes
-            reader.refresh()
-            floor[lane] = int(reader.index.count[lane])
+            floor[lane] = read_state(reader.backend, lane).count  # committed (not staged)
             ray.kill(actors[lane], no_restart=False)
             kills += 1
             next_kill += args.kill_every
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     ray.shutdown()
     if moto is not None:
         moto.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
     out = {"url": url, "actors": lanes, "seconds": round(elapsed, 1), "kills": kills,
            "rows_checked": rows, "committed": counts, "samples_checked": samples,
            "rows_per_s": round(sum(counts) / elapsed, 1)}

@@ -14,6 +14,7 @@ import time
 import pytest
 
 import expstore as es
+from expstore.storage import read_state
 from expstore.testing import data
 from expstore.testing.ray_actors import LaneActor, learn
 
@@ -64,8 +65,7 @@ def test_lane_actors_survive_kill_and_restart(ray_cluster, s3_url):
         time.sleep(0.2)
     got = learn(url, so, batches=4, batch_size=32)
     assert got["samples"] == 4 * 32 and got["lanes"] == [0, 1]
-    reader.refresh()
-    seen = int(reader.index.count[0])  # committed rows of lane 0 before the kill
+    seen = read_state(reader.backend, 0).count  # committed rows of lane 0 before the kill
     assert seen > first[0]["count"]
     ray.kill(actors[0], no_restart=False)
     with pytest.raises(ray.exceptions.RayActorError):
