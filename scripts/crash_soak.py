@@ -26,15 +26,18 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from expstore.storage.faults import POINTS  # noqa: E402  (internals: the crash points)
+from expstore.storage.faults import POINTS, REMOTE_ONLY  # noqa: E402  (internals)
 from expstore.testing import crash, scratch_dir  # noqa: E402
+
+#: the crash points a local store's writer reaches (``put.upload`` is on object stores only)
+LOCAL_POINTS = tuple(p for p in POINTS if p not in REMOTE_ONLY)
 
 
 def soak(workdir: str, kills: int, rng: np.random.Generator, stats: Counter,
          label: str) -> None:
     url, log = os.path.join(workdir, "store.zarr"), os.path.join(workdir, "writer.log")
     crash.create_store(url)
-    plan = [POINTS[i % len(POINTS)] if i % 4 else None for i in range(kills)]
+    plan = [LOCAL_POINTS[i % len(LOCAL_POINTS)] if i % 4 else None for i in range(kills)]
     rng.shuffle(plan)
     session = 0
     for k, point in enumerate(plan):
@@ -58,7 +61,7 @@ def exec_kills(workdir: str, kills: int, rng: np.random.Generator, stats: Counte
     url, log = os.path.join(workdir, "exec.zarr"), os.path.join(workdir, "exec.log")
     crash.create_store(url)
     for k in range(kills):
-        point = POINTS[k % len(POINTS)]
+        point = LOCAL_POINTS[k % len(LOCAL_POINTS)]
         env = dict(os.environ, EXPSTORE_CRASH_POINT=f"{point}:{int(rng.integers(1, 6))}")
         proc = subprocess.Popen([sys.executable, "-m", "expstore.testing.crash", "write", url,
                                  log, str(k), str(int(rng.integers(2**31)))], env=env,
@@ -116,7 +119,7 @@ def main() -> None:
                 "every ~130 rows per lane), stacked 32x32 uint8 frames + float vector + "
                 "discrete action + reward + session field, random `add` / all-lane `add` / "
                 "`extend` / `flush`, a `PrioritizedSampler` whose priorities are saved on "
-                "flush. Crash points: " + ", ".join(f"`{p}`" for p in POINTS) + ".")
+                "flush. Crash points: " + ", ".join(f"`{p}`" for p in LOCAL_POINTS) + ".")
         write_section("Reliability: crash soak", body, command=command_line())
 
 

@@ -30,6 +30,7 @@ from expstore.storage.backends import (  # the backends subpackage's face
     S3Backend,
     content_tag,
 )
+from expstore.storage.shard_cache import ShardCache
 from expstore.testing import BackendTests, data
 
 SPEC = data.spec()
@@ -175,6 +176,20 @@ class TestAzureBackend(BackendTests):
     @pytest.fixture
     def backend(self, az_url):
         return backend_for(*az_url)
+
+
+class TestShardCacheOnS3(BackendTests):
+    """The local shard cache in front of S3 (``storage_options["shard_cache"]``)."""
+
+    backend_cls = ShardCache
+
+    @pytest.fixture
+    def backend(self, s3_url, tmp_path):
+        url, so = s3_url
+        b = backend_for(url, {**so, "shard_cache": {"path": str(tmp_path / "cache"),
+                                                    "max_bytes": 1 << 20}})
+        yield b
+        b.close()
 
 
 class TestDictBackend(BackendTests):

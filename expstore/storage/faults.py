@@ -9,7 +9,9 @@ Unarmed (the default) a crash point costs one global lookup: call sites read
 Points: ``flush.drop`` (before committing a state that drops rows a wrap-around will
 overwrite), ``flush.shards`` (some fields' shards of a flush written, others not),
 ``flush.state`` (all shards written, lane state not yet), ``flush.done`` (state committed),
-``put.rename`` (a local object's temp file written and synced, not yet renamed).
+``put.rename`` (a local object's temp file written and synced, not yet renamed),
+``put.upload`` (one object of a remote flush's concurrent uploads written, others in
+flight or not started).
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import sys
 import time
 from collections.abc import Callable
 
-POINTS = ("flush.drop", "flush.shards", "flush.state", "flush.done", "put.rename")
+POINTS = ("flush.drop", "flush.shards", "flush.state", "flush.done", "put.rename",
+          "put.upload")
+#: points only local stores reach / only remote (object store) flushes reach
+LOCAL_ONLY = ("put.rename",)
+REMOTE_ONLY = ("put.upload",)
 
 ARMED: str | None = os.environ.get("EXPSTORE_CRASH_POINT") or None
 _nth = 1

@@ -147,6 +147,9 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
 
     if url.startswith("file://"):
         url = url[len("file://"):]  # zarr's LocalStore creates folders; fsspec's does not
+    from .backends import fsspec_options
+
+    storage_options = fsspec_options(storage_options)
     kwargs = {"storage_options": storage_options} if storage_options and "://" in url else {}
     group = zarr.open_group(url, mode="w" if overwrite else "w-", zarr_format=3, **kwargs)
     for name, f in layout.fields.items():

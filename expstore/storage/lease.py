@@ -323,6 +323,18 @@ class LeasedBackend:
         self._checked = not commit
         self._backend.put(key, data)
 
+    def put_many(self, items) -> None:
+        """Shard objects written together (never the lane state): checked like one
+        :meth:`put`, then written concurrently by the wrapped backend."""
+        if any(key == self._state_key for key, _ in items):
+            for key, data in items:
+                self.put(key, data)
+            return
+        if not self.lease.ensure() and not self._checked:
+            self.lease.verify()
+        self._checked = True
+        self._backend.put_many(items)
+
     def __getattr__(self, name: str):
         return getattr(self._backend, name)
 

@@ -495,13 +495,23 @@ class LaneWriter:
                 st.valid_from = drop
                 st.generation += 1
             sh.clean = False
-            for i, name in enumerate(L.fields):
-                key = L.shard_key(name, shard)
-                img = sh.images[name]
-                img.update(sh.staging[name], sh.n)
-                self._put(backend, key, name, img, sh, partial)
-                if faults.ARMED and i == 0:
-                    faults.hit("flush.shards")
+            if self._local:
+                for i, name in enumerate(L.fields):
+                    key = L.shard_key(name, shard)
+                    img = sh.images[name]
+                    img.update(sh.staging[name], sh.n)
+                    self._put(backend, key, name, img, sh, partial)
+                    if faults.ARMED and i == 0:
+                        faults.hit("flush.shards")
+            else:  # object stores: every field's object of the shard uploaded at once
+                uploads = []
+                for name in L.fields:
+                    img = sh.images[name]
+                    img.update(sh.staging[name], sh.n)
+                    uploads.append((L.shard_key(name, shard),
+                                    img.compact(sh.first_step, sh.n, L.checksum)))
+                key = f"{uploads[0][0]} (and the shard's other fields)"
+                backend.put_many(uploads)
             if faults.ARMED:
                 faults.hit("flush.state")
             key = state_key(self.lane)

@@ -97,6 +97,14 @@ class BackendTests:
             assert backend.get(k) == v, k
             assert backend.size(k) == len(v), k
 
+    def test_put_many_writes_every_object(self, backend: Backend) -> None:
+        objs = {f"f/c/{i}/0": _blob(200 + 37 * i, i) for i in range(12)}
+        objs["f/c/3/0"] = b""
+        backend.put("f/c/0/0", b"old")
+        backend.put_many(list(objs.items()))
+        assert backend.get_many(list(objs)) == list(objs.values())
+        backend.put_many([])
+
     def test_overwrite_replaces(self, backend: Backend) -> None:
         backend.put("k", _blob(300, 1))
         backend.put("k", b"short")

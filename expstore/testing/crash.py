@@ -37,11 +37,12 @@ POINTS = faults.POINTS
 
 
 def create_store(url: str, lanes: int = 3, shard_rows: int = 32, shards_per_lane: int = 4,
-                 **extras: Any) -> Any:
+                 storage_options: dict | None = None, **extras: Any) -> Any:
     """A fresh store for the crash harness (small shards so every run crosses several)."""
     cap = lanes * shard_rows * shards_per_lane
     store = store_api.create(url, data.spec(**extras), capacity=cap, lanes=lanes,
-                      shard_rows=shard_rows, overwrite=True)
+                             shard_rows=shard_rows, overwrite=True,
+                             storage_options=storage_options)
     store.close()
     return url
 
@@ -64,7 +65,8 @@ def priority(lane: int, steps: np.ndarray) -> np.ndarray:
 
 
 def writer(url: str, log_path: str, session: int, seed: int, ops: int | None = None,
-           ready: Any = None, priorities: bool = True, adds_only: bool = False) -> None:
+           ready: Any = None, priorities: bool = True, adds_only: bool = False,
+           storage_options: dict | None = None) -> None:
     """Append random batches to every lane of the store until killed (or ``ops`` done).
 
     With ``priorities``, a :class:`PrioritizedSampler` rides along: after every explicit
@@ -74,7 +76,7 @@ def writer(url: str, log_path: str, session: int, seed: int, ops: int | None = N
     is a full shard written by the background thread (so are the crash points reached),
     and the rows of the open shards stay staged (in shared memory) until the writer ends.
     """
-    store = store_api.open(url, "r+")
+    store = store_api.open(url, "r+", storage_options=storage_options)
     lanes = store.lanes
     prio = (PrioritizedSampler(store, alpha=1.0, eps=0.0, name=PRIORITIES)
             if priorities else None)
@@ -192,16 +194,18 @@ class Kill:
 
 def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
               point: str | None = None, nth: int = 1, delay: float = 0.2,
-              timeout: float = 20.0, adds_only: bool = False) -> Kill:
+              timeout: float = 20.0, adds_only: bool = False,
+              storage_options: dict | None = None) -> Kill:
     """Fork a writer and SIGKILL it: frozen at ``point`` (``nth`` hit), else after ``delay`` s.
 
     A frozen point not reached within ``timeout`` seconds is killed anyway (``reached`` is
-    ``False`` then).
+    ``False`` then). ``storage_options``: for object stores (``s3://``).
     """
     ctx = mp.get_context("fork")
     r, w = os.pipe()
     proc = ctx.Process(target=_child, args=(url, log_path, session, int(rng.integers(2**31)),
-                                            point, nth, w, adds_only), daemon=True)
+                                            point, nth, w, adds_only, storage_options),
+                       daemon=True)
     t0 = time.monotonic()
     proc.start()
     os.close(w)
@@ -227,7 +231,7 @@ def kill_once(url: str, log_path: str, session: int, rng: np.random.Generator,
 
 
 def _child(url: str, log_path: str, session: int, seed: int, point: str | None, nth: int,
-           fd: int, adds_only: bool = False) -> None:
+           fd: int, adds_only: bool = False, storage_options: dict | None = None) -> None:
     def say(msg: str) -> None:
         os.write(fd, (msg + "\n").encode())
 
@@ -240,7 +244,8 @@ def _child(url: str, log_path: str, session: int, seed: int, point: str | None, 
         say("ready")
 
     try:
-        writer(url, log_path, session, seed, ready=ready, adds_only=adds_only)
+        writer(url, log_path, session, seed, ready=ready, adds_only=adds_only,
+               storage_options=storage_options)
     except BaseException as e:  # report instead of dying silently
         say(f"error {type(e).__name__}: {e}")
         raise
@@ -356,10 +361,11 @@ class CheckResult:
     priorities: int = 0  # rows whose saved priority was checked exactly
 
 
-def check_store(url: str, log_path: str, sample: int = 64, verify: bool = True) -> CheckResult:
+def check_store(url: str, log_path: str, sample: int = 64, verify: bool = True,
+                storage_options: dict | None = None) -> CheckResult:
     """Reopen read-only and check everything the writers' log promises (AssertionError);
     ``verify``: ``expstore verify`` must find nothing wrong either."""
-    store = store_api.open(url, "r")
+    store = store_api.open(url, "r", storage_options=storage_options)
     try:
         log = Log.read(log_path, store.lanes)
         counts = [int(c) for c in store.index.count]
@@ -381,7 +387,7 @@ def check_store(url: str, log_path: str, sample: int = 64, verify: bool = True) 
         if verify:
             from ..verify import verify_store
 
-            rep = verify_store(url)
+            rep = verify_store(url, storage_options)
             if not rep.ok:
                 raise AssertionError(f"verify after a kill: {rep.problems}")
         return CheckResult(rows, samples, counts, prio_rows)

@@ -40,6 +40,7 @@ __all__ = [
     "backend_for",
     "check_then_put",
     "content_tag",
+    "fsspec_options",
     "known_backends",
     "register_backend",
 ]
@@ -57,6 +58,10 @@ known_backends: dict[str, type[Backend] | str] = {
     "abfs": "expstore.storage.backends.azure:AzureBackend",
     "abfss": "expstore.storage.backends.azure:AzureBackend",
 }
+#: storage option naming a local read-through cache of shard objects
+#: (:class:`~expstore.storage.shard_cache.ShardCache`): a folder, or a dict with ``path``,
+#: ``max_bytes`` and ``max_object_bytes``; not passed on to fsspec
+SHARD_CACHE = "shard_cache"
 #: backend of every scheme without an entry in ``known_backends``
 DEFAULT_BACKEND = "expstore.storage.backends.fsspec:FsspecBackend"
 
@@ -83,10 +88,24 @@ def _resolve(entry: type[Backend] | str) -> type[Backend]:
 def backend_for(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
                 fsync: bool = True) -> Backend:
     """The backend of a path or URL, by scheme (see ``known_backends``). ``fsync``: local
-    writes survive power loss, not only process crashes."""
+    writes survive power loss, not only process crashes. The storage option
+    ``shard_cache`` wraps it in a local shard cache (see ``SHARD_CACHE``)."""
     url = os.fspath(url)
     scheme = urlparse(url).scheme.lower()
     if len(scheme) == 1 and os.name == "nt":
         scheme = ""  # a drive letter
     cls = _resolve(known_backends.get(scheme, DEFAULT_BACKEND))
-    return cls.from_url(url, storage_options, fsync)
+    cache = (storage_options or {}).get(SHARD_CACHE)
+    backend = cls.from_url(url, fsspec_options(storage_options), fsync)
+    if cache is None:
+        return backend
+    from ..shard_cache import ShardCache
+
+    return ShardCache.from_options(backend, cache)
+
+
+def fsspec_options(storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``storage_options`` without the ones expstore reads itself (``shard_cache``)."""
+    if not storage_options or SHARD_CACHE not in storage_options:
+        return storage_options
+    return {k: v for k, v in storage_options.items() if k != SHARD_CACHE}

@@ -80,6 +80,12 @@ class Backend(ABC):
     def put(self, key: str, data: bytes) -> None:
         """Atomically create or replace ``key``."""
 
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Atomically create or replace each ``(key, data)``; remote backends write them
+        concurrently (all written when it returns; on failure some may be)."""
+        for key, data in items:
+            self.put(key, data)
+
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:
         """Whole object and its version tag, or ``None`` when missing."""
         data = self.get(key)

@@ -4,10 +4,11 @@ Reads: the ranges one batch needs are grouped per object and ranges closer than
 ``max_gap`` bytes are merged into one span, so a batch costs one ranged GET per object it
 touches (with the default gap); on asynchronous filesystems all spans are fetched
 concurrently. Generic filesystems cannot pin versions: the reader re-checks shard headers
-after reading. Writes are whole objects, one PUT each. Conditional writes are read, compare,
-then write: NOT atomic (``atomic_conditional_writes = False``), so stores here refuse lane
-leases (one writer, ``lease_ttl=None``). Every request goes through the retry core
-(:mod:`.retry`); ``requests`` counts the requests issued, by kind.
+after reading. Writes are whole objects, one PUT each; :meth:`FsspecBackend.put_many`
+(a flush's shard objects) runs up to ``max_uploads`` PUTs at once. Conditional writes are
+read, compare, then write: NOT atomic (``atomic_conditional_writes = False``), so stores
+here refuse lane leases (one writer, ``lease_ttl=None``). Every request goes through the
+retry core (:mod:`.retry`); ``requests`` counts the requests issued, by kind.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ...errors import StorageError
-from .base import Backend, check_then_put
+from .. import faults
+from .base import Backend, check_then_put, content_tag
 from .retry import RetryPolicy, retrying, run_blocking
 
 T = TypeVar("T")
@@ -51,7 +53,7 @@ class FsspecBackend(Backend):
 
     ``storage_options`` go to fsspec unchanged. ``retry`` paces retries of transient
     errors, ``max_gap`` (bytes; -1: never merge) and ``max_concurrency`` (requests in
-    flight) shape batched reads.
+    flight) shape batched reads; ``max_uploads``: PUTs in flight in :meth:`put_many`.
     """
 
     is_local = False
@@ -60,12 +62,15 @@ class FsspecBackend(Backend):
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
                  retry: RetryPolicy | None = None, max_gap: int = MAX_GAP,
-                 max_concurrency: int = 64) -> None:
+                 max_concurrency: int = 64, max_uploads: int = 16) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         self.max_gap = int(max_gap)
         self.max_concurrency = int(max_concurrency)
+        if int(max_uploads) < 1:
+            raise ValueError(f"max_uploads: expected at least 1 PUT in flight, got {max_uploads}")
+        self.max_uploads = int(max_uploads)
         self.requests: Counter[str] = Counter()
         self._fs: Any = None
         self._pid = -1
@@ -193,6 +198,35 @@ class FsspecBackend(Backend):
                 out.append(bytes(r[0]))
         return out
 
+    def get_tagged_many(self, keys: Sequence[str]) -> list[tuple[bytes, str] | None]:
+        """Whole objects and their version tags (``None`` where missing), fetched
+        concurrently on async filesystems (up to ``max_concurrency``)."""
+        if not self.fs.async_impl or len(keys) <= 1:
+            return [self.get_tagged(k) for k in keys]
+
+        async def all_() -> list[Any]:
+            sem = asyncio.Semaphore(self.max_concurrency)
+
+            async def one(k: str) -> Any:
+                async with sem:
+                    try:
+                        return await retrying(self, "GET", k, self._aget_tagged, self._path(k))
+                    except FileNotFoundError:
+                        return None
+
+            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+
+        got = self._sync(all_)
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+        return list(got)
+
+    async def _aget_tagged(self, path: str) -> tuple[bytes, str]:
+        self.requests["get"] += 1
+        data = bytes(await self.fs._cat_file(path))
+        return data, content_tag(data)
+
     def get(self, key: str) -> bytes | None:
         self.requests["get"] += 1
         try:
@@ -211,6 +245,58 @@ class FsspecBackend(Backend):
     def _put(self, key: str, data: bytes) -> None:
         self.requests["put"] += 1
         self._call("PUT", key, self.fs.pipe_file, self._path(key), data)
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Write several whole objects, up to ``max_uploads`` at once, each atomically.
+
+        Returns once all are written; on a failure, raises the first one (as :meth:`put`
+        does) after the others finished, so some objects may be written and others not.
+        """
+        items = [(k, bytes(d)) for k, d in items]
+        if len(items) <= 1 or self.max_uploads == 1:
+            for k, d in items:
+                self.put(k, d)
+                _upload_done()
+            return
+        if self.fs.async_impl:
+            got = self._sync(self._aput_many, items)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            def one(item: tuple[str, bytes]) -> BaseException | None:
+                try:
+                    self.put(*item)
+                    _upload_done()
+                except BaseException as e:  # noqa: BLE001 - re-raised below
+                    return e
+                return None
+
+            with ThreadPoolExecutor(min(self.max_uploads, len(items))) as pool:
+                got = list(pool.map(one, items))
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _aput_many(self, items: list[tuple[str, bytes]]) -> list[Any]:
+        sem = asyncio.Semaphore(self.max_uploads)
+
+        async def one(key: str, data: bytes) -> None:
+            async with sem:
+                try:
+                    await retrying(self, "PUT", key, self._aput, self._path(key), data)
+                except FileNotFoundError as e:
+                    raise StorageError(f"{self.url}/{key}: PUT failed (a permanent error: "
+                                       f"not retried): the bucket or path does not exist "
+                                       f"({e})") from e
+            _upload_done()
+
+        return await asyncio.gather(*(one(k, d) for k, d in items), return_exceptions=True)
+
+    async def _aput(self, path: str, data: bytes) -> None:
+        """One PUT on an async filesystem."""
+        self.requests["put"] += 1
+        await self.fs._pipe_file(path, data)
+        self.fs.invalidate_cache(path)
 
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """Read, compare, write: not atomic (two writers can both pass the check)."""
@@ -247,3 +333,10 @@ class FsspecBackend(Backend):
 
     def total_bytes(self, prefix: str = "") -> int:
         return int(sum(d.get("size", 0) for d in self._find(prefix, True).values()))
+
+
+def _upload_done() -> None:
+    """After each object of a :meth:`FsspecBackend.put_many`: the ``put.upload`` crash point
+    (a flush's uploads partly done)."""
+    if faults.ARMED:
+        faults.hit("put.upload")

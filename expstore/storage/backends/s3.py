@@ -26,8 +26,9 @@ class S3Backend(FsspecBackend):
     :class:`~expstore.storage.backends.retry.RetryPolicy`.
 
     botocore's own retries default to none (``config_kwargs["retries"] =
-    {"total_max_attempts": 1}``) so that the policy alone paces retries; set it in
-    ``storage_options`` to override.
+    {"total_max_attempts": 1}``) so that the policy alone paces retries, and its connection
+    pool to ``max(max_concurrency, max_uploads)`` connections (botocore's default of 10
+    would cap the requests in flight); set either in ``storage_options`` to override.
     """
 
     pins_versions = True
@@ -46,6 +47,8 @@ class S3Backend(FsspecBackend):
         opts = super()._fs_options()
         ck = dict(opts.get("config_kwargs") or {})
         ck.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        # botocore's pool (10 connections by default) would cap the requests in flight
+        ck.setdefault("max_pool_connections", max(self.max_concurrency, self.max_uploads))
         opts["config_kwargs"] = ck
         return opts
 
@@ -149,6 +152,27 @@ class S3Backend(FsspecBackend):
                 raise r
         return list(got)
 
+    def get_tagged_many(self, keys: Sequence[str]) -> list[tuple[bytes, str] | None]:
+        """Whole objects and their ETags (``None`` where missing), fetched concurrently."""
+        async def all_() -> list[Any]:
+            sem = asyncio.Semaphore(self.max_concurrency)
+
+            async def one(k: str) -> Any:
+                async with sem:
+                    try:
+                        data, tag = await retrying(self, "GET", k, self._s3_get, self._path(k))
+                    except FileNotFoundError:
+                        return None
+                    return data, tag or content_tag(data)
+
+            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+
+        got = self._sync(all_)
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+        return list(got)
+
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:
         try:
             data, tag = self._sync(retrying, self, "GET", key, self._s3_get, self._path(key))
@@ -159,6 +183,10 @@ class S3Backend(FsspecBackend):
     # -- writes -----------------------------------------------------------------------------
     def _put(self, key: str, data: bytes) -> None:
         self._sync(retrying, self, "PUT", key, self._s3_put, self._path(key), data)
+
+    async def _aput(self, path: str, data: bytes) -> None:
+        """One PUT (:meth:`put_many` runs up to ``max_uploads`` of them at once)."""
+        await self._s3_put(path, data)
 
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """``If-None-Match: *`` / ``If-Match``, atomic on the server. Servers that answer
