@@ -6,6 +6,7 @@
 >>> batch = store.sample(32)
 """
 
+from .api import create, open  # noqa: A004
 from .errors import (
     ExpstoreError,
     LeaseUnsupportedError,
@@ -31,7 +32,7 @@ from .sampling import (
 )
 from .spec import Spec
 from .storage.layout import round_capacity
-from .store import Store, create, open  # noqa: A004
+from .store import Store
 
 __version__ = "0.1.0"
 

@@ -1,18 +1,18 @@
 """The store: a thin face over storage (shards, state), the row index, and reading.
 
-``create``/``open`` give a :class:`Store`. Writes go to one :class:`LaneWriter` per lane the
-store may write (full shards are written by a background thread); the :class:`RowIndex`
-learns every row as it is staged, so the writing process can sample rows not yet flushed
-(read from the staging buffers). Other processes call :meth:`Store.refresh`: they see
-rows once flushed, and on a local store the rows its writers staged too (shared memory,
-``staged.py``).
+``create``/``open`` (``api.py``) give a :class:`Store`. Writes go to one
+:class:`LaneWriter` per lane the store may write (full shards are written by background
+threads); the :class:`RowIndex` learns every row as it is staged, so the writing process
+can sample rows not yet flushed (read from the staging buffers). Other processes call
+:meth:`Store.refresh`: they see rows once flushed, and on a local store the rows its
+writers staged too (shared memory, ``staged.py``). :class:`StoreSource`
+(``store_source.py``) serves rows to plans from wherever they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import os
 import time
 import weakref
@@ -31,9 +31,7 @@ from .episode_view import (
 )
 from .errors import (
     ReadOnlyError,
-    SpecError,
     StoreCorruptError,
-    StoreLockedError,
     ValidationError,
     WriteFailedError,
 )
@@ -44,162 +42,22 @@ from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .staged import StagedRows, shared_root
 from .storage import priority_file
-from .storage.backends import Backend, backend_for
+from .storage.backends import Backend
 from .storage.backends.retry import RetryPolicy
 from .storage.layout import (
     Layout,
-    auto_shard_rows,
-    read_layout,
-    round_capacity,
-    write_metadata,
 )
 from .storage.lease import (
     DEFAULT_TTL,
     LeasedBackend,
     acquire_all,
-    live_holders,
-    require_atomic_writes,
 )
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
-from .storage.state import LaneState, read_state, read_states, write_state
+from .storage.state import LaneState, read_state, read_states
 from .storage.writer import Background, LaneWriter
+from .store_source import StoreSource
 from .validate import refuse_many_steps, step_from_mapping, validate_steps
-
-
-def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
-           shard_rows: int | None = None, overwrite: bool = False,
-           storage_options: dict[str, Any] | None = None, fsync: bool = True,
-           lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
-           strict: bool = False) -> Store:
-    """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
-
-    ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
-    what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
-    flushes survive power loss, not only process crashes (costs ~4 ms per object written).
-    Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
-    process holds a lane's write lease). ``overwrite=True`` replaces only an expstore
-    store, or fills an empty or missing folder (prefix): anything else there is refused
-    with :class:`FileExistsError` naming what was found, never deleted. ``lease_ttl`` and
-    ``strict``: see :func:`open`. ``checksum``: every inner chunk and shard header carries
-    a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
-    never a wrong value (``expstore verify``).
-    """
-    url = os.fspath(url)
-    if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
-        raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
-                        f"for a vector env), got {lanes!r}")
-    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
-    asked = int(capacity)
-    capacity = round_capacity(asked, int(lanes), shard_rows)
-    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked)
-    backend = backend_for(url, storage_options, fsync)
-    try:
-        meta = backend.get("zarr.json")
-    except NotADirectoryError:  # a file where the store's folder would be
-        meta = None
-    if meta is not None and not overwrite:
-        raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
-                              "replace it)")
-    if overwrite:
-        _refuse_unless_store_or_empty(backend, meta)
-        if meta is not None:
-            _refuse_if_leased(backend)
-    if lease_ttl:  # refuse before writing anything, as opening for writing would
-        require_atomic_writes(backend)
-    write_metadata(url, layout, storage_options, overwrite=True)
-    for lane in range(layout.lanes):
-        write_state(backend, LaneState(lane))
-    return Store(backend, layout, mode="r+", storage_options=storage_options,
-                 lease_ttl=lease_ttl, strict=strict)
-
-
-def _refuse_unless_store_or_empty(backend: Backend, meta: bytes | None) -> None:
-    """``create(overwrite=True)`` deletes everything under the store's root: allowed for an
-    expstore store (its ``zarr.json`` has the ``expstore`` attribute) or an empty / missing
-    folder or prefix; anything else raises :class:`FileExistsError` naming what is there."""
-    if meta is not None:
-        try:
-            if "expstore" in json.loads(meta).get("attributes", {}):
-                return
-        except (ValueError, AttributeError):
-            pass
-    root = getattr(backend, "root", None)
-    if backend.is_local and root is not None:
-        if not os.path.exists(root):
-            return
-        if not os.path.isdir(root):
-            raise FileExistsError(f"{backend.url}: refusing to overwrite: it is a file, not a "
-                                  "store (overwrite=True replaces only an expstore store)")
-        found = sorted(os.listdir(root))
-    else:
-        found = sorted({key.split("/", 1)[0] for key in backend.list("")})
-    if not found:
-        return
-    what = "a zarr.json without expstore attributes, " if meta is not None else ""
-    shown = ", ".join(found[:5]) + (f", ... ({len(found)} entries)" if len(found) > 5 else "")
-    raise FileExistsError(
-        f"{backend.url}: refusing to overwrite: this is not an expstore store and not empty "
-        f"(found {what}{shown}); overwrite=True replaces only an existing store or fills an "
-        "empty folder. Choose a new or empty path, or delete this one yourself")
-
-
-def _refuse_if_leased(backend: Backend) -> None:
-    try:
-        lanes = read_layout(backend).lanes
-    except (StoreCorruptError, FileNotFoundError, ValueError):
-        return
-    held = live_holders(backend, lanes)
-    if held:
-        lane, owner, _ = held[0]
-        raise StoreLockedError(f"{backend.url}: cannot overwrite: lane {lane} is being "
-                               f"written by {owner.describe()}")
-
-
-def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
-         lane: int | None = None, storage_options: dict[str, Any] | None = None,
-         fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
-         strict: bool = False, cache_bytes: int | None = None) -> Store:
-    """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
-
-    Passing ``spec`` checks it against the stored one and fails naming the differences.
-    ``storage_options`` go to fsspec (``s3://``: ``endpoint_url``, ``key``/``secret``,
-    ``anon``, ...). Writing takes a lease per lane (``_state/lane_<i>.lease``, renewed
-    while writing, released by ``close()``): another process opening the same lane for
-    writing gets :class:`StoreLockedError` until it is released or ``lease_ttl`` seconds
-    pass without renewal. ``lease_ttl=None`` skips leases (only one writer may exist).
-    Another ``Store`` object of this process opening a lane for writing takes it from the
-    first one, which then fails at its next ``add``/``extend``/``flush``.
-
-    ``strict``: a step whose ``obs`` is not the ``next_obs`` given with the lane's previous
-    step (two envs interleaved into one lane, transitions added out of order) raises
-    :class:`ValidationError` naming ``obs`` instead of being stored; by default the previous
-    step is closed first with a final row holding its ``next_obs``, so a sampled
-    ``next_obs`` is always the one given with its step.
-
-    ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
-    (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
-    frames are first read, so RAM grows to the budget only as rows are sampled.
-    """
-    if mode not in ("r", "r+"):
-        raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
-    if cache_bytes is not None and (isinstance(cache_bytes, bool) or
-                                    not isinstance(cache_bytes, (int, np.integer))
-                                    or cache_bytes < 0):
-        raise ValueError(f"cache_bytes: expected an int >= 0 (bytes), got {cache_bytes!r}")
-    url = os.fspath(url)
-    backend = backend_for(url, storage_options, fsync)
-    layout = read_layout(backend)
-    if spec is not None and not layout.spec.same_as(spec):
-        raise SpecError(f"{url}: store spec differs from the given spec: "
-                        + "; ".join(layout.spec.diff(spec)))
-    store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
-                  lease_ttl=lease_ttl, strict=strict)
-    if cache_bytes is not None:
-        store.cache_bytes = int(cache_bytes)
-        if store._reader is not None:
-            store._reader.set_row_cache_bytes(store.cache_bytes)
-    return store
 
 
 def _check_writable(backend: Backend) -> None:
@@ -843,90 +701,3 @@ class Store:
         if rng is not None:
             self._sampler.rng = rng
         return self._sampler.sample(batch_size, **kwargs)
-
-
-class StoreSource:
-    """Rows for this process: staged rows from its writers, rows other writers of this
-    machine staged (shared memory, ``staged.py``), the rest from shards."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    @property
-    def stats(self) -> Any:
-        """The shard reader's counters (staged rows are not counted)."""
-        return self.store.reader.stats
-
-    def _staged_mask(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
-        """Which rows are not committed (staged by this process's writers or by other local
-        writers); ``None`` when no row is."""
-        st = self.store
-        if not st.writers and not st._staged.sessions:
-            return None
-        lane = rows // st.layout.lane_capacity
-        committed = st.index.committed.copy()
-        for i, w in st.writers.items():
-            committed[i] = w.committed.count
-        mask = steps >= committed[lane]
-        return mask if mask.any() else None
-
-    def _read_staged(self, name: str, rows: np.ndarray, steps: np.ndarray,
-                     out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows staged in RAM (this process's writers) or in shared memory (other local
-        writers): ``(delivered, on storage)``, the latter for rows to read from shards
-        (never staged, or committed since)."""
-        st = self.store
-        lane = rows // st.layout.lane_capacity
-        ok = np.zeros(len(rows), bool)
-        staged = np.zeros(len(rows), bool)
-        for i, w in st.writers.items():
-            sel = (lane == i) & (steps >= w.committed.count) & (steps < w.count)
-            if sel.any():
-                out[sel] = w.staged(name, steps[sel])
-                ok[sel] = True
-                staged |= sel
-        if st._staged.sessions:  # never ask storage for rows not committed
-            st._staged.read(name, rows, steps, out, lane, ok, staged)
-        return ok, ~staged
-
-    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
-             out: np.ndarray) -> np.ndarray:
-        st = self.store
-        if not st.writers and not st._staged.sessions:
-            return st.reader.read(name, rows, steps, out)
-        ok, stored = self._read_staged(name, rows, steps, out)
-        rest = np.flatnonzero(stored)
-        if len(rest):
-            buf = np.empty((len(rest), *out.shape[1:]), out.dtype)
-            ok[rest] = st.reader.read(name, rows[rest], steps[rest], buf)
-            out[rest] = buf
-        return ok
-
-    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
-                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``."""
-        st = self.store
-        if self._staged_mask(rows, steps) is None:
-            return st.reader.read_fields(names, rows, steps)
-        out = {}
-        for name in names:
-            f = st.layout.fields[name]
-            vals = np.empty((len(rows), *f.shape), f.dtype)
-            out[name] = (vals, self.read(name, rows, steps, vals))
-        return out
-
-    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Frames left in the reader's frame cache (see ``ShardReader.read_held``); rows
-        not committed yet are copied from staging into the cache's scratch rows."""
-        reader = self.store.reader
-        mask = self._staged_mask(rows, steps)
-        if mask is None:
-            return reader.read_held(name, rows, steps)
-
-        def staged(r: np.ndarray, s: np.ndarray, out: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
-            ok, stored = self._read_staged(name, r, s, out)
-            return ok, stored & ~ok
-
-        return reader.read_held(name, rows, steps, staged=(mask, staged))

@@ -69,7 +69,9 @@ LAYERS: dict[str, int] = {
     # 4: plans -> batches against a row source; DataLoader plumbing
     "expstore.loading": 4,
     # 5: the Store face and the offline tools on it
+    "expstore.api": 5,
     "expstore.store": 5,
+    "expstore.store_source": 5,
     "expstore.appender": 5,
     "expstore.staged": 5,
     "expstore.verify": 5,

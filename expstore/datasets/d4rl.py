@@ -210,7 +210,7 @@ def _import(src: Any, where: str, url: Any, capacity: int | None, shard_rows: in
             block_rows: int, reject_nonfinite: bool, overwrite: bool, storage_options: Any,
             fsync: bool, progress: ProgressArg, t0: float, stack: int | str | None = None,
             padding: str | None = None) -> ImportSummary:
-    from ..store import create
+    from ..api import create
 
     summary = ImportSummary(where, str(url), lanes=1, kind="d4rl import")
     spec = _with_stack(d4rl_spec(src, where, reject_nonfinite), src, stack, padding, summary)
@@ -330,7 +330,7 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
     Fails if ``dst`` exists unless ``overwrite=True``; the file appears at ``dst`` only
     when complete.
     """
-    from ..store import open as open_store
+    from ..api import open as open_store
 
     h5py = _h5py()
     if compression not in (None, "gzip", "lzf"):

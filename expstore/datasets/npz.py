@@ -162,7 +162,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
     ``block_rows`` rows at a time (memory ~ one block of one field). ``compressed``:
     deflate each member (like ``np.savez_compressed``). Fails if ``dst`` exists unless
     ``overwrite=True``; the file appears at ``dst`` only when complete."""
-    from ..store import open as open_store
+    from ..api import open as open_store
 
     dst = os.fspath(dst)
     if os.path.exists(dst) and not overwrite:
@@ -284,7 +284,7 @@ def _import_members(zf: zipfile.ZipFile, spec: Spec, names: list[str], where: st
                     capacity: int | None, shard_rows: int | None, block_rows: int,
                     overwrite: bool, storage_options: Any, fsync: bool, progress: ProgressArg,
                     t0: float) -> ImportSummary:
-    from ..store import create
+    from ..api import create
 
     members = {k: _Member(zf, k, where) for k in names}
     try:

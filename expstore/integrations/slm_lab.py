@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from ..api import create
 from ..errors import NotEnoughData, ValidationError
 from ..field import Field
 from ..sampling.prioritized import PrioritizedSampler
 from ..sampling.uniform import UniformSampler
 from ..spec import Spec
 from ..storage.layout import round_capacity
-from ..store import create
 
 __all__ = ["OnPolicyBatchReplay", "OnPolicyReplay", "PrioritizedReplay", "Replay", "make_memory"]
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ..api import create
+from ..api import open as open_store
 from ..errors import SpecError, ValidationError
 from ..storage.layout import round_capacity
-from ..store import Store, create
-from ..store import open as open_store
+from ..store import Store
 from ..validate import coerce
 
 Step = dict[str, np.ndarray]  # flat field name -> array with leading axis T

@@ -25,11 +25,11 @@ from torchrl.data.replay_buffers import storages as _trl_storages
 from torchrl.data.replay_buffers.samplers import Sampler as _TRLSampler
 from torchrl.data.replay_buffers.writers import Writer as _TRLWriter
 
+from ..api import open as open_store
 from ..errors import ValidationError
 from ..field import Field
 from ..spec import Spec
 from ..store import Store
-from ..store import open as open_store
 from .step_writer import StepWriter, open_or_create
 
 __all__ = ["ExpstoreSampler", "ExpstoreStorage", "ExpstoreWriter", "replay_buffer",

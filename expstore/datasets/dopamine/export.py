@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
-from ...store import open as open_store
 from ..episodes import lane_rows
 from ..npy_gzip import NpyGzipWriter, save_gz
 from ..progress import Progress, ProgressArg

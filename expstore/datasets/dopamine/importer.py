@@ -7,10 +7,10 @@ import os
 import time
 from typing import Any
 
+from ...api import create
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
 from ...storage.import_marker import read_import_marker, write_import_marker
-from ...store import create
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
 from ..summary import ImportSummary

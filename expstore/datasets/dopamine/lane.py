@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
 from ...storage.state import read_state, write_state
-from ...store import open as open_store
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 

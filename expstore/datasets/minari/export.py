@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from ...api import open as open_store
 from ...errors import SpecError
 from ...spaces import space_from_spec
 from ...spec import BUILTIN, Spec
-from ...store import open as open_store
 from ..episodes import store_episodes
 from ..progress import Progress, ProgressArg
 from ..summary import ImportSummary, human_bytes

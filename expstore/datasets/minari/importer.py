@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from ...api import create
 from ...errors import SpecError, ValidationError
 from ...field import Field
 from ...spaces import check_space, space_to_json
 from ...spec import Spec
-from ...store import Store, create
+from ...store import Store
 from ..progress import Progress, ProgressArg
 from .paths import require_minari, resolve
 from .values import stack_frames, tree_map

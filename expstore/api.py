@@ -1,0 +1,158 @@
+"""The two ways in: :func:`create` makes a store, :func:`open` opens one; both give a
+:class:`~expstore.store.Store`.
+
+``create`` refuses to replace anything but an expstore store (or to fill anything but an
+empty folder), and a store whose lanes another process is writing; ``open`` checks a given
+spec against the stored one and sets the decoded-frame cache budget (bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from .errors import SpecError, StoreCorruptError, StoreLockedError
+from .spec import Spec
+from .storage.backends import Backend, backend_for
+from .storage.layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
+from .storage.lease import DEFAULT_TTL, live_holders, require_atomic_writes
+from .storage.state import LaneState, write_state
+from .store import Store
+
+
+def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
+           shard_rows: int | None = None, overwrite: bool = False,
+           storage_options: dict[str, Any] | None = None, fsync: bool = True,
+           lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
+           strict: bool = False) -> Store:
+    """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
+
+    ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
+    what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
+    flushes survive power loss, not only process crashes (costs ~4 ms per object written).
+    Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
+    process holds a lane's write lease). ``overwrite=True`` replaces only an expstore
+    store, or fills an empty or missing folder (prefix): anything else there is refused
+    with :class:`FileExistsError` naming what was found, never deleted. ``lease_ttl`` and
+    ``strict``: see :func:`open`. ``checksum``: every inner chunk and shard header carries
+    a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
+    never a wrong value (``expstore verify``).
+    """
+    url = os.fspath(url)
+    if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
+        raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
+                        f"for a vector env), got {lanes!r}")
+    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
+    asked = int(capacity)
+    capacity = round_capacity(asked, int(lanes), shard_rows)
+    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked)
+    backend = backend_for(url, storage_options, fsync)
+    try:
+        meta = backend.get("zarr.json")
+    except NotADirectoryError:  # a file where the store's folder would be
+        meta = None
+    if meta is not None and not overwrite:
+        raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
+                              "replace it)")
+    if overwrite:
+        _refuse_unless_store_or_empty(backend, meta)
+        if meta is not None:
+            _refuse_if_leased(backend)
+    if lease_ttl:  # refuse before writing anything, as opening for writing would
+        require_atomic_writes(backend)
+    write_metadata(url, layout, storage_options, overwrite=True)
+    for lane in range(layout.lanes):
+        write_state(backend, LaneState(lane))
+    return Store(backend, layout, mode="r+", storage_options=storage_options,
+                 lease_ttl=lease_ttl, strict=strict)
+
+
+def _refuse_unless_store_or_empty(backend: Backend, meta: bytes | None) -> None:
+    """``create(overwrite=True)`` deletes everything under the store's root: allowed for an
+    expstore store (its ``zarr.json`` has the ``expstore`` attribute) or an empty / missing
+    folder or prefix; anything else raises :class:`FileExistsError` naming what is there."""
+    if meta is not None:
+        try:
+            if "expstore" in json.loads(meta).get("attributes", {}):
+                return
+        except (ValueError, AttributeError):
+            pass
+    root = getattr(backend, "root", None)
+    if backend.is_local and root is not None:
+        if not os.path.exists(root):
+            return
+        if not os.path.isdir(root):
+            raise FileExistsError(f"{backend.url}: refusing to overwrite: it is a file, not a "
+                                  "store (overwrite=True replaces only an expstore store)")
+        found = sorted(os.listdir(root))
+    else:
+        found = sorted({key.split("/", 1)[0] for key in backend.list("")})
+    if not found:
+        return
+    what = "a zarr.json without expstore attributes, " if meta is not None else ""
+    shown = ", ".join(found[:5]) + (f", ... ({len(found)} entries)" if len(found) > 5 else "")
+    raise FileExistsError(
+        f"{backend.url}: refusing to overwrite: this is not an expstore store and not empty "
+        f"(found {what}{shown}); overwrite=True replaces only an existing store or fills an "
+        "empty folder. Choose a new or empty path, or delete this one yourself")
+
+
+def _refuse_if_leased(backend: Backend) -> None:
+    try:
+        lanes = read_layout(backend).lanes
+    except (StoreCorruptError, FileNotFoundError, ValueError):
+        return
+    held = live_holders(backend, lanes)
+    if held:
+        lane, owner, _ = held[0]
+        raise StoreLockedError(f"{backend.url}: cannot overwrite: lane {lane} is being "
+                               f"written by {owner.describe()}")
+
+
+def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
+         lane: int | None = None, storage_options: dict[str, Any] | None = None,
+         fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
+         strict: bool = False, cache_bytes: int | None = None) -> Store:
+    """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
+
+    Passing ``spec`` checks it against the stored one and fails naming the differences.
+    ``storage_options`` go to fsspec (``s3://``: ``endpoint_url``, ``key``/``secret``,
+    ``anon``, ...). Writing takes a lease per lane (``_state/lane_<i>.lease``, renewed
+    while writing, released by ``close()``): another process opening the same lane for
+    writing gets :class:`StoreLockedError` until it is released or ``lease_ttl`` seconds
+    pass without renewal. ``lease_ttl=None`` skips leases (only one writer may exist).
+    Another ``Store`` object of this process opening a lane for writing takes it from the
+    first one, which then fails at its next ``add``/``extend``/``flush``.
+
+    ``strict``: a step whose ``obs`` is not the ``next_obs`` given with the lane's previous
+    step (two envs interleaved into one lane, transitions added out of order) raises
+    :class:`ValidationError` naming ``obs`` instead of being stored; by default the previous
+    step is closed first with a final row holding its ``next_obs``, so a sampled
+    ``next_obs`` is always the one given with its step.
+
+    ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
+    (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
+    frames are first read, so RAM grows to the budget only as rows are sampled.
+    """
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
+    if cache_bytes is not None and (isinstance(cache_bytes, bool) or
+                                    not isinstance(cache_bytes, (int, np.integer))
+                                    or cache_bytes < 0):
+        raise ValueError(f"cache_bytes: expected an int >= 0 (bytes), got {cache_bytes!r}")
+    url = os.fspath(url)
+    backend = backend_for(url, storage_options, fsync)
+    layout = read_layout(backend)
+    if spec is not None and not layout.spec.same_as(spec):
+        raise SpecError(f"{url}: store spec differs from the given spec: "
+                        + "; ".join(layout.spec.diff(spec)))
+    store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
+                  lease_ttl=lease_ttl, strict=strict)
+    if cache_bytes is not None:
+        store.cache_bytes = int(cache_bytes)
+        if store._reader is not None:
+            store._reader.set_row_cache_bytes(store.cache_bytes)
+    return store
