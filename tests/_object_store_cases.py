@@ -267,7 +267,7 @@ class ObjectStoreCases:
                           **self._lease_ttl())
         nxt = write(store, 0, 0, 40, session=1)
         store.flush()
-        r = es.open(url, storage_options=so)
+        r = es.open(url, storage_options=so, cache_bytes=0)  # storage's check, not the cache
         old = np.arange(0, 16)
         rows = r.index.lane_rows(0, old)
         buf = np.empty((16, *SPEC.fields["obs.pixels"].shape), np.uint8)

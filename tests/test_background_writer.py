@@ -304,7 +304,9 @@ def test_loader_workers_read_rows_never_flushed(workdir):
     assert store.publishes_staging
     loader = es.make_loader(store, batch_size=16, num_workers=2, num_batches=8, guard=0)
     assert not loader.plans.view.committed_only
-    assert int(store.index.committed[0]) == 64  # make_loader flushed nothing
+    # make_loader flushed nothing: at most the filled shard 0 is committed (by the background
+    # writer, whenever its write lands), never the 120 rows added
+    assert int(store.index.committed[0]) in (0, 64)
     n = 0
     for batch in loader:
         data.check_batch({k: v.numpy() for k, v in batch.items()}, None, _session0,

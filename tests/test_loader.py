@@ -64,6 +64,7 @@ def check_batch(batch, history=3):
 def test_workers_with_every_start_method(tmp_path, method):
     store = make_store(tmp_path / "s.zarr")
     write(store, 0, 0, 200)
+    store.flush()  # rows on shards (not only in staging), so the workers' read counters count
     loader = es.make_loader(store, batch_size=32, num_workers=2, multiprocessing_context=method,
                             num_batches=6, persistent_workers=False)
     assert isinstance(loader, torch.utils.data.DataLoader)

@@ -108,7 +108,7 @@ def test_warm_batch_costs_one_ranged_get_per_shard_touched(s3_url, s3_proxy):
     store = es.create(url, SPEC, capacity=640, shard_rows=64, storage_options=so)
     write(store, 0, 0, 560, session=1, per=100)
     store.close()
-    r = es.open(url, storage_options=so)
+    r = es.open(url, storage_options=so, cache_bytes=0)  # requests, not the frame cache
     sampler = es.UniformSampler(r, seed=0)
     touched: list[tuple[str, int]] = []
     reader = r.reader
@@ -142,12 +142,14 @@ def test_warm_batch_costs_one_ranged_get_per_shard_touched(s3_url, s3_proxy):
 
 def test_replaced_shard_is_never_read_as_the_old_version(s3_url):
     """A reader whose cached index predates a wrap-around must not return the new lap's
-    bytes for the old steps: S3 range GETs carry If-Match and the rows come back stale."""
+    bytes for the old steps: S3 range GETs carry If-Match and the rows come back stale.
+    (No frame cache here: a cached frame is the old step's own, see
+    test_frames_cached_before_a_wrap_are_the_old_steps_own.)"""
     url, so = s3_url
     store = es.create(url, SPEC, capacity=64, shard_rows=16, storage_options=so)
     nxt = write(store, 0, 0, 40, session=1)
     store.flush()
-    r = es.open(url, storage_options=so)
+    r = es.open(url, storage_options=so, cache_bytes=0)
     old_steps = np.arange(0, 16)
     rows = r.index.lane_rows(0, old_steps)
     buf = np.empty((16, *SPEC.fields["obs.pixels"].shape), np.uint8)
@@ -164,6 +166,27 @@ def test_replaced_shard_is_never_read_as_the_old_version(s3_url):
     got = np.empty((len(rows), *buf.shape[1:]), np.uint8)
     assert r.reader.read("obs.pixels", rows, steps, got).all()
     assert np.array_equal(data.frame_header(got)[0], steps)
+
+
+def test_frames_cached_before_a_wrap_are_the_old_steps_own(s3_url):
+    """With the frame cache, a reader whose index predates a wrap-around may serve old steps
+    from frames it decoded before the wrap: they are those steps' own bytes, never the new
+    lap's."""
+    url, so = s3_url
+    store = es.create(url, SPEC, capacity=64, shard_rows=16, storage_options=so)
+    nxt = write(store, 0, 0, 40, session=1)
+    store.flush()
+    r = es.open(url, storage_options=so)
+    old_steps = np.arange(0, 16)
+    rows = r.index.lane_rows(0, old_steps)
+    buf = np.empty((16, *SPEC.fields["obs.pixels"].shape), np.uint8)
+    assert r.reader.read("obs.pixels", rows, old_steps, buf).all()
+    write(store, 0, nxt, 60, session=1)  # the ring wraps: shard 0 now holds a new lap
+    store.flush()
+    buf[:] = 0
+    ok = r.reader.read("obs.pixels", rows, old_steps, buf)
+    assert np.array_equal(data.frame_header(buf[ok])[0], old_steps[ok])
+    store.close()
 
 
 def test_writes_ride_through_an_endpoint_restart(s3_url, s3_server, s3_proxy):
