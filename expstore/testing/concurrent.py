@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import store as store_api
+from .. import api as store_api
 from ..sampling import UniformSampler
 from . import crash, data
 

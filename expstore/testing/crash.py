@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import store as store_api
+from .. import api as store_api
 from ..sampling import PrioritizedSampler
 from ..storage import faults
 from . import data

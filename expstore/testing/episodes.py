@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import store as store_api
+from .. import api as store_api
 from ..field import Field
 from ..spec import Spec
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import store as store_api
+from .. import api as store_api
 from ..sampling import PrioritizedSampler
 from . import data
 
