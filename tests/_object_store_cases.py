@@ -297,7 +297,9 @@ class ObjectStoreCases:
             cut.start()
             back.start()
             nxt, flushes, after = 0, 0, 0
-            while after < 3:  # writing and flushing through the outage, and 3 flushes after
+            # writing and flushing through the outage, and 3 flushes after it (at least 4 in
+            # all: a flush held up by the whole outage may be the only one during it)
+            while after < 3 or flushes < 4:
                 nxt = write(store, 0, nxt, 10, session=1, per=10)
                 store.flush()
                 flushes += 1

@@ -154,7 +154,7 @@ def test_shard_cache_serves_hot_shards_without_requests(slow_s3, tmp_path):
     warm.close()
 
     # without the cache, the same reader's second pass requests the frames again
-    plain = es.open(url, storage_options=so)
+    plain = es.open(url, storage_options=so, cache_bytes=0)  # no frame cache either
     read_all(plain)
     proxy.reset_count()
     read_all(plain)

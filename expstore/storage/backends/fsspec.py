@@ -283,7 +283,7 @@ class FsspecBackend(Backend):
         async def one(key: str, data: bytes) -> None:
             async with sem:
                 try:
-                    await retrying(self, "PUT", key, self._aput, self._path(key), data)
+                    await retrying(self, "PUT", key, self._aput, key, data)
                 except FileNotFoundError as e:
                     raise StorageError(f"{self.url}/{key}: PUT failed (a permanent error: "
                                        f"not retried): the bucket or path does not exist "
@@ -292,9 +292,11 @@ class FsspecBackend(Backend):
 
         return await asyncio.gather(*(one(k, d) for k, d in items), return_exceptions=True)
 
-    async def _aput(self, path: str, data: bytes) -> None:
-        """One PUT on an async filesystem."""
+    async def _aput(self, key: str, data: bytes) -> None:
+        """One PUT of ``key`` on an async filesystem (the path :meth:`_put` takes too:
+        subclasses with their own upload override both)."""
         self.requests["put"] += 1
+        path = self._path(key)
         await self.fs._pipe_file(path, data)
         self.fs.invalidate_cache(path)
 

@@ -184,9 +184,9 @@ class S3Backend(FsspecBackend):
     def _put(self, key: str, data: bytes) -> None:
         self._sync(retrying, self, "PUT", key, self._s3_put, self._path(key), data)
 
-    async def _aput(self, path: str, data: bytes) -> None:
+    async def _aput(self, key: str, data: bytes) -> None:
         """One PUT (:meth:`put_many` runs up to ``max_uploads`` of them at once)."""
-        await self._s3_put(path, data)
+        await self._s3_put(self._path(key), data)
 
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """``If-None-Match: *`` / ``If-Match``, atomic on the server. Servers that answer

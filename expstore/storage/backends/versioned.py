@@ -254,6 +254,12 @@ class VersionedBackend(FsspecBackend):
         self.requests["put"] += 1
         self._sync(retrying, self, "PUT", key, self._vput, key, data)
 
+    async def _aput(self, key: str, data: bytes) -> None:
+        """One unconditional PUT through this backend's own upload (:meth:`put_many` runs
+        up to ``max_uploads`` of them at once)."""
+        self.requests["put"] += 1
+        await self._vput(key, data)
+
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """Create-only (``match=None``) or replace-only-version-``match``, decided by the
         server; read, compare, write where the endpoint does not honour preconditions."""
