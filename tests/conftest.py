@@ -116,3 +116,21 @@ def az_url(azurite, request):
     """A fresh container on azurite: ``(url, storage_options)``."""
     name = _bucket_name(request)[:63].rstrip("-")
     return f"az://{azurite.create_container(name)}/store.zarr", dict(azurite.storage_options)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Close the clients fsspec filesystems (adlfs, gcsfs) left to finalizers while fsspec's
+    event loop still runs: run at interpreter exit, they fail with 'Loop is not running'."""
+    import weakref
+
+    try:
+        from fsspec.asyn import sync
+    except ImportError:
+        return
+    for fin in list(weakref.finalize._registry):  # noqa: SLF001 - no public listing
+        info = weakref.finalize._registry.get(fin)
+        if info is not None and info.func is sync:
+            try:
+                fin()
+            except Exception:  # noqa: BLE001 - a client already gone: nothing to close
+                pass
