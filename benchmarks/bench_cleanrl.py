@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter with gymnasium 0.29.x, torch, stable-baselines3")
     args = ap.parse_args()
+    if os.sep in args.python:  # the scripts run in a scratch folder: keep the path valid there
+        args.python = os.path.abspath(args.python)
     version = subprocess.run([args.python, "-c", "import gymnasium; print(gymnasium.__version__)"],
                              check=True, capture_output=True, text=True).stdout.strip()
     if not version.startswith("0.29"):

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baselines import timed_loop, torchrl_memmap_case  # noqa: E402
-from expstore_case import ExpstoreCase  # noqa: E402
-from frames import load_atari_frames  # noqa: E402
-from report import markdown_table, ratio, save_json, write_section  # noqa: E402
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.baselines import timed_loop, torchrl_memmap_case  # noqa: E402
+from benchmarks.expstore_case import ExpstoreCase  # noqa: E402
+from benchmarks.frames import load_atari_frames  # noqa: E402
+from benchmarks.report import markdown_table, ratio, save_json, write_section  # noqa: E402
 
 
 def main() -> None:
