@@ -205,3 +205,75 @@ def test_cer_through_workers_puts_the_newest_transition_in_every_batch(tmp_path,
         n += 1
     assert n == 12 and loader.stats.stale_replaced == 0
     loader.close()
+
+
+# -- skip_corrupt: shards the workers find corrupt go back to the sampler ----------------------
+def _store_with_corrupt_shard(tmp_path):
+    """900 rows (episodes of 100 steps), obs shard 3 (rows 192..255) failing its checks."""
+    url = str(tmp_path / "c.zarr")
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2), action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=1024, shard_rows=64) as s:
+        for t in range(900):
+            s.add(np.full((8, 8), t % 250, np.uint8), t, 1.0,
+                  np.full((8, 8), (t + 1) % 250, np.uint8), terminated=t % 100 == 99,
+                  truncated=False)
+        key = s.layout.shard_key("obs", 3)
+    path = os.path.join(url, key)
+    raw = bytearray(open(path, "rb").read())
+    raw[-40:] = b"\x55" * 40  # the last inner chunks fail their crc32c
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    return url, np.arange(192, 256)
+
+
+def _recording(base):
+    """``base`` sampler that records each plan it draws and what the loader knew then."""
+
+    class Recording(base):
+        loader = None
+
+        def plan_batches(self, *args, **kwargs):
+            plan = super().plan_batches(*args, **kwargs)
+            self.drawn.append((self.loader.stats.corrupt_shards, plan))
+            return plan
+
+    return Recording
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_skip_corrupt_workers_feed_corrupt_shards_back_to_the_sampler(tmp_path, kind, caplog):
+    url, bad = _store_with_corrupt_shard(tmp_path)
+    caplog.set_level("WARNING", logger="expstore")
+    store = es.open(url)
+    held = store.num_transitions
+    base = es.UniformSampler if kind == "uniform" else es.PrioritizedSampler
+    sampler = _recording(base)(store)
+    sampler.drawn = []
+    loader = es.make_loader(store, sampler, batch_size=64, num_workers=2, num_batches=60,
+                            batches_per_message=1, skip_corrupt=True)
+    sampler.loader = loader
+    n = 0
+    for batch in loader:  # training goes on through the damage
+        index = batch["index"].numpy()
+        assert not np.isin(index, bad).any()
+        np.testing.assert_array_equal(batch["obs"].numpy()[:, -1, 0, 0],
+                                      (index - index // 101) % 250)
+        if kind == "prioritized":
+            sampler.update_priorities(batch["index"], batch["reward"].abs() + 0.5,
+                                      step_id=batch["step_id"])
+        n += 1
+    loader.close()
+    assert n == 60
+    after = [plan for known, plans in sampler.drawn if known for plan in plans]
+    assert len(after) >= 40  # only the draws already in flight preceded the report
+    for plan in after:  # no row of the shard is drawn again: anchors, stacks, next stacks
+        touched = np.concatenate([plan.rows, plan.obs_rows[~plan.obs_pad],
+                                  plan.next_rows[~plan.next_pad]])
+        assert not np.isin(touched, bad).any()
+    assert loader.stats.corrupt_shards == 1  # both workers may find it: counted once
+    assert loader.stats.corrupt_rows_quarantined == 64
+    assert held - store.num_transitions == 63  # its 64 rows, one a final row
+    assert sum("corrupt shard obs/c/3" in r.getMessage() for r in caplog.records) == 1
+    store.close()
+    with es.open(url) as again:  # the quarantine is in RAM: reopening starts afresh
+        assert again.num_transitions == held

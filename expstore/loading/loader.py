@@ -35,11 +35,15 @@ from ..sampling.uniform import UniformSampler
 from ..storage.layout import Layout
 from .columns import numpy_alloc
 from .execute import assemble_batches
-from .skip_corrupt import SkipCorruptSource
+from .skip_corrupt import SkipCorruptSource, quarantine_lap
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
+#: shards a reading process found corrupt since its last message, handed back with the
+#: batches: up to this many per message as (field number, shard, lap's first step), -1 after
+_CORRUPT = "_expstore_corrupt"
+_CORRUPT_SLOTS = 16
 _STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
                "read_seconds", "cache_hits", "cache_misses", "corrupt_rows_skipped",
                "stale_replaced")
@@ -60,8 +64,13 @@ class LoaderStats:
     cache_hits: int = 0
     cache_misses: int = 0
     stale_replaced: int = 0
-    #: rows not delivered because their shard failed its checks (``skip_corrupt=True``)
+    #: samples not delivered because their shard failed its checks (``skip_corrupt=True``;
+    #: draws planned before the shard was reported)
     corrupt_rows_skipped: int = 0
+    #: shards reported corrupt by the readers, each once (``skip_corrupt=True``)
+    corrupt_shards: int = 0
+    #: rows of those shards taken out of sampling, each counted once
+    corrupt_rows_quarantined: int = 0
     #: shared-memory buffers workers had to create (slots filled or grown at the start,
     #: later only when the consumer still holds every slot's batch; see ``transport``)
     new_buffers: int = 0
@@ -118,7 +127,8 @@ class StoreDataset(torch.utils.data.Dataset):
         if not self.skip_corrupt:
             return source
         if self._skipping is None or self._skipping.pid != os.getpid():
-            self._skipping = SkipCorruptSource(source, self.layout)
+            # found shards go back to the loader's process, which logs and quarantines them
+            self._skipping = SkipCorruptSource(source, self.layout, log=False)
         self._skipping.source = source
         return self._skipping
 
@@ -164,7 +174,8 @@ class StoreDataset(torch.utils.data.Dataset):
         t0 = _now()
         n = sum(getattr(p, "batches", 1) for p in plans)
         host_specs = {_STATS_KEY: ((len(_STAT_NAMES),), np.dtype(np.float64)),
-                      _ALL_STALE: ((n,), np.dtype(bool))}
+                      _ALL_STALE: ((n,), np.dtype(bool)),
+                      _CORRUPT: ((_CORRUPT_SLOTS, 3), np.dtype(np.int64))}
         host: dict[str, np.ndarray] = {}
         writer = self._slots() if pack else None
 
@@ -190,6 +201,11 @@ class StoreDataset(torch.utils.data.Dataset):
                                (source.found.rows_skipped - skipped
                                 if isinstance(source, SkipCorruptSource) else 0),
                                sum(st for _, st in results)]
+        host[_CORRUPT][:] = -1
+        if isinstance(source, SkipCorruptSource):
+            names = list(self.layout.fields)
+            for i, (name, shard, first) in enumerate(source.found.take(_CORRUPT_SLOTS)):
+                host[_CORRUPT][i] = (names.index(name), shard, first)
         if pack:
             return writer.message()
         return LocalBatches([{k: torch.from_numpy(v) for k, v in b.items()} if b is not None
@@ -354,6 +370,7 @@ class StoreLoader(DataLoader):
         for _ in range(attempts):
             got = self.dataset.read(self.plans.item([self.plans.plan()]), pack=False)
             self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
+            self._quarantine(got.host)
             if not got.host[_ALL_STALE][0]:
                 return got.batches[0]
         raise StaleBatchError(f"{attempts} fresh batches in a row were overwritten before "
@@ -365,6 +382,24 @@ class StoreLoader(DataLoader):
         self.plans = plans
         self.device = torch.device(device) if device is not None else None
         self.stats = LoaderStats()
+        #: the index samplers draw from: corrupt shards the readers report are marked lost
+        #: there (``skip_corrupt``); ``None``: not told
+        self.index: Any = None
+        self._quarantined: set[tuple[int, int]] = set()  # (shard, lap's first step)
+
+    def _quarantine(self, host: dict[str, np.ndarray]) -> None:
+        """Take the corrupt shards a message reports out of sampling, each once."""
+        names = list(self.dataset.layout.fields)
+        for field, shard, first in host[_CORRUPT].tolist():
+            if field < 0:
+                break
+            if (shard, first) in self._quarantined:
+                continue
+            self._quarantined.add((shard, first))
+            self.stats.corrupt_shards += 1
+            if self.index is not None:
+                self.stats.corrupt_rows_quarantined += quarantine_lap(
+                    self.index, self.dataset.layout, names[field], shard, first)
 
     @property
     def plan_sampler(self) -> Any:
@@ -391,6 +426,7 @@ class StoreLoader(DataLoader):
             counts = dict(zip(_STAT_NAMES, host[_STATS_KEY].tolist()))
             del counts["batches"]  # counted as they are handed out
             self.stats.add(counts)
+            self._quarantine(host)
             for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
                 if all_stale:
                     batch = self._replan()
@@ -427,9 +463,13 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
     later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
-    ``skip_corrupt=True``: a shard that fails its checks does not end training; its rows
-    are quarantined in the reading process's memory (logged once per shard, counted in
-    ``loader.stats.corrupt_rows_skipped``) and their samples replaced like stale ones.
+    ``skip_corrupt=True``: a shard that fails its checks does not end training: the
+    reading process skips it from then on and replaces its samples like stale ones
+    (``loader.stats.corrupt_rows_skipped``), and reports it with its batches; this process
+    then marks its rows lost in ``store.index`` (RAM only), so ``sampler`` (drawing from
+    ``store``) never draws them again, logs the shard once and counts it once
+    (``corrupt_shards``, ``corrupt_rows_quarantined``). Reopen the store after ``expstore
+    repair`` to sample what the repair kept.
     """
     check_batch(batch_size)
     if sampler is None:
@@ -458,4 +498,7 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     group = 1 if num_workers == 0 else (
         max(1, 512 // batch_size) if batches_per_message is None else batches_per_message)
     plans = PlanGroups(sampler, batch_size, view, group, num_batches, staged)
-    return StoreLoader(dataset, plans, device=device, **kwargs)
+    loader = StoreLoader(dataset, plans, device=device, **kwargs)
+    if skip_corrupt:
+        loader.index = getattr(sampler, "store", store).index
+    return loader
