@@ -27,7 +27,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
            shard_rows: int | None = None, overwrite: bool = False,
            storage_options: dict[str, Any] | None = None, fsync: bool = True,
            lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
-           strict: bool = False) -> Store:
+           strict: bool = False, mode: str = "r+") -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
@@ -39,9 +39,12 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     with :class:`FileExistsError` naming what was found, never deleted. ``lease_ttl`` and
     ``strict``: see :func:`open`. ``checksum``: every inner chunk and shard header carries
     a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
-    never a wrong value (``expstore verify``).
+    never a wrong value (``expstore verify``). ``mode="r"``: the new store is returned
+    read-only (no lane opened for writing, no lease, nothing staged in RAM).
     """
     url = os.fspath(url)
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
     if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
         raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
                         f"for a vector env), got {lanes!r}")
@@ -66,7 +69,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
-    return Store(backend, layout, mode="r+", storage_options=storage_options,
+    return Store(backend, layout, mode=mode, storage_options=storage_options,
                  lease_ttl=lease_ttl, strict=strict)
 
 

@@ -11,6 +11,7 @@ from ...api import create
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
 from ...storage.import_marker import read_import_marker, write_import_marker
+from ...storage.layout import auto_shard_rows
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
 from ..summary import ImportSummary
@@ -20,6 +21,23 @@ from .parallel import run_lanes
 from .source import SourceFolder
 
 FORMAT = "dopamine"
+#: raw bytes of one shard's rows an import's default shard size stays within: each worker's
+#: writer stages up to three shards (``storage/writer.py``), so 84x84 frames get 2,048-row
+#: shards, 3 x 14.5 MB per worker
+IMPORT_SHARD_BYTES = 16 << 20
+
+
+def import_shard_rows(spec: Any, capacity: int, lanes: int) -> int:
+    """Default rows per shard of an import: the store's default (``auto_shard_rows``),
+    halved while a shard's rows would exceed :data:`IMPORT_SHARD_BYTES` (64 at least)."""
+    import numpy as np
+
+    row = sum(np.dtype(f.dtype).itemsize * int(np.prod(f.shape, dtype=np.int64))
+              for f in spec.fields.values())
+    rows = auto_shard_rows(capacity, lanes)
+    while rows > 64 and rows * row > IMPORT_SHARD_BYTES:
+        rows //= 2
+    return rows
 
 
 def parse_suffixes(spec: Any) -> list[int] | None:
@@ -48,7 +66,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
                     suffixes: list[int] | range | int | str | None = None, *, stack: int = 4,
                     num_actions: int | None = None, codec: dict | None = None,
                     capacity: int | None = None, shard_rows: int | None = None,
-                    block_rows: int = 1024, workers: int | None = None,
+                    block_rows: int = 512, workers: int | None = None,
                     overwrite: bool = False, storage_options: dict[str, Any] | None = None,
                     source_options: dict[str, Any] | None = None, fsync: bool = False,
                     progress: ProgressArg = None) -> ImportSummary:
@@ -56,13 +74,15 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     ``s3://bucket/dqn/Pong/1/replay_logs`` or ``gs://...``) into a store at ``url``.
 
     ``suffixes``: which checkpoints (default: all found; a list, a range, or ``"0-9,12"``),
-    one lane each, in that order. Files are streamed, never copied: memory stays near
-    ``block_rows`` frames plus the small arrays (action/reward/terminal: 9 bytes per row)
-    per worker. ``workers``: processes decoding checkpoints in parallel (default: one per
+    one lane each, in that order. Files are streamed, never copied: a worker holds its
+    lane writer's staging (up to three shards of rows), three blocks of ``block_rows``
+    frames, the source's read-ahead and the small arrays (action/reward/terminal: 9 bytes
+    per row). ``workers``: processes decoding checkpoints in parallel (default: one per
     CPU core, at most one per checkpoint; ``1``: in this process). ``stack``: Dopamine's
     ``stack_size`` (the obs field gets ``stack`` and zero padding). ``codec`` for frames
     (default: the store's image codec). ``source_options``: fsspec options for ``src``
-    (``storage_options`` are the store's).
+    (``storage_options`` are the store's). ``shard_rows``: default
+    :func:`import_shard_rows` (shards of at most 16 MiB of rows).
 
     The store is marked as a partial import until every checkpoint is in
     (``expstore info``/``verify`` say so). Running the same import again on a partial store
@@ -97,8 +117,11 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     marker = _resumable(url, folder, options, storage_options, overwrite)
     if marker is None:
         cap = capacity_for(max(count_rows(ck, stack) for ck in cks), len(cks), capacity)
+        if shard_rows is None:
+            shard_rows = import_shard_rows(spec, cap, len(cks))
         store = create(url, spec, cap, lanes=len(cks), shard_rows=shard_rows,
-                       overwrite=overwrite, storage_options=storage_options, fsync=fsync)
+                       overwrite=overwrite, storage_options=storage_options, fsync=fsync,
+                       mode="r")  # lanes are opened for writing by the workers, one each
         try:
             marker = {"format": FORMAT, "source": folder.url, "status": "partial",
                       "options": options, "lanes": {str(i): {"checkpoint": ck.suffix,
@@ -107,6 +130,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
             write_import_marker(store.backend, marker)
         finally:
             store.close()
+            del store
     todo = [i for i in range(len(cks)) if not marker["lanes"][str(i)]["done"]]
     if len(todo) < len(cks):
         summary.notes.append(f"resumed a partial import: {len(cks) - len(todo)} of "

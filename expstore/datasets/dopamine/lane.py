@@ -24,6 +24,9 @@ from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
 _SMALL_ROW = 256  # arrays with rows up to this many bytes are loaded whole (C x 256 B)
+#: blocks inflated ahead of the one being stored: the writer's encoding is the slower
+#: stage, so one hides the inflate and each further block only costs memory
+_PREFETCH = 1
 
 
 @dataclass
@@ -120,8 +123,17 @@ def _episode_position(keep: np.ndarray, term: np.ndarray, q: int, first: int) ->
 
 
 def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]:
-    """Blocks of the streamed arrays, oldest rows first: ``{name: (b-a, ...) array}``."""
+    """Blocks of the streamed arrays, oldest rows first: ``{name: (b-a, ...) array}``.
+
+    Blocks are inflated into a ring of ``_PREFETCH + 2`` buffers (one being filled, the
+    prefetched ones, the one the consumer holds), so a block is valid until the consumer
+    asks for the next one but one: reading allocates nothing per block, which keeps the
+    heap of a long import from growing with freed blocks.
+    """
     readers = {name: ck.reader(name) for name in names}
+    ring = [{name: np.empty((block_rows, *ck.arrays[name][0][1:]), ck.arrays[name][1])
+             for name in names} for _ in range(_PREFETCH + 2)]
+    k = 0
     try:
         for fa, fb in ck.file_ranges():
             for name, r in list(readers.items()):
@@ -130,7 +142,8 @@ def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]
                     readers[name] = r = ck.reader(name)
                 r.skip(fa - r.pos, block_rows)
             for a, b in blocks(fa, fb, block_rows):
-                vals = {name: r.read(b - a) for name, r in readers.items()}
+                vals = {name: r.read(b - a, out=ring[k][name]) for name, r in readers.items()}
+                k = (k + 1) % len(ring)
                 if b == ck.capacity:
                     for r in readers.values():
                         r.check_end()
@@ -178,7 +191,7 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
     q_from = 0
     q = 0  # chronological index of the next row
     try:
-        with Prefetch(_stream(ck, big, block_rows)) as stream:
+        with Prefetch(_stream(ck, big, block_rows), depth=_PREFETCH) as stream:
             for vals in stream:
                 n = len(vals["observation"])
                 qa, qb = q, q + n

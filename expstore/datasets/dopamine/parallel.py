@@ -87,7 +87,7 @@ def _run_processes(tasks: list[tuple[int, Checkpoint]], n: int, args: tuple, pro
         try:
             for _ in range(n):
                 p = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=worker_env())
                 procs.append(p)
                 p.stdin.write(init)
                 p.stdin.close()
@@ -134,6 +134,16 @@ def _run_processes(tasks: list[tuple[int, Checkpoint]], n: int, args: tuple, pro
                 c.close()
     if error is not None and not interrupted():  # Ctrl-C: the caller raises it
         raise error
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process: this one's, with the lane writer staging in
+    private memory (no reader follows an import's unflushed rows, so the shared staging
+    file of ``storage/staging.py``, whose pages are all mapped in at open, is not needed;
+    private pages are taken only as rows fill them)."""
+    env = dict(os.environ)
+    env["EXPSTORE_SHARED_STAGING"] = "0"
+    return env
 
 
 _BOOT = ("import pickle, sys; init = pickle.load(sys.stdin.buffer); sys.path[:] = "
