@@ -292,3 +292,46 @@ def test_a_script_without_main_guard_imports_in_parallel(tmp_path):
     assert res.stdout.count("lanes 3") == 1
     import_dopamine(tmp_path / "run", tmp_path / "one.zarr", workers=1)
     same_rows(es.open(tmp_path / "s.zarr"), es.open(tmp_path / "one.zarr"))
+
+
+def test_import_store_is_created_without_lane_writers(tmp_path):
+    """The importing process creates the store read-only: no lane writer staging shards in
+    its memory and no lease, so the workers open their lanes at once."""
+    spec = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
+                          action=es.Field((), np.int64, low=0, high=5))
+    made = es.create(tmp_path / "a.zarr", spec, capacity=8192, lanes=2, mode="r")
+    assert made.mode == "r" and not made.writers
+    with es.open(tmp_path / "a.zarr", "r+", lane=1, lease_ttl=60) as w:  # no lease to wait on
+        w.add(np.zeros((84, 84), np.uint8), 1, 0.5, np.ones((84, 84), np.uint8), True, False)
+    made.close()
+    with pytest.raises(ValueError, match="mode: expected 'r' or 'r\\+'"):
+        es.create(tmp_path / "b.zarr", spec, capacity=8192, mode="w")
+    assert not (tmp_path / "b.zarr").exists()
+
+
+def test_import_shards_stay_within_16_mib(tmp_path):
+    """84x84 frames get 2,048-row shards (a worker's writer stages three of them); small
+    frames keep the store's default; an explicit shard_rows wins."""
+    from expstore.datasets.dopamine.importer import import_shard_rows
+    from expstore.storage.layout import auto_shard_rows
+
+    atari = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
+                           action=es.Field((), np.int64, low=0, high=5))
+    assert import_shard_rows(atari, 4 * 1_000_000, 4) == 2048
+    assert import_shard_rows(atari, 4 * 1_000_000, 4) * 84 * 84 <= 16 << 20
+    small = es.Spec.create(obs=es.Field(SHAPE, np.uint8, stack=K), action=es.Field((), np.int64))
+    assert import_shard_rows(small, 1_000_000, 1) == auto_shard_rows(1_000_000, 1)
+    write_run(tmp_path / "run", checkpoints=1)
+    import_dopamine(tmp_path / "run", tmp_path / "s.zarr", workers=1, shard_rows=64)
+    with es.open(tmp_path / "s.zarr") as s:
+        assert s.layout.shard_rows == 64
+
+
+def test_small_blocks_through_the_worker_ring_keep_every_row(tmp_path):
+    """Blocks inflate into a reused ring of buffers: with blocks of a few rows (many ring
+    laps per shard, wrapped checkpoints read twice) the rows equal a one-block import."""
+    write_run(tmp_path / "run", checkpoints=3)
+    import_dopamine(tmp_path / "run", tmp_path / "small.zarr", workers=2, block_rows=7)
+    import_dopamine(tmp_path / "run", tmp_path / "whole.zarr", workers=1, block_rows=1000)
+    with es.open(tmp_path / "small.zarr") as a, es.open(tmp_path / "whole.zarr") as b:
+        same_rows(a, b)
