@@ -259,7 +259,7 @@ class Store:
         steps = steps[steps >= 0]
         if len(steps):
             lo, hi = int(steps.min()), int(steps.max()) + 1
-            self.index.mark_lost(lane, [(lo, hi)], lo, hi)
+            self.index.mark_lost(lane, [(lo, hi)], lo, int(self.index.count[lane]))
 
     def episodes(self, lanes: int | Iterable[int] | None = None,
                  steps: tuple[int | None, int | None] | None = None,

@@ -418,3 +418,21 @@ def test_in_process_sampling_skips_corrupt_shards(tmp_path, caplog):
     assert before - store.num_transitions == 63  # its 64 rows (one a final row) are lost
     assert sum("corrupt shard obs/c/3" in r.getMessage() for r in caplog.records) == 1
     store.close()
+
+
+def test_in_process_skip_corrupt_never_draws_a_stack_reaching_the_shard(tmp_path):
+    """After the first hit no sample reads the shard again: not its rows, nor the frame
+    stack of the row just after it (that row starts a new episode in the index)."""
+    url, bad_rows = _corrupt_store(tmp_path)
+    store = es.open(url)
+    store.skip_corrupt = True
+    while not store.corrupt_rows_skipped:
+        store.sample(64)
+    skipped = store.corrupt_rows_skipped
+    for _ in range(100):  # 6,400 draws: the row after the shard (1 in ~840) comes up
+        b = store.sample(64)
+        assert not np.isin(b["index"], bad_rows).any()
+        np.testing.assert_array_equal(b["obs"][:, -1, 0, 0],
+                                      (b["index"] - b["index"] // 101) % 250)
+    assert store.corrupt_rows_skipped == skipped
+    store.close()
