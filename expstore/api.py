@@ -118,7 +118,8 @@ def _refuse_if_leased(backend: Backend) -> None:
 def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # noqa: A001
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
          fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
-         strict: bool = False, cache_bytes: int | None = None) -> Store:
+         strict: bool = False, cache_bytes: int | None = None,
+         index_all: bool = True) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -139,6 +140,11 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
     (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
     frames are first read, so RAM grows to the budget only as rows are sampled.
+
+    ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a
+    writer that never samples (a dataset import's lane): the other lanes read as empty until
+    :meth:`Store.refresh`, and opening spends nothing on them (indexing reads every row's
+    metadata and keeps 5 bytes per row).
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
@@ -153,7 +159,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         raise SpecError(f"{url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
     store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
-                  lease_ttl=lease_ttl, strict=strict)
+                  lease_ttl=lease_ttl, strict=strict, index_all=index_all)
     if cache_bytes is not None:
         store.cache_bytes = int(cache_bytes)
         if store._reader is not None:

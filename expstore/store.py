@@ -121,7 +121,8 @@ class Store:
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
-                 lease_ttl: float | None = DEFAULT_TTL, strict: bool = False):
+                 lease_ttl: float | None = DEFAULT_TTL, strict: bool = False,
+                 index_all: bool = True):
         self._closed = False
         self.backend = backend
         self.layout = layout
@@ -160,7 +161,8 @@ class Store:
             self._quarantine_read = time.monotonic()
             self._states = read_states(backend, list(range(layout.lanes)))
             for st in list(self._states):
-                self._load_lane_retrying(st)
+                if index_all or st.lane in self.write_lanes:
+                    self._load_lane_retrying(st)
             for i in self.write_lanes:
                 self.writers[i] = self._resume_writer(self._states[i])
         except BaseException:

@@ -335,3 +335,21 @@ def test_small_blocks_through_the_worker_ring_keep_every_row(tmp_path):
     import_dopamine(tmp_path / "run", tmp_path / "whole.zarr", workers=1, block_rows=1000)
     with es.open(tmp_path / "small.zarr") as a, es.open(tmp_path / "whole.zarr") as b:
         same_rows(a, b)
+
+
+def test_lane_writer_opens_without_indexing_the_other_lanes(tmp_path):
+    """An import worker opens its lane with index_all=False: the lanes other checkpoints
+    filled are not read (they appear empty to it until refresh), its own lane is whole."""
+    write_run(tmp_path / "run", checkpoints=3)
+    import_dopamine(tmp_path / "run", tmp_path / "s.zarr", workers=1)
+    with es.open(tmp_path / "s.zarr") as full:
+        per_lane = [int(full.index.count[i]) for i in range(3)]
+        total = len(full)
+    assert min(per_lane) > 0
+    w = es.open(tmp_path / "s.zarr", "r+", lane=1, index_all=False)
+    try:
+        assert [int(c) for c in w.index.count] == [0, per_lane[1], 0]
+        w.refresh()  # the others are indexed on demand
+        assert [int(c) for c in w.index.count] == per_lane and len(w) == total
+    finally:
+        w.close()

@@ -238,7 +238,8 @@ def _open_lane(url: str, lane: int, keep: np.ndarray, term: np.ndarray, storage_
     q_from, rows = resume_point(keep, term, committed)
     if rows < committed:
         _rewind(url, lane, rows, storage_options)
-    store = open_store(url, "r+", lane=lane, storage_options=storage_options, fsync=fsync)
+    store = open_store(url, "r+", lane=lane, storage_options=storage_options, fsync=fsync,
+                       index_all=False)  # the lanes of other checkpoints: not needed here
     return store, q_from, rows
 
 
