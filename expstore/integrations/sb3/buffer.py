@@ -42,6 +42,7 @@ from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .mirror import RamMirror
 from .sync import StoreSync
+from .views import SB3ArrayViews
 
 
 class _DoneMarks:
@@ -56,6 +57,24 @@ class _DoneMarks:
         if self.mirror is not None and bool(np.all(value)):
             self.mirror.cut(int(np.asarray(key).ravel()[0]))
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """SB3's ``dones`` (``(buffer_size, n_envs)`` float32): 1 where the step ended its
+        episode (terminated or truncated, a cut included). A copy."""
+        if self.mirror is None:
+            raise TypeError("dones: this buffer samples from its store (mirror=False) and "
+                            "keeps no arrays in RAM; read them with store.transitions(rows)")
+        a = self.mirror.arrays
+        return (a["terminated"] | a["truncated"]).astype(dtype or np.float32)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return np.asarray(self)[key]
+
+    def __iter__(self) -> Any:
+        return iter(np.asarray(self))
+
+    def __len__(self) -> int:
+        return 0 if self.mirror is None else self.mirror.size
+
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
@@ -63,7 +82,7 @@ MIRROR_AUTO_BYTES = 1 << 30
 SYNC_QUEUE_BYTES = 64 << 20
 
 
-class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
+class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
     """SB3 replay buffer whose transitions live in an expstore store at ``url``.
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
@@ -377,8 +396,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             self._put("action", pos, action)
             self._put("reward", pos, reward)
             self._put("terminated", pos, done)
-        if timeout is not False:
-            trunc[pos] = timeout & term[pos]
+        if timeout is not False:  # a time limit ends the stream, as in SB3's n-step buffer
+            trunc[pos] = timeout
             term[pos] &= ~trunc[pos]
         else:
             trunc[pos] = False
@@ -428,7 +447,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         done = np.asarray(done).reshape(n).astype(bool)
         timeout = np.zeros(n, bool)
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
-            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos]) & done
+            timeout = np.array([bool(np.all(i.get("TimeLimit.truncated", False)))
+                                for i in infos])
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         action = self._shape_action(action)
         if self.frame_stack:
@@ -454,7 +474,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                 self._rng = np.random.default_rng(int(np.random.randint(2**31 - 1)))
             inds, envs, weights = m.draw_prioritized(batch_size, self._rng)
         else:
-            upper = m.filled()
+            upper = self.buffer_size if self.full else self.pos  # SB3's bound
             if upper == 0:
                 raise ValidationError("sample: the buffer is empty; add transitions first")
             if self._rng is None:
