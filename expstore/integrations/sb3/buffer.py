@@ -18,7 +18,9 @@ SB3's buffer would draw; the store is written behind it by a background thread
 - ``dones`` returned by :meth:`sample` are *terminations* only (truncated transitions,
   including SB3 timeouts when ``handle_timeout_termination=True``, bootstrap);
 - ``n_steps``/``gamma`` give n-step returns (``discounts`` = gamma^m, like SB3's
-  ``NStepReplayBuffer``); batches also carry ``weights``, ``index`` and ``step_id``.
+  ``NStepReplayBuffer``); batches also carry ``weights``, ``index`` and ``step_id``;
+- SB3's arrays (``observations``, ``actions``, ``rewards``, ``timeouts``, ``dones``) are
+  views of the RAM mirror (:mod:`.views`); a buffer without a mirror has none.
 """
 
 from __future__ import annotations
@@ -42,39 +44,7 @@ from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .mirror import RamMirror
 from .sync import StoreSync
-from .views import SB3ArrayViews
-
-
-class _DoneMarks:
-    """Stand-in for SB3's ``dones`` array: ``OffPolicyAlgorithm._setup_learn`` sets
-    ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
-    marks that step truncated (it bootstraps); the store detects the break itself."""
-
-    def __init__(self, mirror: RamMirror | None = None) -> None:
-        self.mirror = mirror
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if self.mirror is not None and bool(np.all(value)):
-            self.mirror.cut(int(np.asarray(key).ravel()[0]))
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        """SB3's ``dones`` (``(buffer_size, n_envs)`` float32): 1 where the step ended its
-        episode (terminated or truncated, a cut included). A copy."""
-        if self.mirror is None:
-            raise TypeError("dones: this buffer samples from its store (mirror=False) and "
-                            "keeps no arrays in RAM; read them with store.transitions(rows)")
-        a = self.mirror.arrays
-        return (a["terminated"] | a["truncated"]).astype(dtype or np.float32)
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        return np.asarray(self)[key]
-
-    def __iter__(self) -> Any:
-        return iter(np.asarray(self))
-
-    def __len__(self) -> int:
-        return 0 if self.mirror is None else self.mirror.size
-
+from .views import DoneMarks, SB3ArrayViews
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
@@ -428,7 +398,7 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
     def _bind_mirror(self) -> None:
         """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
         m = self._mirror
-        self.dones = _DoneMarks(m)
+        self.dones = DoneMarks(m)
         if m is None:
             return
         self._mirror_arrays = m.arrays

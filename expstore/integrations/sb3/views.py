@@ -1,7 +1,8 @@
 """SB3's replay-buffer arrays (``observations``, ``actions``, ``rewards``, ...) as views of
 an :class:`~expstore.integrations.sb3.ExpstoreReplayBuffer`'s RAM mirror, in the shapes
 SB3's ``ReplayBuffer`` gives them. Code written against SB3's buffer reads them (checks
-on stored actions, copying one buffer into another with ``extend``)."""
+on stored actions, copying one buffer into another with ``extend``), and
+:class:`DoneMarks`, the buffer's ``dones``."""
 
 from __future__ import annotations
 
@@ -64,3 +65,34 @@ class SB3ArrayViews:
         """``(buffer_size, n_envs)`` bool: the step ended its episode by a time limit
         (``TimeLimit.truncated``) or by a cut between ``learn()`` calls."""
         return self._arrays("timeouts")["truncated"]
+
+
+class DoneMarks:
+    """Stand-in for SB3's ``dones`` array: ``OffPolicyAlgorithm._setup_learn`` sets
+    ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
+    marks that step truncated (it bootstraps); the store detects the break itself."""
+
+    def __init__(self, mirror: RamMirror | None = None) -> None:
+        self.mirror = mirror
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.mirror is not None and bool(np.all(value)):
+            self.mirror.cut(int(np.asarray(key).ravel()[0]))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """SB3's ``dones`` (``(buffer_size, n_envs)`` float32): 1 where the step ended its
+        episode (terminated or truncated, a cut included). A copy."""
+        if self.mirror is None:
+            raise TypeError("dones: this buffer samples from its store (mirror=False) and "
+                            "keeps no arrays in RAM; read them with store.transitions(rows)")
+        a = self.mirror.arrays
+        return (a["terminated"] | a["truncated"]).astype(dtype or np.float32)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return np.asarray(self)[key]
+
+    def __iter__(self) -> Any:
+        return iter(np.asarray(self))
+
+    def __len__(self) -> int:
+        return 0 if self.mirror is None else self.mirror.size
