@@ -9,7 +9,9 @@ the ``tests/`` folder of SB3's source distribution. It
   ``from ... import ReplayBuffer`` and their parametrize lists get ours), and for good in
   ``stable_baselines3.common.off_policy_algorithm`` (so DQN/SAC/TD3/DDPG build ours when
   ``replay_buffer_class`` is ``None``);
-- keeps only the tests that build a replay buffer (:data:`FILES`, :func:`_touches_buffer`);
+- keeps only the tests that build a replay buffer (:data:`FILES`, :func:`_touches_buffer`;
+  with ``$EXPSTORE_SB3_UPSTREAM_ALL`` set, every case of the files given that does not
+  use A2C, PPO, HER or a rollout buffer);
 - marks the deliberate differences (:data:`DIFFERENCES`) ``xfail(strict=True)``: when one
   starts passing, the run fails and the entry must go;
 - writes a JSON report (path in ``$EXPSTORE_SB3_UPSTREAM_REPORT``): per test its outcome and
@@ -115,6 +117,8 @@ DIFFERENCES: dict[str, str] = {
 
 def _touches_buffer(item: pytest.Item) -> bool:
     selected = FILES.get(item.path.name, set())
+    if os.environ.get("EXPSTORE_SB3_UPSTREAM_ALL"):
+        selected = None  # every off-policy case of the files given
     if selected is not None and not {item.originalname, item.name} & selected:
         return False
     if f"{item.path.name}::{item.name}" in NO_BUFFER:
