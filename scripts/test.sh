@@ -19,6 +19,10 @@ if [ ! -x "$AZURITE" ]; then
     echo "warning: npm not found: the Azure tests will say so" >&2
   fi
 fi
+# Stable-Baselines3's own tests (tests/test_sb3_upstream.py) come from its source
+# distribution on PyPI, for the installed version: downloaded once into .cache/sb3-sdist
+"$PY" tests/_sb3_sdist.py >/dev/null \
+  || echo "warning: SB3 sdist download failed: tests/test_sb3_upstream.py will say so" >&2
 # gymnasium 0.29 (CleanRL pins gymnasium==0.29.1): the sb3/gym extras must resolve next to it,
 # and the adapter tests run on it. A second venv sees the first one's packages through a .pth
 # file (no second torch install) and holds only gymnasium 0.29.1 itself. Full runs only.

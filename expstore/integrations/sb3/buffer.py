@@ -18,7 +18,9 @@ SB3's buffer would draw; the store is written behind it by a background thread
 - ``dones`` returned by :meth:`sample` are *terminations* only (truncated transitions,
   including SB3 timeouts when ``handle_timeout_termination=True``, bootstrap);
 - ``n_steps``/``gamma`` give n-step returns (``discounts`` = gamma^m, like SB3's
-  ``NStepReplayBuffer``); batches also carry ``weights``, ``index`` and ``step_id``.
+  ``NStepReplayBuffer``); batches also carry ``weights``, ``index`` and ``step_id``;
+- SB3's arrays (``observations``, ``actions``, ``rewards``, ``timeouts``, ``dones``) are
+  views of the RAM mirror (:mod:`.views`); a buffer without a mirror has none.
 """
 
 from __future__ import annotations
@@ -42,20 +44,7 @@ from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .mirror import RamMirror
 from .sync import StoreSync
-
-
-class _DoneMarks:
-    """Stand-in for SB3's ``dones`` array: ``OffPolicyAlgorithm._setup_learn`` sets
-    ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
-    marks that step truncated (it bootstraps); the store detects the break itself."""
-
-    def __init__(self, mirror: RamMirror | None = None) -> None:
-        self.mirror = mirror
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if self.mirror is not None and bool(np.all(value)):
-            self.mirror.cut(int(np.asarray(key).ravel()[0]))
-
+from .views import DoneMarks, SB3ArrayViews
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
@@ -63,7 +52,7 @@ MIRROR_AUTO_BYTES = 1 << 30
 SYNC_QUEUE_BYTES = 64 << 20
 
 
-class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
+class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
     """SB3 replay buffer whose transitions live in an expstore store at ``url``.
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
@@ -377,8 +366,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             self._put("action", pos, action)
             self._put("reward", pos, reward)
             self._put("terminated", pos, done)
-        if timeout is not False:
-            trunc[pos] = timeout & term[pos]
+        if timeout is not False:  # a time limit ends the stream, as in SB3's n-step buffer
+            trunc[pos] = timeout
             term[pos] &= ~trunc[pos]
         else:
             trunc[pos] = False
@@ -409,7 +398,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     def _bind_mirror(self) -> None:
         """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
         m = self._mirror
-        self.dones = _DoneMarks(m)
+        self.dones = DoneMarks(m)
         if m is None:
             return
         self._mirror_arrays = m.arrays
@@ -428,7 +417,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         done = np.asarray(done).reshape(n).astype(bool)
         timeout = np.zeros(n, bool)
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
-            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos]) & done
+            timeout = np.array([bool(np.all(i.get("TimeLimit.truncated", False)))
+                                for i in infos])
         obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
         action = self._shape_action(action)
         if self.frame_stack:
@@ -454,7 +444,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                 self._rng = np.random.default_rng(int(np.random.randint(2**31 - 1)))
             inds, envs, weights = m.draw_prioritized(batch_size, self._rng)
         else:
-            upper = m.filled()
+            upper = self.buffer_size if self.full else self.pos  # SB3's bound
             if upper == 0:
                 raise ValidationError("sample: the buffer is empty; add transitions first")
             if self._rng is None:
