@@ -26,11 +26,12 @@ from .staging import _BUF0, N_WORD
 
 
 class LaneRows:
-    """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``)."""
+    """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``;
+    ``None`` for a lane not written here: its buffer addresses stay 0)."""
 
     def __init__(self, writers: list[Any]) -> None:
         self.writers = writers
-        layout = writers[0].layout
+        layout = next(w for w in writers if w is not None).layout
         self.names = list(layout.fields)
         self.dtypes = [f.dtype for f in layout.fields.values()]
         self.row_bytes = [f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
@@ -45,13 +46,20 @@ class LaneRows:
         self.base = np.zeros((len(self.names), L), np.int64)  # field buffers' addresses
         self.pub = np.zeros(L, np.int64)  # address of its published row count; 0: private
         self.curs: list[Any] = [None] * L
-        self.stale = set(range(L))
+        self.stale = {j for j, w in enumerate(writers) if w is not None}
         for w in writers:
-            w.on_move = self.touch
+            if w is not None:
+                w.on_move = self.touch
 
     def touch(self, lane: int) -> None:
         """Lane ``lane`` staged rows or moved its open shard elsewhere: re-read it."""
         self.stale.add(lane)
+
+    def reload(self) -> None:
+        """Re-read the lanes touched since the last call (:meth:`touch`)."""
+        for j in list(self.stale):
+            self._load(j)
+        self.stale.clear()
 
     def _load(self, j: int) -> None:
         w = self.writers[j]
@@ -79,9 +87,7 @@ class LaneRows:
         if ws[int(idx[0])].forks != FORKS[0]:
             ws[int(idx[0])]._check_owner()
         if self.stale:
-            for j in list(self.stale):
-                self._load(j)
-            self.stale.clear()
+            self.reload()
         n = self.n if lanes is None else self.n[idx]
         changed: list[int] = []
         if not n.all():  # lanes whose next row opens a shard
