@@ -65,6 +65,7 @@ typedef struct {
     uint8_t fl_first, fl_last, fl_term, fl_trunc;
     PyObject *keep;    /* the arrays above, held alive */
     PyObject *writers; /* tuple: lane -> LaneWriter or None */
+    PyObject *pending; /* tuple: lane -> its writer's list of failed shard writes, or None */
     PyObject *curs;    /* list: lane -> the writer's open shard (kept current by the caller) */
 } Plan;
 
@@ -229,6 +230,7 @@ static int array_value(const vfield *vf, PyObject *v, Py_ssize_t lanes, int cast
 static void Plan_dealloc(Plan *self) {
     Py_XDECREF(self->keep);
     Py_XDECREF(self->writers);
+    Py_XDECREF(self->pending);
     Py_XDECREF(self->curs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -315,6 +317,23 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     Py_XSETREF(self->keep, PyTuple_Pack(2, arrays, fields));
+    PyObject *pending = PyTuple_New(L);
+    if (pending == NULL) return -1;
+    for (Py_ssize_t j = 0; j < L; j++) {
+        PyObject *w = PyTuple_GET_ITEM(writers, j), *p;
+        if (w == Py_None) {
+            p = Py_None;
+            Py_INCREF(p);
+        } else if ((p = PyObject_GetAttr(w, s_pending)) == NULL || !PyList_Check(p)) {
+            Py_XDECREF(p);
+            Py_DECREF(pending);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "StepPlan: a writer's pending is a list");
+            return -1;
+        }
+        PyTuple_SET_ITEM(pending, j, p);
+    }
+    Py_XSETREF(self->pending, pending);
     Py_INCREF(writers);
     Py_XSETREF(self->writers, writers);
     Py_INCREF(curs);
@@ -386,16 +405,9 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     uint8_t done_l[k];
     for (Py_ssize_t i = 0; i < k; i++) {
         Py_ssize_t j = j0 + i;
-        PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-        if (w == Py_None || self->base[j] == 0) Py_RETURN_FALSE;
-        PyObject *pending = PyObject_GetAttr(w, s_pending);
-        if (pending == NULL) return NULL;
-        Py_ssize_t np_ = PyObject_Length(pending);
-        Py_DECREF(pending);
-        if (np_ != 0) {
-            if (np_ < 0) PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
+        PyObject *pending = PyTuple_GET_ITEM(self->pending, j);
+        if (pending == Py_None || self->base[j] == 0) Py_RETURN_FALSE;
+        if (PyList_GET_SIZE(pending) != 0) Py_RETURN_FALSE; /* retried by the writer first */
         const uint8_t *o = val[V_OBS].data + i * val[V_OBS].stride;
         if (self->held_ok[j]) {
             if (val[V_OBS].type != vo->type_num) Py_RETURN_FALSE; /* (compared after a cast) */

@@ -67,10 +67,15 @@ class LaneRows:
         self.curs[j] = c
         self.n[j] = c.n
         self.first[j] = c.first_step
-        for f, name in enumerate(self.names):
-            self.base[f, j] = c.staging[name].ctypes.data
-        self.pub[j] = (w.shared.words.ctypes.data + 8 * (_BUF0 + 4 * c.slot + N_WORD)
-                       if c.slot >= 0 else 0)
+        at = c.addresses  # (fixed for the buffer's life: computed once)
+        if at is None:
+            at = c.addresses = np.array(
+                [c.staging[name].__array_interface__["data"][0] for name in self.names] +
+                [w.shared.words.__array_interface__["data"][0] + 8 * (_BUF0 + 4 * c.slot +
+                                                                      N_WORD)
+                 if c.slot >= 0 else 0], np.int64)
+        self.base[:, j] = at[:-1]
+        self.pub[j] = at[-1]
 
     def put(self, values: dict[str, np.ndarray], lanes: np.ndarray | None = None
             ) -> tuple[np.ndarray, list[int]]:

@@ -74,6 +74,7 @@ class _Shard:
         self.clean = True  # ``images`` hold nothing (reset after the shard was written)
         self.spare_dir: str | None = None  # spare files of its partial flushes (local)
         self.lineages: list[Lineage] = []  # and their open descriptors
+        self.addresses: np.ndarray | None = None  # its field buffers' and count's (LaneRows)
 
 
 class LaneWriter:
@@ -118,7 +119,9 @@ class LaneWriter:
         # the shared header's per-buffer words (staging.py): rows published at 4b + _N
         self._published = self.shared.published if self.shared is not None else None
         self._size = self.n_buffers
-        self.pending: list[_Shard] = []  # full shards whose write failed, oldest first
+        #: full shards whose write failed, oldest first (changed in place: the step kernel
+        #: holds this list)
+        self.pending: list[_Shard] = []
         self.queued: list[_Shard] = []  # full shards handed to the background thread
         self._cv = threading.Condition()  # the background thread finished a shard
         self._results: deque = deque()  # (shard, error, state) from the background thread
@@ -345,7 +348,7 @@ class LaneWriter:
             else:
                 self._lost_to = max(self._lost_to, p.first_step + p.n)
                 self._recycle(p)
-        self.pending = keep + [sh]
+        self.pending[:] = keep + [sh]  # (the same list for the writer's life: see __init__)
 
     def _take(self) -> _Shard:
         """A free buffer: waits for the oldest queued write when none is free; grows the
