@@ -104,7 +104,7 @@ class Appender:
             return False  # the general path names the problem
         left = plan.add(lane, obs, action, reward, next_obs, terminated, truncated)
         if left is None:
-            idx.last_lane = lane if lane >= 0 else idx.lanes - 1
+            idx.last_lane = plan.last_lane
             return True
         if left is False:
             return False
@@ -115,7 +115,7 @@ class Appender:
                              truncated[j], {})
             except WriteFailedError as e:  # staged; a shard write failed
                 errors.append(e)
-        idx.last_lane = idx.lanes - 1
+        idx.last_lane = plan.last_lane
         if errors:
             raise errors[0]
         return True

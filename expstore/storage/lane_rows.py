@@ -24,6 +24,26 @@ from . import kernels
 from .background import FORKS
 from .staging import _BUF0, N_WORD
 
+try:
+    from . import _step
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _step = None
+
+
+def _addresses(arrays: list[np.ndarray | None]) -> np.ndarray:
+    """Data address of each array (0 for ``None``), int64."""
+    out = np.zeros(len(arrays), np.int64)
+    if _step is not None:
+        given = [i for i, a in enumerate(arrays) if a is not None]
+        got = np.zeros(len(given), np.int64)
+        _step.addresses(tuple(arrays[i] for i in given), got)
+        out[given] = got
+        return out
+    for i, a in enumerate(arrays):
+        if a is not None:
+            out[i] = a.ctypes.data
+    return out
+
 
 class LaneRows:
     """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``;
@@ -69,11 +89,11 @@ class LaneRows:
         self.first[j] = c.first_step
         at = c.addresses  # (fixed for the buffer's life: computed once)
         if at is None:
-            at = c.addresses = np.array(
-                [c.staging[name].__array_interface__["data"][0] for name in self.names] +
-                [w.shared.words.__array_interface__["data"][0] + 8 * (_BUF0 + 4 * c.slot +
-                                                                      N_WORD)
-                 if c.slot >= 0 else 0], np.int64)
+            at = c.addresses = _addresses(
+                [c.staging[name] for name in self.names] +
+                [w.shared.words if c.slot >= 0 else None])
+            if c.slot >= 0:
+                at[-1] += 8 * (_BUF0 + 4 * c.slot + N_WORD)
         self.base[:, j] = at[:-1]
         self.pub[j] = at[-1]
 
