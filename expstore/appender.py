@@ -187,10 +187,10 @@ class Appender:
         out = {}
         for name in self.obs_names:
             v, f = given[name], self.spec.fields[name]
-            if type(v) is not np.ndarray or v.dtype != f.dtype:
-                v = self.check.next[name](v)  # as the step's obs will be: cast, checked
-            elif f.stack and v.shape == (f.stack, *f.shape):
+            if f.stack and type(v) is np.ndarray and v.shape == (f.stack, *f.shape):
                 v = v[-1]
+            if type(v) is not np.ndarray or v.dtype != f.dtype or v.shape != f.shape:
+                v = self.check.next[name](v)  # as the step's obs will be: cast, checked
             out[name] = v
         return out
 

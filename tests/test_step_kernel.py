@@ -74,7 +74,7 @@ def assert_same(fast, slow) -> None:
     assert np.array_equal(pa.held_ok, pb.held_ok)
     ok = pa.held_ok
     for name in pa.held_vals:
-        assert np.array_equal(pa.held_vals[name][ok], pb.held_vals[name][ok])
+        assert pa.held_vals[name][ok].tobytes() == pb.held_vals[name][ok].tobytes()
     readers = []
     for store in (fast, slow):  # another process's view: rows staged in shared memory
         other = es.open(store.url)
@@ -300,3 +300,131 @@ def test_plan_is_not_built_where_the_kernel_does_not_stage_the_spec(tmp_path, mo
     store.add(np.ones(4, np.float32), 0, 1.0, np.ones(4, np.float32), True, False)
     assert store._appender.plan() is None and len(store) == 2
     store.close()
+
+
+def random_value(rng, name: str, lanes: int):
+    """A value of field ``name`` in one of the forms a caller may give: most accepted as
+    they are, some cast, some refused (bounds, non-finite, wrong shape or type)."""
+    shape = (lanes,) if lanes else ()
+    pick = rng.integers(12)
+    if name in ("obs", "next_obs"):
+        v = rng.normal(size=(*shape, 4)).astype(np.float32)
+        if pick == 0:
+            v[(0,) * v.ndim] = np.nan
+        elif pick == 1:
+            return v.astype(np.float64)
+        elif pick == 2:
+            return v[..., :3]
+        elif pick == 3:
+            return v.tolist()
+        elif pick == 4:
+            return np.asfortranarray(np.stack([v, v], -1))[..., 0]  # not contiguous
+        return v
+    if name == "action":
+        v = rng.integers(0, 2, shape)
+        forms = [v, v.astype(np.int32), v + 1, v.astype(np.float64), (v > 0)]
+        v = forms[pick] if pick < len(forms) else v
+        return v if lanes else (v.item() if pick % 2 else v[()])
+    if name == "reward":
+        v = rng.normal(size=shape)
+        if pick == 0:
+            v = v * np.inf
+        elif pick == 1:
+            v = v.astype(np.float32)
+        elif pick == 2:
+            v = v * 1e300
+        return v if lanes else (float(v) if pick % 2 else v[()])
+    v = rng.random(shape) < 0.1
+    if pick == 0:
+        v = v.astype(np.int64)
+    return v if lanes else (bool(v) if pick % 2 else v[()])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_fuzz_the_kernel_and_the_python_paths_agree(tmp_path, lanes):
+    """Random steps mixing accepted, cast and refused values, continuing and breaking
+    streams: each add does the same in both stores (stores or raises the same error) and
+    the stores stay identical."""
+    rng = np.random.default_rng(lanes)
+    fast, slow = pair(tmp_path, cartpole_spec(), lanes=lanes)
+    taken = spy(fast)
+    held = {}
+    for i in range(400):
+        vals = {n: random_value(rng, n, lanes if lanes > 1 else 0)
+                for n in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+        if held and rng.random() < 0.8:  # mostly continue the held next_obs
+            vals["obs"] = held["next_obs"]
+        args = [vals[n] for n in ("obs", "action", "reward", "next_obs", "terminated",
+                                  "truncated")]
+        outcome = []
+        for s in (fast, slow):
+            try:
+                s.add(*args)
+                outcome.append(None)
+            except es.ValidationError as e:
+                outcome.append(str(e))
+        assert outcome[0] == outcome[1], (i, outcome)
+        if outcome[0] is None:
+            held = vals
+        if i % 50 == 49:
+            assert_same(fast, slow)
+    assert taken.count(True) > 40
+    fast.close()
+    slow.close()
+
+
+def _kernel_writer(url: str, ready) -> None:
+    store = es.open(url, mode="r+")
+    obs = np.zeros(4, np.float32)
+    i = 0
+    while True:
+        nxt = np.full(4, i + 1, np.float32)
+        store.add(obs, i % 2, float(i), nxt, i % 37 == 36, False)
+        obs = np.full(4, i + 1, np.float32) if i % 37 != 36 else np.zeros(4, np.float32)
+        i += 1
+        if i == 300:
+            ready.set()
+        if i % 100 == 0:
+            store.flush()
+
+
+def test_a_writer_killed_while_the_kernel_stages_leaves_a_store_that_opens(tmp_path):
+    """Rows the kernel staged in shared memory are read by another process while the
+    writer runs (every value matches its step), and a writer killed mid-add leaves a store
+    whose committed rows are intact."""
+    import multiprocessing as mp
+    import signal
+
+    url = str(tmp_path / "k.zarr")
+    es.create(url, cartpole_spec(), capacity=1024, shard_rows=64).close()
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_kernel_writer, args=(url, ready))
+    p.start()
+    try:
+        assert ready.wait(60)
+        reader = es.open(url)
+        for _ in range(20):
+            reader.refresh()
+            idx = reader.index
+            lo, hi = int(idx.lower_bound()[0]), int(idx.count[0])
+            rows = idx.lane_rows(0, np.arange(lo, hi))
+            flags = idx.flags[rows]
+            steps = reader.read("_step_id", rows)
+            assert np.array_equal(steps, np.arange(lo, hi))
+            obs, reward = reader.read("obs", rows), reader.read("reward", rows)
+            last = (flags & 2) != 0  # final rows hold the final obs, zero reward
+            assert (reward[last] == 0).all()
+            assert (obs[~last][:, 0] == obs[~last][:, 1]).all()
+        reader.close()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    after = es.open(url)
+    n = len(after)
+    assert n > 0 and after.index.count[0] >= 300 - 100
+    assert np.array_equal(after.read("_step_id", np.arange(n)), np.arange(n))
+    from expstore.verify import verify_store
+    assert verify_store(url).ok
+    after.close()
