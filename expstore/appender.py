@@ -102,25 +102,56 @@ class Appender:
         w = table.writers[lane]  # (lane -1: any lane; all are written here)
         if w is None or w.forks != FORKS[0]:
             return False  # the general path names the problem
-        left = plan.add(lane, obs, action, reward, next_obs, terminated, truncated)
-        if left is None:
+        step = (lane, obs, action, reward, next_obs, terminated, truncated)
+        got = plan.add(*step)
+        if got is None:
             idx.last_lane = plan.last_lane
             return True
-        if left is False:
+        if got is False:
             return False
-        errors = []  # lanes whose rows open or complete a shard: through the writer
-        for j in left:
+        if got[0] == 1:  # lanes whose next row opens a shard: open them, then stage
+            for j in got[1]:
+                self._moved(j, table, enter=True)
+            got = plan.add(*step)
+            if got is None:
+                idx.last_lane = plan.last_lane
+                return True
+            if got is False:  # (the Python path takes the shards as opened)
+                return False
+        errors = []
+        for j in got[1]:  # full shards: to the background writer
+            try:
+                self._moved(j, table, enter=False)
+            except WriteFailedError as e:  # staged; a shard write failed
+                errors.append(e)
+        for j in got[2]:  # final rows that open the next shard: through the writer
             try:
                 self.add_one(j, obs[j], action[j], reward[j], next_obs[j], terminated[j],
                              truncated[j], {})
-            except WriteFailedError as e:  # staged; a shard write failed
+            except WriteFailedError as e:
                 errors.append(e)
         idx.last_lane = plan.last_lane
         if errors:
             raise errors[0]
         return True
 
-    # -- one step ----------------------------------------------------------------------------
+    def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
+        """Open the lane's next shard (``enter``) or hand its full one to the background
+        writer, then bring the table and the index up to date (as :meth:`_row` does)."""
+        w = self.writers[lane]
+        try:
+            if enter:
+                w._enter_shard()
+            else:
+                w._hand_off()
+        finally:
+            table._load(lane)
+            table.stale.discard(lane)
+            idx = self.index
+            if w.valid_from > idx.valid_from[lane]:
+                idx.set_valid_from(lane, w.valid_from)
+            idx.committed[lane] = w.committed.count
+
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                 terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:
         """Check one step of ``lane`` and stage its row (and its final row if it ends an

@@ -21,10 +21,13 @@
  * It returns ``False`` with nothing written when the step needs the general path: a value
  * it does not accept (the Python checks cast, clip, warn or raise naming the field), a
  * stream break (the held ``next_obs`` differs: a final row first, or ``strict`` raises), a
- * lane with a failed shard write waiting, a lane that was not set up. ``None`` when every
- * lane's rows are written; for ``lane = -1`` a list of lanes left to the caller (the ones
- * whose rows open or complete a shard: the caller stages them through the writer, which
- * enters the shard or hands it to the background writer), every other lane written.
+ * lane with a failed shard write waiting, a lane that was not set up, or (one lane) a
+ * final row that would open the next shard. ``None`` when every lane's rows are written.
+ * ``(1, lanes)``, nothing written: these lanes' next row opens a shard; the caller opens
+ * it (``LaneWriter._enter_shard``) and calls again. ``(2, full, left)``: rows written
+ * except in the lanes ``left`` (vector only: their final row would open the next shard;
+ * the caller stages them through the Python path); the lanes ``full`` now hold a full
+ * shard, which the caller hands to the background writer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -61,7 +64,7 @@ typedef struct {
     vfield v[NV];
     Py_ssize_t F, f_step, f_ep, f_flags, L, S, lane_cap;
     int64_t *base, *n, *first, *pub, *open_step, *count;
-    uint8_t *held_ok, *held, *flags_idx;
+    uint8_t *held_ok, *held, *flags_idx, *entered;
     int32_t *ep_idx;
     Py_ssize_t held_bytes;
     uint8_t fl_first, fl_last, fl_term, fl_trunc;
@@ -253,7 +256,8 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
 
 /* StepPlan(arrays, fields, consts, writers, curs)
    arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
-            held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8)
+            held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
+            entered uint8 (L): the lane's current shard was opened)
    fields: per value field (obs, action, reward, terminated, truncated): (field index,
            type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
            alo, ahi) with alo/ahi float64 arrays of one row's elements or None
@@ -266,7 +270,7 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
                           &PyTuple_Type, &fields, &F, &fs, &fe, &ff, &L, &S, &cap, &f1, &f2,
                           &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs))
         return -1;
-    if (PyTuple_GET_SIZE(arrays) != 10 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
+    if (PyTuple_GET_SIZE(arrays) != 11 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
         S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L) {
         PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
         return -1;
@@ -285,7 +289,8 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
         !(self->held_ok = array_ptr(A(6), NPY_BOOL, L, "held_ok")) ||
         !(self->held = array_ptr(A(7), NPY_UINT8, L, "held")) ||
         !(self->ep_idx = array_ptr(A(8), NPY_INT32, L * cap, "episode_step")) ||
-        !(self->flags_idx = array_ptr(A(9), NPY_UINT8, L * cap, "flags")))
+        !(self->flags_idx = array_ptr(A(9), NPY_UINT8, L * cap, "flags")) ||
+        !(self->entered = array_ptr(A(10), NPY_UINT8, L, "entered")))
         return -1;
     self->held_bytes = PyArray_SIZE((PyArrayObject *)A(7)) / L;
 #undef A
@@ -359,6 +364,29 @@ static int set_int(PyObject *o, PyObject *name, long long x) {
     return r;
 }
 
+/* The lanes j0 .. j0 + k - 1 that: (what 1) open a shard (no rows yet), (2) were written
+   and hold a full shard now, (3) were left to the caller (need[i]). */
+static PyObject *lane_list(Plan *self, Py_ssize_t j0, Py_ssize_t k, const uint8_t *need,
+                           int what) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t j = j0 + i;
+        int take = what == 1 ? self->n[j] == 0 && !self->entered[j]
+                   : what == 2 ? !need[i] && self->n[j] == self->S
+                               : need[i];
+        if (!take) continue;
+        PyObject *x = PyLong_FromSsize_t(j);
+        if (x == NULL || PyList_Append(out, x)) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
+}
+
 /* plan.add(lane, obs, action, reward, next_obs, terminated, truncated) */
 static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
@@ -403,7 +431,7 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     /* 2. each lane: set up, no failed write waiting, continues its held next_obs */
     const vfield *vo = &self->v[V_OBS];
-    int attention = 0;
+    int attention = 0, entering = 0;
     uint8_t need[k]; /* 0: written here, 1: left to the caller */
     uint8_t done_l[k];
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -426,11 +454,18 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         if (!vector && has_next && nxt.type != vo->type_num) Py_RETURN_FALSE;
         int64_t r = 1 + done;
-        need[i] = self->n[j] < 1 || self->n[j] + r >= self->S;
+        need[i] = self->n[j] + r > self->S; /* the final row would open the next shard */
         if (need[i]) {
             if (!vector) Py_RETURN_FALSE;
             attention = 1;
         }
+        if (self->n[j] == 0 && !self->entered[j]) entering = 1;
+    }
+    if (entering) { /* nothing written: the caller opens these lanes' shards, calls again */
+        PyObject *lanes_o = lane_list(self, j0, k, NULL, 1);
+        if (lanes_o == NULL) return NULL;
+        PyObject *out = Py_BuildValue("(iN)", 1, lanes_o);
+        return out;
     }
     /* the lane whose row is staged last: the last final row's, else the last lane's */
     self->last_lane = j0 + k - 1;
@@ -520,20 +555,17 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
             if ((ne == -1 && PyErr_Occurred()) || set_int(w, s_episodes, ne + 1)) return NULL;
         }
     }
-    if (!attention) Py_RETURN_NONE;
-    PyObject *left = PyList_New(0);
-    if (left == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (!need[i]) continue;
-        PyObject *x = PyLong_FromSsize_t(j0 + i);
-        if (x == NULL || PyList_Append(left, x)) {
-            Py_XDECREF(x);
-            Py_DECREF(left);
-            return NULL;
-        }
-        Py_DECREF(x);
+    int full = 0;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!need[i] && self->n[j0 + i] == self->S) full = 1;
+    if (!attention && !full) Py_RETURN_NONE;
+    PyObject *full_o = lane_list(self, j0, k, need, 2);
+    PyObject *left_o = full_o ? lane_list(self, j0, k, need, 3) : NULL;
+    if (left_o == NULL) {
+        Py_XDECREF(full_o);
+        return NULL;
     }
-    return left;
+    return Py_BuildValue("(iNN)", 2, full_o, left_o);
 }
 
 /* addresses(arrays, out): out[i] = the data address of numpy array arrays[i] (a few

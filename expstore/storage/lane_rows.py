@@ -65,6 +65,7 @@ class LaneRows:
         self.first = np.zeros(L, np.int64)  # its first step
         self.base = np.zeros((len(self.names), L), np.int64)  # field buffers' addresses
         self.pub = np.zeros(L, np.int64)  # address of its published row count; 0: private
+        self.entered = np.zeros(L, np.uint8)  # its current shard was opened
         self.curs: list[Any] = [None] * L
         self.stale = {j for j, w in enumerate(writers) if w is not None}
         for w in writers:
@@ -87,6 +88,7 @@ class LaneRows:
         self.curs[j] = c
         self.n[j] = c.n
         self.first[j] = c.first_step
+        self.entered[j] = c.entered
         at = c.addresses  # (fixed for the buffer's life: computed once)
         if at is None:
             at = c.addresses = _addresses(

@@ -108,7 +108,7 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     L = len(table.writers)
     held = held_obs.view(np.uint8).reshape(L, -1)
     arrays = (table.base, table.n, table.first, table.pub, open_step, count,
-              held_ok, held, episode_step, flags)
+              held_ok, held, episode_step, flags, table.entered)
     consts = (len(names), names.index("_step_id"), names.index("_episode_step"),
               names.index("_flags"), L, table.shard_rows, lane_capacity,
               *(int(b) for b in flag_bits))

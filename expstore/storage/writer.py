@@ -75,6 +75,7 @@ class _Shard:
         self.spare_dir: str | None = None  # spare files of its partial flushes (local)
         self.lineages: list[Lineage] = []  # and their open descriptors
         self.addresses: np.ndarray | None = None  # its field buffers' and count's (LaneRows)
+        self.entered = False  # opened for its current shard (``LaneWriter._enter_shard``)
 
 
 class LaneWriter:
@@ -138,6 +139,7 @@ class LaneWriter:
         self.cur = self._free.pop()
         self.cur.first_step = self.count - self.count % S
         self.cur.n = self.count % S
+        self.cur.entered = self.cur.n > 0  # (else the first row opens it)
         if self.cur.slot >= 0:
             self.shared.begin(self.cur.slot, self.cur.first_step)
             self.shared.set_committed(self.count)
@@ -282,6 +284,7 @@ class LaneWriter:
             self.shared.begin(cur.slot, cur.first_step)
         # Rows of the previous lap in this shard's slots are gone for this process now.
         self.valid_from = max(self.valid_from, self.count + L.shard_rows - L.lane_capacity)
+        cur.entered = True
 
     def _hand_off(self) -> None:
         """The current shard is full: queue its write (behind a failed one: keep it) and
@@ -306,6 +309,7 @@ class LaneWriter:
         free = self._free  # (finished writes are applied by the next poll, not here)
         cur = free.pop() if free else self._take()
         cur.n = 0
+        cur.entered = False
         self.cur = cur
 
     def _promote(self) -> None:
