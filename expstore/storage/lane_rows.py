@@ -30,18 +30,18 @@ except ImportError:  # pragma: no cover - exercised where no compiler was availa
     _step = None
 
 
-def _addresses(arrays: list[np.ndarray | None]) -> np.ndarray:
-    """Data address of each array (0 for ``None``), int64."""
-    out = np.zeros(len(arrays), np.int64)
-    if _step is not None:
-        given = [i for i, a in enumerate(arrays) if a is not None]
-        got = np.zeros(len(given), np.int64)
-        _step.addresses(tuple(arrays[i] for i in given), got)
-        out[given] = got
-        return out
-    for i, a in enumerate(arrays):
-        if a is not None:
-            out[i] = a.ctypes.data
+def shard_addresses(staging: dict[str, np.ndarray], names: list[str],
+                    shared: Any, slot: int) -> np.ndarray:
+    """Data address of each field's staging buffer (in ``names`` order) and, last, of the
+    buffer's published row count in ``shared`` staging (0: private memory), int64."""
+    arrays = [staging[name] for name in names]
+    out = np.zeros(len(arrays) + 1, np.int64)
+    if _step is not None:  # (``arr.ctypes.data`` takes microseconds)
+        _step.addresses(tuple(arrays), out)
+    else:
+        out[:-1] = [a.ctypes.data for a in arrays]
+    if slot >= 0:
+        out[-1] = shared.words.ctypes.data + 8 * (_BUF0 + 4 * slot + N_WORD)
     return out
 
 
@@ -91,11 +91,7 @@ class LaneRows:
         self.entered[j] = c.entered
         at = c.addresses  # (fixed for the buffer's life: computed once)
         if at is None:
-            at = c.addresses = _addresses(
-                [c.staging[name] for name in self.names] +
-                [w.shared.words if c.slot >= 0 else None])
-            if c.slot >= 0:
-                at[-1] += 8 * (_BUF0 + 4 * c.slot + N_WORD)
+            at = c.addresses = shard_addresses(c.staging, self.names, w.shared, c.slot)
         self.base[:, j] = at[:-1]
         self.pub[j] = at[-1]
 

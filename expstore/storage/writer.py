@@ -38,6 +38,7 @@ from . import faults
 from .backends import Backend
 from .backends.local import Lineage, Rewrite, RewritingPuts
 from .background import FORKS, Background, check_lease
+from .lane_rows import shard_addresses
 from .layout import Layout
 from .shard import ShardImage, encoder, rows_encoder
 from .staging import N_WORD as _N
@@ -154,7 +155,10 @@ class LaneWriter:
                        for n, f in L.fields.items()}
         images = {n: ShardImage(L.chunks_per_shard(n), L.chunk_rows(n), self.encoders[n],
                                 -1 if n == "_step_id" else 0, self.many[n]) for n in L.fields}
-        return _Shard(b, staging, images)
+        sh = _Shard(b, staging, images)
+        sh.addresses = shard_addresses(staging, list(L.fields), self.shared, b)  # (now, not
+        # inside the add that first stages a row there)
+        return sh
 
     # -- state ---------------------------------------------------------------------------
     @property
