@@ -163,6 +163,8 @@ class Store:
                 self._load_lane_retrying(st)
             for i in self.write_lanes:
                 self.writers[i] = self._resume_writer(self._states[i])
+            if self.writers:
+                self._appender.plan()  # the step kernel's plan: now, not in the first add
         except BaseException:
             self._release_leases()
             raise

@@ -429,3 +429,19 @@ def test_a_writer_killed_while_the_kernel_stages_leaves_a_store_that_opens(tmp_p
     from expstore.verify import verify_store
     assert verify_store(url).ok
     after.close()
+
+
+def test_a_store_that_staged_through_the_kernel_is_collected(tmp_path):
+    """The plan holds the writers, which reach the store back: the cycle collector sees
+    through it (else the store, its shared memory and its leases would never be freed)."""
+    import gc
+    import weakref
+
+    store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64, shard_rows=16)
+    obs = np.ones(4, np.float32)
+    store.add(obs, 0, 1.0, obs, False, False)
+    assert store._appender.plan() is not None
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None

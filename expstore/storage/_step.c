@@ -233,11 +233,28 @@ static int array_value(const vfield *vf, PyObject *v, Py_ssize_t lanes, int cast
 
 /* ---- the plan ------------------------------------------------------------------------ */
 
+/* The plan holds the writers (which reach the store back): the cycle collector must see
+   through it, or a store that wrote a step would never be collected. */
+static int Plan_traverse(Plan *self, visitproc visit, void *arg) {
+    Py_VISIT(self->keep);
+    Py_VISIT(self->writers);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->curs);
+    return 0;
+}
+
+static int Plan_clear(Plan *self) {
+    Py_CLEAR(self->keep);
+    Py_CLEAR(self->writers);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->curs);
+    self->L = 0; /* cleared: every add answers False */
+    return 0;
+}
+
 static void Plan_dealloc(Plan *self) {
-    Py_XDECREF(self->keep);
-    Py_XDECREF(self->writers);
-    Py_XDECREF(self->pending);
-    Py_XDECREF(self->curs);
+    PyObject_GC_UnTrack(self);
+    Plan_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -396,6 +413,7 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t lane = PyLong_AsSsize_t(args[0]);
     if (lane == -1 && PyErr_Occurred()) return NULL;
     const Py_ssize_t L = self->L;
+    if (L == 0 || self->writers == NULL) Py_RETURN_FALSE; /* not set up, or cleared */
     int vector = lane < 0;
     if (!vector && lane >= L) Py_RETURN_FALSE;
     Py_ssize_t lanes = vector ? L : 0; /* leading axis of the values (0: none) */
@@ -609,7 +627,9 @@ static PyMemberDef Plan_members[] = {
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "expstore.storage._step.StepPlan",
     .tp_basicsize = sizeof(Plan),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Plan_traverse,
+    .tp_clear = (inquiry)Plan_clear,
     .tp_doc = "Addresses of a store's write path, for one C call per env step.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
