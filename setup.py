@@ -1,19 +1,34 @@
-"""Build hook for the optional C kernel; all other metadata lives in pyproject.toml.
+"""Build hook for the optional C kernels; all other metadata lives in pyproject.toml.
 
-``expstore.storage._kernels`` decodes whole batches of chunks without Python per row. It is
-optional: without a C compiler the install still succeeds and the reader decodes through
-numcodecs (slower, same results).
+``expstore.storage._kernels`` decodes whole batches of chunks without Python per row;
+``expstore.storage._step`` stages one env step (every lane of a vector env) with one call.
+Both are optional: without a C compiler (or numpy's headers, for ``_step``) the install
+still succeeds and the same work is done in Python (slower, same results).
 """
 
 from setuptools import Extension, setup
 
-setup(
-    ext_modules=[
+ext_modules = [
+    Extension(
+        "expstore.storage._kernels",
+        ["expstore/storage/_kernels.c"],
+        extra_compile_args=["-O3", "-std=c99"],
+        optional=True,
+    )
+]
+try:
+    import numpy
+except ImportError:  # no numpy at build time: the per-step path stays in Python
+    numpy = None
+if numpy is not None:
+    ext_modules.append(
         Extension(
-            "expstore.storage._kernels",
-            ["expstore/storage/_kernels.c"],
+            "expstore.storage._step",
+            ["expstore/storage/_step.c"],
+            include_dirs=[numpy.get_include()],
             extra_compile_args=["-O3", "-std=c99"],
             optional=True,
         )
-    ]
-)
+    )
+
+setup(ext_modules=ext_modules)

@@ -1,10 +1,16 @@
 """Env steps into a store's lanes: checked values -> rows (``rows.py``) -> each lane's
 writer (storage) and the row index (RAM).
 
-Two paths store the same rows. One step (``Store.add``) is written field by field straight
-into the lane's staging buffers (``LaneWriter.slot``/``advance``): a handful of Python
-operations per field, no arrays built. Many steps (``Store.extend``, vector ``add``) go
-through :func:`~expstore.rows.encode_steps` and ``LaneWriter.append``.
+Three paths store the same rows. Where the C kernel was built and the spec is one it
+stages (``storage/step_plan.py``), one step (``Store.add``, one lane or one step in every
+lane) is checked and staged, final row, index entries and held ``next_obs`` included, by
+one C call (:meth:`Appender.add_fast`); it hands back to the Python paths a step it does
+not take as is (a value to cast, clip or refuse, a stream break, a failed shard write
+waiting) and, of a vector step, the lanes whose rows open or complete a shard. In Python,
+one step is written field by field straight into the lane's staging buffers
+(``LaneWriter.slot``/``advance``): a handful of Python operations per field, no arrays
+built. Many steps (``Store.extend``, vector ``add``) go through
+:func:`~expstore.rows.encode_steps` and ``LaneWriter.append``.
 
 **Never a wrong ``next_obs``.** The store keeps ``next_obs`` only where an episode ends; it is
 otherwise the next row's ``obs``. So each lane holds the ``next_obs`` given with its newest
@@ -25,7 +31,11 @@ import numpy as np
 from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
 from .step_check import LanesCheck, StepCheck
+from .storage.background import FORKS
 from .storage.lane_rows import LaneRows
+from .storage.step_plan import build_plan
+
+_UNBUILT = object()
 
 
 class Appender:
@@ -56,10 +66,92 @@ class Appender:
         self.held_ok = np.zeros(index.lanes, bool)
         self.held_vals = {n: np.zeros((index.lanes, *fields[n].shape), fields[n].dtype)
                           for n in self.obs_names}
-        self.lane_rows: LaneRows | None = None  # the vector path's table (first vector add)
+        self.lane_rows: LaneRows | None = None  # staging addresses per lane (first use)
         self.lanes_check = LanesCheck(spec, index.lanes)  # a vector step's common case
+        self._plan: Any = _UNBUILT  # the C kernel's plan (first add_fast)
 
-    # -- one step ----------------------------------------------------------------------------
+    # -- one step through the C kernel --------------------------------------------------------
+    def _table(self) -> LaneRows:
+        if self.lane_rows is None:
+            self.lane_rows = LaneRows([self.writers.get(j) for j in range(self.index.lanes)])
+        return self.lane_rows
+
+    def plan(self) -> Any:
+        """The C kernel's plan of this store (``storage.step_plan.build_plan``; ``None``:
+        the kernel is not built or does not stage this spec), made at the first call."""
+        if self._plan is _UNBUILT:
+            idx = self.index
+            self._plan = build_plan(self.spec, self._table(), self.open_step, self.held_ok,
+                                    self.held_vals[self.obs_names[0]], idx.episode_step,
+                                    idx.flags, idx.count, idx.lane_capacity,
+                                    (FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED))
+        return self._plan
+
+    def add_fast(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
+                 terminated: Any, truncated: Any) -> bool:
+        """Stage one step of ``lane`` (``-1``: one step in every lane, values with leading
+        axis ``lanes``) with one C call: the rows :meth:`add_one` (:meth:`add_lanes`) would
+        stage. ``False``: nothing was staged; the caller takes the general path."""
+        plan = self._plan if self._plan is not _UNBUILT else self.plan()
+        idx = self.index
+        if plan is None or idx._listeners:  # (listeners hear rows from the Python paths)
+            return False
+        table = self.lane_rows
+        if table.stale:
+            table.reload()
+        w = table.writers[lane]  # (lane -1: any lane; all are written here)
+        if w is None or w.forks != FORKS[0]:
+            return False  # the general path names the problem
+        step = (lane, obs, action, reward, next_obs, terminated, truncated)
+        got = plan.add(*step)
+        if got is None:
+            idx.last_lane = plan.last_lane
+            return True
+        if got is False:
+            return False
+        if got[0] == 1:  # lanes whose next row opens a shard: open them, then stage
+            for j in got[1]:
+                self._moved(j, table, enter=True)
+            got = plan.add(*step)
+            if got is None:
+                idx.last_lane = plan.last_lane
+                return True
+            if got is False:  # (the Python path takes the shards as opened)
+                return False
+        errors = []
+        for j in got[1]:  # full shards: to the background writer
+            try:
+                self._moved(j, table, enter=False)
+            except WriteFailedError as e:  # staged; a shard write failed
+                errors.append(e)
+        for j in got[2]:  # final rows that open the next shard: through the writer
+            try:
+                self.add_one(j, obs[j], action[j], reward[j], next_obs[j], terminated[j],
+                             truncated[j], {})
+            except WriteFailedError as e:
+                errors.append(e)
+        idx.last_lane = plan.last_lane
+        if errors:
+            raise errors[0]
+        return True
+
+    def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
+        """Open the lane's next shard (``enter``) or hand its full one to the background
+        writer, then bring the table and the index up to date (as :meth:`_row` does)."""
+        w = self.writers[lane]
+        try:
+            if enter:
+                w._enter_shard()
+            else:
+                w._hand_off()
+        finally:
+            table._load(lane)
+            table.stale.discard(lane)
+            idx = self.index
+            if w.valid_from > idx.valid_from[lane]:
+                idx.set_valid_from(lane, w.valid_from)
+            idx.committed[lane] = w.committed.count
+
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                 terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:
         """Check one step of ``lane`` and stage its row (and its final row if it ends an
@@ -126,10 +218,10 @@ class Appender:
         out = {}
         for name in self.obs_names:
             v, f = given[name], self.spec.fields[name]
-            if type(v) is not np.ndarray or v.dtype != f.dtype:
-                v = self.check.next[name](v)  # as the step's obs will be: cast, checked
-            elif f.stack and v.shape == (f.stack, *f.shape):
+            if f.stack and type(v) is np.ndarray and v.shape == (f.stack, *f.shape):
                 v = v[-1]
+            if type(v) is not np.ndarray or v.dtype != f.dtype or v.shape != f.shape:
+                v = self.check.next[name](v)  # as the step's obs will be: cast, checked
             out[name] = v
         return out
 
@@ -245,9 +337,7 @@ class Appender:
         closes = self._broken(vals, lanes)
         if len(closes):
             self._refuse_if_strict(int(closes[0]), "this step's obs")
-        lr = self.lane_rows
-        if lr is None:
-            lr = self.lane_rows = LaneRows([self.writers[i] for i in range(lanes)])
+        lr = self._table()
         for w in lr.writers:  # raising here leaves every lane untouched
             if w.pending:
                 w.flush()

@@ -165,6 +165,8 @@ class Store:
                     self._load_lane_retrying(st)
             for i in self.write_lanes:
                 self.writers[i] = self._resume_writer(self._states[i])
+            if self.writers:
+                self._appender.plan()  # the step kernel's plan: now, not in the first add
         except BaseException:
             self._release_leases()
             raise
@@ -486,6 +488,20 @@ class Store:
         step does not start from it; otherwise it is the next step's ``obs``.
         """
         self._poll_writes()  # background shard writes: commits, or an error raised here
+        if not extras and not self._closed and self.writers:  # one C call, where it can
+            at = lane
+            if at is None:
+                at = (self.write_lanes[0] if len(self.write_lanes) == 1 else
+                      -1 if self.lanes > 1 and len(self.writers) == self.lanes else None)
+            if at == -1 and lane is None:
+                self._ensure_leases()
+            elif at is not None and at in self.writers:
+                self._writer(at)  # renews the lane's lease when due
+            else:
+                at = None
+            if at is not None and self._appender.add_fast(at, obs, action, reward, next_obs,
+                                                           terminated, truncated):
+                return
         if action is None and reward is None:  # one mapping (or no step at all)
             obs, action, reward, next_obs, terminated, truncated, extras = step_from_mapping(
                 obs, next_obs, terminated, truncated, extras)

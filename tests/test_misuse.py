@@ -481,3 +481,21 @@ def test_a_spec_mismatch_lists_every_difference(tmp_path):
     assert "field 'action': shape is [] in the store, [1] given" in msg
     assert "field 'action': dtype" in msg and "out_of_bounds is 'raise' in the store" in msg
     assert spec.diff(spec) == [] and lenient.diff(spec) and not spec.same_as(lenient)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_add_refuses_a_next_obs_of_the_wrong_shape_naming_it(tmp_path, kernel):
+    # a next_obs of the obs dtype but another shape, on a step that does not end the
+    # episode, was held as given and failed with a numpy error after the row was staged
+    spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    store = es.create(str(tmp_path / "s.zarr"), spec, capacity=64, shard_rows=16)
+    if not kernel:
+        store._appender._plan = None
+    obs = np.ones(4, np.float32)
+    store.add(obs, 0, 1.0, obs, False, False)
+    with pytest.raises(es.ValidationError, match=r"^next_obs: .*shape"):
+        store.add(obs, 0, 1.0, np.ones(3, np.float32), False, False)
+    assert len(store) == 1 and store._appender.held_vals["obs"][0].tolist() == [1] * 4
+    store.add(obs, 0, 1.0, obs, True, False)
+    assert len(store) == 3
+    store.close()

@@ -24,13 +24,34 @@ from . import kernels
 from .background import FORKS
 from .staging import _BUF0, N_WORD
 
+try:
+    from . import _step
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _step = None
+
+
+def shard_addresses(staging: dict[str, np.ndarray], names: list[str],
+                    shared: Any, slot: int) -> np.ndarray:
+    """Data address of each field's staging buffer (in ``names`` order) and, last, of the
+    buffer's published row count in ``shared`` staging (0: private memory), int64."""
+    arrays = [staging[name] for name in names]
+    out = np.zeros(len(arrays) + 1, np.int64)
+    if _step is not None:  # (``arr.ctypes.data`` takes microseconds)
+        _step.addresses(tuple(arrays), out)
+    else:
+        out[:-1] = [a.ctypes.data for a in arrays]
+    if slot >= 0:
+        out[-1] = shared.words.ctypes.data + 8 * (_BUF0 + 4 * slot + N_WORD)
+    return out
+
 
 class LaneRows:
-    """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``)."""
+    """Stages one row per lane into ``writers`` (``LaneWriter`` of lanes ``0..L-1``;
+    ``None`` for a lane not written here: its buffer addresses stay 0)."""
 
     def __init__(self, writers: list[Any]) -> None:
         self.writers = writers
-        layout = writers[0].layout
+        layout = next(w for w in writers if w is not None).layout
         self.names = list(layout.fields)
         self.dtypes = [f.dtype for f in layout.fields.values()]
         self.row_bytes = [f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
@@ -44,14 +65,22 @@ class LaneRows:
         self.first = np.zeros(L, np.int64)  # its first step
         self.base = np.zeros((len(self.names), L), np.int64)  # field buffers' addresses
         self.pub = np.zeros(L, np.int64)  # address of its published row count; 0: private
+        self.entered = np.zeros(L, np.uint8)  # its current shard was opened
         self.curs: list[Any] = [None] * L
-        self.stale = set(range(L))
+        self.stale = {j for j, w in enumerate(writers) if w is not None}
         for w in writers:
-            w.on_move = self.touch
+            if w is not None:
+                w.on_move = self.touch
 
     def touch(self, lane: int) -> None:
         """Lane ``lane`` staged rows or moved its open shard elsewhere: re-read it."""
         self.stale.add(lane)
+
+    def reload(self) -> None:
+        """Re-read the lanes touched since the last call (:meth:`touch`)."""
+        for j in list(self.stale):
+            self._load(j)
+        self.stale.clear()
 
     def _load(self, j: int) -> None:
         w = self.writers[j]
@@ -59,10 +88,12 @@ class LaneRows:
         self.curs[j] = c
         self.n[j] = c.n
         self.first[j] = c.first_step
-        for f, name in enumerate(self.names):
-            self.base[f, j] = c.staging[name].ctypes.data
-        self.pub[j] = (w.shared.words.ctypes.data + 8 * (_BUF0 + 4 * c.slot + N_WORD)
-                       if c.slot >= 0 else 0)
+        self.entered[j] = c.entered
+        at = c.addresses  # (fixed for the buffer's life: computed once)
+        if at is None:
+            at = c.addresses = shard_addresses(c.staging, self.names, w.shared, c.slot)
+        self.base[:, j] = at[:-1]
+        self.pub[j] = at[-1]
 
     def put(self, values: dict[str, np.ndarray], lanes: np.ndarray | None = None
             ) -> tuple[np.ndarray, list[int]]:
@@ -79,9 +110,7 @@ class LaneRows:
         if ws[int(idx[0])].forks != FORKS[0]:
             ws[int(idx[0])]._check_owner()
         if self.stale:
-            for j in list(self.stale):
-                self._load(j)
-            self.stale.clear()
+            self.reload()
         n = self.n if lanes is None else self.n[idx]
         changed: list[int] = []
         if not n.all():  # lanes whose next row opens a shard

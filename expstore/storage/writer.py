@@ -38,6 +38,7 @@ from . import faults
 from .backends import Backend
 from .backends.local import Lineage, Rewrite, RewritingPuts
 from .background import FORKS, Background, check_lease
+from .lane_rows import shard_addresses
 from .layout import Layout
 from .shard import ShardImage, encoder, rows_encoder
 from .staging import N_WORD as _N
@@ -74,6 +75,8 @@ class _Shard:
         self.clean = True  # ``images`` hold nothing (reset after the shard was written)
         self.spare_dir: str | None = None  # spare files of its partial flushes (local)
         self.lineages: list[Lineage] = []  # and their open descriptors
+        self.addresses: np.ndarray | None = None  # its field buffers' and count's (LaneRows)
+        self.entered = False  # opened for its current shard (``LaneWriter._enter_shard``)
 
 
 class LaneWriter:
@@ -118,7 +121,9 @@ class LaneWriter:
         # the shared header's per-buffer words (staging.py): rows published at 4b + _N
         self._published = self.shared.published if self.shared is not None else None
         self._size = self.n_buffers
-        self.pending: list[_Shard] = []  # full shards whose write failed, oldest first
+        #: full shards whose write failed, oldest first (changed in place: the step kernel
+        #: holds this list)
+        self.pending: list[_Shard] = []
         self.queued: list[_Shard] = []  # full shards handed to the background thread
         self._cv = threading.Condition()  # the background thread finished a shard
         self._results: deque = deque()  # (shard, error, state) from the background thread
@@ -135,6 +140,7 @@ class LaneWriter:
         self.cur = self._free.pop()
         self.cur.first_step = self.count - self.count % S
         self.cur.n = self.count % S
+        self.cur.entered = self.cur.n > 0  # (else the first row opens it)
         if self.cur.slot >= 0:
             self.shared.begin(self.cur.slot, self.cur.first_step)
             self.shared.set_committed(self.count)
@@ -149,7 +155,10 @@ class LaneWriter:
                        for n, f in L.fields.items()}
         images = {n: ShardImage(L.chunks_per_shard(n), L.chunk_rows(n), self.encoders[n],
                                 -1 if n == "_step_id" else 0, self.many[n]) for n in L.fields}
-        return _Shard(b, staging, images)
+        sh = _Shard(b, staging, images)
+        sh.addresses = shard_addresses(staging, list(L.fields), self.shared, b)  # (now, not
+        # inside the add that first stages a row there)
+        return sh
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -279,6 +288,7 @@ class LaneWriter:
             self.shared.begin(cur.slot, cur.first_step)
         # Rows of the previous lap in this shard's slots are gone for this process now.
         self.valid_from = max(self.valid_from, self.count + L.shard_rows - L.lane_capacity)
+        cur.entered = True
 
     def _hand_off(self) -> None:
         """The current shard is full: queue its write (behind a failed one: keep it) and
@@ -303,6 +313,7 @@ class LaneWriter:
         free = self._free  # (finished writes are applied by the next poll, not here)
         cur = free.pop() if free else self._take()
         cur.n = 0
+        cur.entered = False
         self.cur = cur
 
     def _promote(self) -> None:
@@ -345,7 +356,7 @@ class LaneWriter:
             else:
                 self._lost_to = max(self._lost_to, p.first_step + p.n)
                 self._recycle(p)
-        self.pending = keep + [sh]
+        self.pending[:] = keep + [sh]  # (the same list for the writer's life: see __init__)
 
     def _take(self) -> _Shard:
         """A free buffer: waits for the oldest queued write when none is free; grows the

@@ -1,0 +1,663 @@
+/* expstore.storage._step: one env step (one lane, or one step in every lane of a vector env)
+ * staged with one call: the per-step fast path of ``Store.add``.
+ *
+ * A ``StepPlan`` is built once per store (``step_plan.py``) from the addresses the writer and
+ * the index keep between calls: each lane's current shard buffer of every field, its rows
+ * staged there, its published-count word in shared staging, the appender's episode
+ * positions and held ``next_obs``, and the index's per-row arrays. ``plan.add(lane, obs,
+ * action, reward, next_obs, terminated, truncated)`` (``lane = -1``: every lane, values with
+ * leading axis ``lanes``) then, in C:
+ *
+ *   1. checks every value: the forms the Python checks accept without a cast, or with the
+ *      casts they make (value-preserving for integers; float -> float as numpy casts),
+ *      finite where the spec rejects non-finite values, within the field's bounds;
+ *   2. compares each lane's obs with the ``next_obs`` it holds (byte for byte);
+ *   3. writes each lane's row (and, where the step ends the episode, its final row) into
+ *      the shard buffer, with step id, episode position and flags; the index's entries;
+ *      the held ``next_obs``; then, after every row, the published row counts (readers in
+ *      other processes see a row only once all of it is written), and the writer's and
+ *      shard's Python counters.
+ *
+ * It returns ``False`` with nothing written when the step needs the general path: a value
+ * it does not accept (the Python checks cast, clip, warn or raise naming the field), a
+ * stream break (the held ``next_obs`` differs: a final row first, or ``strict`` raises), a
+ * lane with a failed shard write waiting, a lane that was not set up, or (one lane) a
+ * final row that would open the next shard. ``None`` when every lane's rows are written.
+ * ``(1, lanes)``, nothing written: these lanes' next row opens a shard; the caller opens
+ * it (``LaneWriter._enter_shard``) and calls again. ``(2, full, left)``: rows written
+ * except in the lanes ``left`` (vector only: their final row would open the next shard;
+ * the caller stages them through the Python path); the lanes ``full`` now hold a full
+ * shard, which the caller hands to the background writer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <numpy/arrayscalars.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { V_OBS = 0, V_ACTION, V_REWARD, V_TERM, V_TRUNC, NV };
+#define MAX_DIMS 8
+
+typedef struct {
+    int field;      /* index of the field in layout order */
+    int type_num;   /* numpy type number of the field's dtype */
+    char kind;      /* 'b', 'i', 'u', 'f' */
+    int itemsize;
+    Py_ssize_t elems;        /* elements per row */
+    Py_ssize_t row_bytes;
+    int ndim;
+    npy_intp shape[MAX_DIMS];
+    npy_intp stack;          /* frames per stack (0: not stacked) */
+    int finite;              /* non-finite values need the general path */
+    long long ilo, ihi;      /* integer scalars: accepted range */
+    double flo, fhi, top, exact; /* float scalars: bounds, dtype's largest, exact ints */
+    const double *alo, *ahi; /* per element bounds (NULL: none) */
+} vfield;
+
+typedef struct {
+    PyObject_HEAD
+    vfield v[NV];
+    Py_ssize_t F, f_step, f_ep, f_flags, L, S, lane_cap;
+    int64_t *base, *n, *first, *pub, *open_step, *count;
+    uint8_t *held_ok, *held, *flags_idx, *entered;
+    int32_t *ep_idx;
+    Py_ssize_t held_bytes;
+    uint8_t fl_first, fl_last, fl_term, fl_trunc;
+    PyObject *keep;    /* the arrays above, held alive */
+    PyObject *writers; /* tuple: lane -> LaneWriter or None */
+    PyObject *pending; /* tuple: lane -> its writer's list of failed shard writes, or None */
+    PyObject *curs;    /* list: lane -> the writer's open shard (kept current by the caller) */
+    Py_ssize_t last_lane; /* the index's newest lane after the last call that wrote */
+} Plan;
+
+static PyObject *s_pending, *s_n, *s_count, *s_episodes;
+
+/* ---- values ------------------------------------------------------------------------ */
+
+/* one scalar of a single step: 1 and its bytes in out when accepted as is, else 0 */
+static int scalar_value(const vfield *vf, PyObject *v, uint8_t *out) {
+    if (vf->kind == 'b') {
+        uint8_t b;
+        if (v == Py_True) b = 1;
+        else if (v == Py_False) b = 0;
+        else if (PyArray_IsScalar(v, Bool)) b = PyArrayScalar_VAL(v, Bool) ? 1 : 0;
+        else return 0;
+        out[0] = b;
+        return 1;
+    }
+    if (vf->kind == 'i' || vf->kind == 'u') {
+        long long x;
+        if (PyLong_CheckExact(v)) {
+            int over = 0;
+            x = PyLong_AsLongLongAndOverflow(v, &over);
+            if (over || (x == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return 0;
+            }
+        }
+#define INT_SCALAR(T) else if (PyArray_IsScalar(v, T)) x = (long long)PyArrayScalar_VAL(v, T);
+        INT_SCALAR(Byte) INT_SCALAR(Short) INT_SCALAR(Int) INT_SCALAR(Long)
+        INT_SCALAR(LongLong) INT_SCALAR(UByte) INT_SCALAR(UShort) INT_SCALAR(UInt)
+#undef INT_SCALAR
+        else if (PyArray_IsScalar(v, ULong)) {
+            unsigned long u = PyArrayScalar_VAL(v, ULong);
+            if (u > (unsigned long)LLONG_MAX) return 0;
+            x = (long long)u;
+        } else if (PyArray_IsScalar(v, ULongLong)) {
+            unsigned long long u = PyArrayScalar_VAL(v, ULongLong);
+            if (u > (unsigned long long)LLONG_MAX) return 0;
+            x = (long long)u;
+        } else return 0;
+        if (x < vf->ilo || x > vf->ihi) return 0;
+        memcpy(out, &x, (size_t)vf->itemsize); /* little-endian: the low bytes */
+        return 1;
+    }
+    if (vf->kind == 'f') {
+        double x;
+        if (PyFloat_CheckExact(v) || PyArray_IsScalar(v, Double)) {
+            x = PyFloat_AS_DOUBLE(v);
+            if (!(-vf->top <= x && x <= vf->top)) return 0;
+        } else if (PyArray_IsScalar(v, Float)) {
+            x = (double)PyArrayScalar_VAL(v, Float);
+            if (!(-vf->top <= x && x <= vf->top)) return 0;
+        } else if (PyLong_CheckExact(v)) {
+            int over = 0;
+            long long i = PyLong_AsLongLongAndOverflow(v, &over);
+            if (over || (i == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (!(-vf->exact <= (double)i && (double)i <= vf->exact)) return 0;
+            x = (double)i;
+        } else return 0;
+        if (!(vf->flo <= x && x <= vf->fhi)) return 0;
+        if (vf->itemsize == 4) {
+            float f = (float)x;
+            memcpy(out, &f, 4);
+        } else {
+            memcpy(out, &x, 8);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static double elem(int type_num, const uint8_t *p, Py_ssize_t e) {
+    switch (type_num) {
+    case NPY_FLOAT: return (double)((const float *)p)[e];
+    case NPY_DOUBLE: return ((const double *)p)[e];
+    case NPY_BYTE: return (double)((const int8_t *)p)[e];
+    case NPY_UBYTE: return (double)((const uint8_t *)p)[e];
+    case NPY_SHORT: return (double)((const int16_t *)p)[e];
+    case NPY_USHORT: return (double)((const uint16_t *)p)[e];
+    case NPY_INT: return (double)((const int32_t *)p)[e];
+    case NPY_UINT: return (double)((const uint32_t *)p)[e];
+    case NPY_LONG: return (double)((const long *)p)[e];
+    case NPY_ULONG: return (double)((const unsigned long *)p)[e];
+    case NPY_LONGLONG: return (double)((const long long *)p)[e];
+    case NPY_ULONGLONG: return (double)((const unsigned long long *)p)[e];
+    case NPY_BOOL: return (double)((const uint8_t *)p)[e];
+    default: return NAN; /* (never: the plan has only these types) */
+    }
+}
+
+/* Elements of one row (of type src_type) as the field stores them: finite where required,
+   within bounds. 1: accepted. */
+static int row_ok(const vfield *vf, const uint8_t *p, int src_type, int full_check) {
+    if (!full_check || vf->kind == 'b') return 1;
+    int fin = vf->finite && vf->kind == 'f';
+    if (!fin && vf->alo == NULL && vf->ahi == NULL) return 1;
+    for (Py_ssize_t e = 0; e < vf->elems; e++) {
+        double x = elem(src_type, p, e);
+        if (vf->kind == 'f' && vf->itemsize == 4) x = (double)(float)x; /* as stored */
+        if (fin && !isfinite(x)) return 0;
+        if (vf->alo && x < vf->alo[e]) return 0;
+        if (vf->ahi && x > vf->ahi[e]) return 0;
+    }
+    return 1;
+}
+
+static void put_row(const vfield *vf, const uint8_t *src, int src_type, uint8_t *dst) {
+    if (src_type == vf->type_num) {
+        memcpy(dst, src, (size_t)vf->row_bytes);
+        return;
+    }
+    for (Py_ssize_t e = 0; e < vf->elems; e++) { /* float -> float, as numpy casts */
+        double x = elem(src_type, src, e);
+        if (vf->itemsize == 4) ((float *)dst)[e] = (float)x;
+        else ((double *)dst)[e] = x;
+    }
+}
+
+/* An array value: rows of `lanes` lanes (lanes = 0: one step, no leading axis) of the field's
+   shape, or whole frame stacks (then the newest frame of each). Sets *data to the first
+   row, *stride to the bytes between lanes' rows, *src_type. `cast`: a float array of
+   another float dtype is accepted (cast as numpy casts). 1: usable. */
+static int array_value(const vfield *vf, PyObject *v, Py_ssize_t lanes, int cast,
+                       const uint8_t **data, Py_ssize_t *stride, int *src_type) {
+    if (!PyArray_CheckExact(v)) return 0;
+    PyArrayObject *a = (PyArrayObject *)v;
+    int t = PyArray_TYPE(a);
+    if (!PyArray_ISNOTSWAPPED(a) || !PyArray_IS_C_CONTIGUOUS(a)) return 0;
+    if (t != vf->type_num) {
+        if (!(cast && vf->kind == 'f' && (t == NPY_FLOAT || t == NPY_DOUBLE))) return 0;
+    }
+    int lead = lanes > 0 ? 1 : 0;
+    int nd = PyArray_NDIM(a);
+    npy_intp *dims = PyArray_DIMS(a);
+    if (lead && (nd < 1 || dims[0] != lanes)) return 0;
+    Py_ssize_t isz = PyArray_ITEMSIZE(a);
+    Py_ssize_t row = vf->elems * isz;
+    const uint8_t *p = PyArray_DATA(a);
+    if (nd == lead + vf->ndim) {
+        for (int d = 0; d < vf->ndim; d++)
+            if (dims[lead + d] != vf->shape[d]) return 0;
+        *stride = row;
+    } else if (vf->stack && nd == lead + 1 + vf->ndim && dims[lead] == vf->stack) {
+        for (int d = 0; d < vf->ndim; d++)
+            if (dims[lead + 1 + d] != vf->shape[d]) return 0;
+        p += (vf->stack - 1) * row; /* the newest frame */
+        *stride = vf->stack * row;
+    } else {
+        return 0;
+    }
+    *data = p;
+    *src_type = t;
+    return 1;
+}
+
+/* ---- the plan ------------------------------------------------------------------------ */
+
+/* The plan holds the writers (which reach the store back): the cycle collector must see
+   through it, or a store that wrote a step would never be collected. */
+static int Plan_traverse(Plan *self, visitproc visit, void *arg) {
+    Py_VISIT(self->keep);
+    Py_VISIT(self->writers);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->curs);
+    return 0;
+}
+
+static int Plan_clear(Plan *self) {
+    Py_CLEAR(self->keep);
+    Py_CLEAR(self->writers);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->curs);
+    self->L = 0; /* cleared: every add answers False */
+    return 0;
+}
+
+static void Plan_dealloc(Plan *self) {
+    PyObject_GC_UnTrack(self);
+    Plan_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char *what) {
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != type_num ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)o) ||
+        PyArray_SIZE((PyArrayObject *)o) < min_len) {
+        PyErr_Format(PyExc_ValueError, "StepPlan: %s: expected a writable C-contiguous "
+                     "array of numpy type %d with at least %zd elements", what, type_num,
+                     min_len);
+        return NULL;
+    }
+    return PyArray_DATA((PyArrayObject *)o);
+}
+
+/* StepPlan(arrays, fields, consts, writers, curs)
+   arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
+            held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
+            entered uint8 (L): the lane's current shard was opened)
+   fields: per value field (obs, action, reward, terminated, truncated): (field index,
+           type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
+           alo, ahi) with alo/ahi float64 arrays of one row's elements or None
+   consts: (F, f_step, f_ep, f_flags, L, S, lane_cap, FIRST, LAST, TERMINATED, TRUNCATED) */
+static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
+    PyObject *arrays, *fields, *writers, *curs;
+    Py_ssize_t F, fs, fe, ff, L, S, cap;
+    int f1, f2, f3, f4;
+    if (!PyArg_ParseTuple(args, "O!O!(nnnnnnniiii)O!O!", &PyTuple_Type, &arrays,
+                          &PyTuple_Type, &fields, &F, &fs, &fe, &ff, &L, &S, &cap, &f1, &f2,
+                          &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs))
+        return -1;
+    if (PyTuple_GET_SIZE(arrays) != 11 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
+        S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L) {
+        PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
+        return -1;
+    }
+    self->F = F, self->f_step = fs, self->f_ep = fe, self->f_flags = ff;
+    self->L = L, self->S = S, self->lane_cap = cap;
+    self->fl_first = (uint8_t)f1, self->fl_last = (uint8_t)f2;
+    self->fl_term = (uint8_t)f3, self->fl_trunc = (uint8_t)f4;
+#define A(i) PyTuple_GET_ITEM(arrays, i)
+    if (!(self->base = array_ptr(A(0), NPY_INT64, F * L, "base")) ||
+        !(self->n = array_ptr(A(1), NPY_INT64, L, "n")) ||
+        !(self->first = array_ptr(A(2), NPY_INT64, L, "first")) ||
+        !(self->pub = array_ptr(A(3), NPY_INT64, L, "pub")) ||
+        !(self->open_step = array_ptr(A(4), NPY_INT64, L, "open_step")) ||
+        !(self->count = array_ptr(A(5), NPY_INT64, L, "count")) ||
+        !(self->held_ok = array_ptr(A(6), NPY_BOOL, L, "held_ok")) ||
+        !(self->held = array_ptr(A(7), NPY_UINT8, L, "held")) ||
+        !(self->ep_idx = array_ptr(A(8), NPY_INT32, L * cap, "episode_step")) ||
+        !(self->flags_idx = array_ptr(A(9), NPY_UINT8, L * cap, "flags")) ||
+        !(self->entered = array_ptr(A(10), NPY_UINT8, L, "entered")))
+        return -1;
+    self->held_bytes = PyArray_SIZE((PyArrayObject *)A(7)) / L;
+#undef A
+    for (int k = 0; k < NV; k++) {
+        PyObject *t = PyTuple_GET_ITEM(fields, k), *shape, *alo, *ahi;
+        vfield *vf = &self->v[k];
+        int kind;
+        if (!PyArg_ParseTuple(t, "iiCiO!niLLddddOO", &vf->field, &vf->type_num, &kind,
+                              &vf->itemsize, &PyTuple_Type, &shape, &vf->stack, &vf->finite,
+                              &vf->ilo, &vf->ihi, &vf->flo, &vf->fhi, &vf->top, &vf->exact,
+                              &alo, &ahi))
+            return -1;
+        vf->kind = (char)kind;
+        vf->ndim = (int)PyTuple_GET_SIZE(shape);
+        if (vf->ndim > MAX_DIMS || vf->field < 0 || vf->field >= F) {
+            PyErr_SetString(PyExc_ValueError, "StepPlan: bad field");
+            return -1;
+        }
+        vf->elems = 1;
+        for (int d = 0; d < vf->ndim; d++) {
+            vf->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+            if (vf->shape[d] < 0) return -1;
+            vf->elems *= vf->shape[d];
+        }
+        vf->row_bytes = vf->elems * vf->itemsize;
+        vf->alo = alo == Py_None ? NULL : array_ptr(alo, NPY_DOUBLE, vf->elems, "low");
+        vf->ahi = ahi == Py_None ? NULL : array_ptr(ahi, NPY_DOUBLE, vf->elems, "high");
+        if ((alo != Py_None && !vf->alo) || (ahi != Py_None && !vf->ahi)) return -1;
+    }
+    if (self->v[V_OBS].row_bytes != self->held_bytes) {
+        PyErr_SetString(PyExc_ValueError, "StepPlan: held rows must be obs rows");
+        return -1;
+    }
+    Py_XSETREF(self->keep, PyTuple_Pack(2, arrays, fields));
+    PyObject *pending = PyTuple_New(L);
+    if (pending == NULL) return -1;
+    for (Py_ssize_t j = 0; j < L; j++) {
+        PyObject *w = PyTuple_GET_ITEM(writers, j), *p;
+        if (w == Py_None) {
+            p = Py_None;
+            Py_INCREF(p);
+        } else if ((p = PyObject_GetAttr(w, s_pending)) == NULL || !PyList_Check(p)) {
+            Py_XDECREF(p);
+            Py_DECREF(pending);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "StepPlan: a writer's pending is a list");
+            return -1;
+        }
+        PyTuple_SET_ITEM(pending, j, p);
+    }
+    Py_XSETREF(self->pending, pending);
+    Py_INCREF(writers);
+    Py_XSETREF(self->writers, writers);
+    Py_INCREF(curs);
+    Py_XSETREF(self->curs, curs);
+    return self->keep ? 0 : -1;
+}
+
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t stride;
+    int type;
+    uint8_t scalar[8];
+} val_t;
+
+static int set_int(PyObject *o, PyObject *name, long long x) {
+    PyObject *v = PyLong_FromLongLong(x);
+    if (v == NULL) return -1;
+    int r = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The lanes j0 .. j0 + k - 1 that: (what 1) open a shard (no rows yet), (2) were written
+   and hold a full shard now, (3) were left to the caller (need[i]). */
+static PyObject *lane_list(Plan *self, Py_ssize_t j0, Py_ssize_t k, const uint8_t *need,
+                           int what) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t j = j0 + i;
+        int take = what == 1 ? self->n[j] == 0 && !self->entered[j]
+                   : what == 2 ? !need[i] && self->n[j] == self->S
+                               : need[i];
+        if (!take) continue;
+        PyObject *x = PyLong_FromSsize_t(j);
+        if (x == NULL || PyList_Append(out, x)) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
+}
+
+/* plan.add(lane, obs, action, reward, next_obs, terminated, truncated) */
+static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add: expected 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t lane = PyLong_AsSsize_t(args[0]);
+    if (lane == -1 && PyErr_Occurred()) return NULL;
+    const Py_ssize_t L = self->L;
+    if (L == 0 || self->writers == NULL) Py_RETURN_FALSE; /* not set up, or cleared */
+    int vector = lane < 0;
+    if (!vector && lane >= L) Py_RETURN_FALSE;
+    Py_ssize_t lanes = vector ? L : 0; /* leading axis of the values (0: none) */
+    Py_ssize_t k = vector ? L : 1, j0 = vector ? 0 : lane;
+    PyObject *given[NV] = {args[1], args[2], args[3], args[5], args[6]};
+    PyObject *next_o = args[4];
+    val_t val[NV], nxt;
+    /* 1. the values */
+    for (int f = 0; f < NV; f++) {
+        vfield *vf = &self->v[f];
+        val_t *x = &val[f];
+        if (!vector && vf->ndim == 0 && !PyArray_Check(given[f])) {
+            if (!scalar_value(vf, given[f], x->scalar)) Py_RETURN_FALSE;
+            x->data = x->scalar, x->stride = 0, x->type = vf->type_num;
+            continue;
+        }
+        if (!array_value(vf, given[f], lanes, vector, &x->data, &x->stride, &x->type))
+            Py_RETURN_FALSE;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (!row_ok(vf, x->data + i * x->stride, x->type, 1)) Py_RETURN_FALSE;
+    }
+    int has_next = next_o != Py_None;
+    if (has_next) {
+        if (!array_value(&self->v[V_OBS], next_o, lanes, vector, &nxt.data, &nxt.stride,
+                         &nxt.type))
+            Py_RETURN_FALSE;
+        if (vector) /* checked as the step's obs (the vector path checks every lane's) */
+            for (Py_ssize_t i = 0; i < k; i++)
+                if (!row_ok(&self->v[V_OBS], nxt.data + i * nxt.stride, nxt.type, 1))
+                    Py_RETURN_FALSE;
+    } else if (vector) {
+        Py_RETURN_FALSE;
+    }
+    /* 2. each lane: set up, no failed write waiting, continues its held next_obs */
+    const vfield *vo = &self->v[V_OBS];
+    int attention = 0, entering = 0;
+    uint8_t need[k]; /* 0: written here, 1: left to the caller */
+    uint8_t done_l[k];
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t j = j0 + i;
+        PyObject *pending = PyTuple_GET_ITEM(self->pending, j);
+        if (pending == Py_None || self->base[j] == 0) Py_RETURN_FALSE;
+        if (PyList_GET_SIZE(pending) != 0) Py_RETURN_FALSE; /* retried by the writer first */
+        const uint8_t *o = val[V_OBS].data + i * val[V_OBS].stride;
+        if (self->held_ok[j]) {
+            if (val[V_OBS].type != vo->type_num) Py_RETURN_FALSE; /* (compared after a cast) */
+            if (memcmp(o, self->held + j * self->held_bytes, (size_t)self->held_bytes))
+                Py_RETURN_FALSE;
+        }
+        int done = val[V_TERM].data[i * val[V_TERM].stride] != 0 ||
+                   val[V_TRUNC].data[i * val[V_TRUNC].stride] != 0;
+        done_l[i] = (uint8_t)done;
+        if (done) {
+            if (!has_next) Py_RETURN_FALSE;
+            if (!vector && !row_ok(vo, nxt.data, nxt.type, 1)) Py_RETURN_FALSE;
+        }
+        if (!vector && has_next && nxt.type != vo->type_num) Py_RETURN_FALSE;
+        int64_t r = 1 + done;
+        need[i] = self->n[j] + r > self->S; /* the final row would open the next shard */
+        if (need[i]) {
+            if (!vector) Py_RETURN_FALSE;
+            attention = 1;
+        }
+        if (self->n[j] == 0 && !self->entered[j]) entering = 1;
+    }
+    if (entering) { /* nothing written: the caller opens these lanes' shards, calls again */
+        PyObject *lanes_o = lane_list(self, j0, k, NULL, 1);
+        if (lanes_o == NULL) return NULL;
+        PyObject *out = Py_BuildValue("(iN)", 1, lanes_o);
+        return out;
+    }
+    /* the lane whose row is staged last: the last final row's, else the last lane's */
+    self->last_lane = j0 + k - 1;
+    if (vector)
+        for (Py_ssize_t i = k - 1; i >= 0; i--)
+            if (done_l[i]) {
+                self->last_lane = i;
+                break;
+            }
+    /* 3. rows, index entries, held next_obs */
+    const Py_ssize_t cap = self->lane_cap;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (need[i]) continue;
+        Py_ssize_t j = j0 + i;
+        int64_t nrow = self->n[j], step = self->first[j] + nrow;
+        int64_t ep = self->open_step[j];
+        int term = val[V_TERM].data[i * val[V_TERM].stride] != 0;
+        int trunc = val[V_TRUNC].data[i * val[V_TRUNC].stride] != 0;
+        uint8_t flag = (uint8_t)((ep == 0 ? self->fl_first : 0) | (term ? self->fl_term : 0) |
+                                 (trunc ? self->fl_trunc : 0));
+        for (int f = 0; f < NV; f++) {
+            const vfield *vf = &self->v[f];
+            uint8_t *dst = (uint8_t *)(intptr_t)self->base[vf->field * L + j] +
+                           nrow * vf->row_bytes;
+            put_row(vf, val[f].data + i * val[f].stride, val[f].type, dst);
+        }
+        int32_t ep32 = (int32_t)ep;
+        memcpy((uint8_t *)(intptr_t)self->base[self->f_step * L + j] + nrow * 8, &step, 8);
+        memcpy((uint8_t *)(intptr_t)self->base[self->f_ep * L + j] + nrow * 4, &ep32, 4);
+        ((uint8_t *)(intptr_t)self->base[self->f_flags * L + j])[nrow] = flag;
+        Py_ssize_t row = j * cap + step % cap;
+        self->ep_idx[row] = ep32;
+        self->flags_idx[row] = flag;
+        if (done_l[i]) { /* the final row: the final observation, zeros elsewhere */
+            int64_t fstep = step + 1, frow_n = nrow + 1;
+            for (int f = 0; f < NV; f++) {
+                const vfield *vf = &self->v[f];
+                uint8_t *dst = (uint8_t *)(intptr_t)self->base[vf->field * L + j] +
+                               frow_n * vf->row_bytes;
+                if (f == V_OBS) put_row(vf, nxt.data + i * nxt.stride, nxt.type, dst);
+                else memset(dst, 0, (size_t)vf->row_bytes);
+            }
+            int32_t fep = ep32 + 1;
+            memcpy((uint8_t *)(intptr_t)self->base[self->f_step * L + j] + frow_n * 8, &fstep,
+                   8);
+            memcpy((uint8_t *)(intptr_t)self->base[self->f_ep * L + j] + frow_n * 4, &fep, 4);
+            ((uint8_t *)(intptr_t)self->base[self->f_flags * L + j])[frow_n] = self->fl_last;
+            Py_ssize_t frow = j * cap + fstep % cap;
+            self->ep_idx[frow] = fep;
+            self->flags_idx[frow] = self->fl_last;
+            self->open_step[j] = 0;
+            self->held_ok[j] = 0;
+        } else {
+            self->open_step[j] = ep + 1;
+            if (has_next) {
+                put_row(vo, nxt.data + i * nxt.stride, nxt.type,
+                        self->held + j * self->held_bytes);
+                self->held_ok[j] = 1;
+            } else {
+                self->held_ok[j] = 0;
+            }
+        }
+        int64_t top = step + 1 + done_l[i];
+        if (self->count[j] < top) self->count[j] = top;
+    }
+    /* 4. the rows first, then their counts: a reader that sees a count sees its rows */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (need[i]) continue;
+        Py_ssize_t j = j0 + i;
+        self->n[j] += 1 + done_l[i];
+        if (self->pub[j])
+            __atomic_store_n((int64_t *)(intptr_t)self->pub[j], self->n[j], __ATOMIC_RELEASE);
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (need[i]) continue;
+        Py_ssize_t j = j0 + i;
+        PyObject *w = PyTuple_GET_ITEM(self->writers, j);
+        if (set_int(PyList_GET_ITEM(self->curs, j), s_n, self->n[j]) ||
+            set_int(w, s_count, self->first[j] + self->n[j]))
+            return NULL;
+        if (done_l[i]) {
+            PyObject *e = PyObject_GetAttr(w, s_episodes);
+            if (e == NULL) return NULL;
+            long long ne = PyLong_AsLongLong(e);
+            Py_DECREF(e);
+            if ((ne == -1 && PyErr_Occurred()) || set_int(w, s_episodes, ne + 1)) return NULL;
+        }
+    }
+    int full = 0;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!need[i] && self->n[j0 + i] == self->S) full = 1;
+    if (!attention && !full) Py_RETURN_NONE;
+    PyObject *full_o = lane_list(self, j0, k, need, 2);
+    PyObject *left_o = full_o ? lane_list(self, j0, k, need, 3) : NULL;
+    if (left_o == NULL) {
+        Py_XDECREF(full_o);
+        return NULL;
+    }
+    return Py_BuildValue("(iNN)", 2, full_o, left_o);
+}
+
+/* addresses(arrays, out): out[i] = the data address of numpy array arrays[i] (a few
+   nanoseconds each, where ``arr.ctypes.data`` takes microseconds) */
+static PyObject *addresses(PyObject *self, PyObject *args) {
+    PyObject *seq, *out;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &seq, &out)) return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(seq);
+    int64_t *dst = array_ptr(out, NPY_INT64, k, "out");
+    if (dst == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *a = PyTuple_GET_ITEM(seq, i);
+        if (!PyArray_Check(a)) {
+            PyErr_SetString(PyExc_TypeError, "addresses: expected numpy arrays");
+            return NULL;
+        }
+        dst[i] = (int64_t)(intptr_t)PyArray_DATA((PyArrayObject *)a);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"addresses", addresses, METH_VARARGS, "addresses(arrays, out): data addresses"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef Plan_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))Plan_add, METH_FASTCALL,
+     "add(lane, obs, action, reward, next_obs, terminated, truncated): stage one step "
+     "(lane -1: one per lane); None: written, False: nothing written (general path), a "
+     "list: lanes left to the caller, the others written."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Plan_members[] = {
+    {"last_lane", T_PYSSIZET, offsetof(Plan, last_lane), READONLY,
+     "the lane the index received rows in last (after a call that wrote)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "expstore.storage._step.StepPlan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Plan_traverse,
+    .tp_clear = (inquiry)Plan_clear,
+    .tp_doc = "Addresses of a store's write path, for one C call per env step.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+    .tp_members = Plan_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_step", "One env step staged with one C call.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__step(void) {
+    import_array();
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    s_pending = PyUnicode_InternFromString("pending");
+    s_n = PyUnicode_InternFromString("n");
+    s_count = PyUnicode_InternFromString("count");
+    s_episodes = PyUnicode_InternFromString("episodes");
+    if (!s_pending || !s_n || !s_count || !s_episodes) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "StepPlan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
