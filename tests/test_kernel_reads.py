@@ -189,3 +189,39 @@ def test_sampling_a_store_with_more_shards_than_descriptors(tmp_path) -> None:
     assert not store.reader.heads
     assert store.reader.tables["obs"].fds.opened > 128
     store.close()
+
+
+# budgets are split over the scalar fields by row size: step gets 8 of 22 bytes per row
+@pytest.mark.parametrize("budget", [1 << 20, 3 * 16 * 22], ids=["all-fit", "three-shards"])
+def test_scalar_shards_decoded_by_the_kernel_are_kept_within_the_budget(tmp_path,
+                                                                          budget) -> None:
+    """Scalars (one chunk per shard): the kernel decodes a missed shard into a value slot,
+    later rows of it are served from there; with room for few shards, slots are reused
+    and every value is still the general path's."""
+    store, rows, steps = _filled(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=budget)
+    general = _general(store)
+    table = reader.tables["step"]
+    assert table.fills
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        pick = rng.choice(len(rows), 24, replace=False)
+        got = reader.read_fields(["step", "action"], rows[pick], steps[pick])
+        for name in ("step", "action"):
+            expect = np.zeros(24, np.int64)
+            assert general.read(name, rows[pick], steps[pick], expect).all()
+            values, ok = got[name]
+            assert ok.all() and np.array_equal(values, expect)
+    assert not reader.heads
+    assert (table.owner >= 0).sum() <= table.max_slots
+    if budget == 1 << 20:  # everything fits: a second pass opens and decodes nothing
+        first = reader.read_fields(["step"], rows, steps)["step"]
+        assert first[1].all()
+        opened, chunks = table.fds.opened, reader.stats.chunks
+        again = reader.read_fields(["step"], rows, steps)["step"]
+        assert again[1].all() and np.array_equal(again[0], first[0])
+        assert (table.fds.opened, reader.stats.chunks) == (opened, chunks)
+    else:
+        assert table.max_slots == 3
+    store.close()

@@ -433,20 +433,24 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
     int checksum;
     PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
-    PyObject *out_o, *ok_o;
-    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO", &prefix, &suffix, &n_chunks,
+    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None;
+    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OO", &prefix, &suffix, &n_chunks,
                           &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
                           &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
-                          &ok_o))
+                          &ok_o, &chunks_o, &cdst_o))
         return NULL;
     held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
-                kn = {0}, out = {0}, okb = {0};
+                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0};
     PyObject *result = NULL;
     if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
         take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
         take(slots_o, &sl, 8, 0, "slots") || take(steps_o, &sp, 8, 0, "steps") ||
         take(dst_o, &ds, 8, 0, "dst") || take(known_o, &kn, 8, 0, "known") ||
         take(out_o, &out, 0, 1, "out") || take(ok_o, &okb, 1, 1, "ok"))
+        goto done;
+    int keep_chunks = chunks_o != Py_None;
+    if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
+                        take(cdst_o, &cd, 8, 0, "chunk_dst")))
         goto done;
     Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
     Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
@@ -462,7 +466,20 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     const int64_t *dst = ds.view.buf, *known = kn.view.buf;
     uint8_t *o = out.view.buf, *ok = okb.view.buf;
     Py_ssize_t out_rows = out.view.len / row_bytes;
+    const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
+    const int64_t *cdst = keep_chunks ? cd.view.buf : NULL;
+    uint8_t *chunks = keep_chunks ? ch.view.buf : NULL;
+    if (keep_chunks && (cd.view.len / 8 != n || chunk_rows == 1)) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: chunk_dst needs one entry per row, "
+                                          "and chunks of more than one row");
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (cdst && cdst[i] >= 0 &&
+            (cdst[i] > ch.view.len || (size_t)(ch.view.len - cdst[i]) < chunk_bytes)) {
+            PyErr_Format(PyExc_IndexError, "read_rows: chunk_dst of row %zd out of range", i);
+            goto done;
+        }
         if (shards[i] < 0 || shards[i] >= n_shards || shards[i] / spl >= lanes ||
             slots[i] < 0 || slots[i] >= n_chunks * chunk_rows || dst[i] < 0 ||
             dst[i] >= out_rows) {
@@ -471,7 +488,6 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
     }
     const int64_t hoff = 16 * (int64_t)n_chunks + 4;
-    const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
     /* a blosc frame is at most its data + header + block offsets + split sizes + crc */
     const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
     int status = STATUS_OK;
@@ -480,6 +496,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     scratch_t blob = {0}, tmp = {0}, rows_buf = {0};
     int64_t last_shard = -1;
     uint64_t last_off = 0, last_nb = 0;
+    const uint8_t *last_rows = NULL; /* where the last multi-row chunk was decoded */
     Py_BEGIN_ALLOW_THREADS
     if (chunk_rows > 1 && scratch_reserve(&rows_buf, chunk_bytes) != 0) status = STATUS_READ;
     for (; status == STATUS_OK && i < n; i++) {
@@ -503,7 +520,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             continue; /* a missing chunk or a bad entry: the general path reports it */
         uint8_t *row_dst = o + dst[i] * row_bytes;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
-            memcpy(row_dst, rows_buf.buf + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
+            memcpy(row_dst, last_rows + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
             ok[i] = 1;
             continue;
         }
@@ -515,10 +532,11 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             st = decode_chunk(blob.buf, (size_t)nb, checksum, row_dst, (size_t)row_bytes, &tmp);
         } else {
             last_shard = -1;
-            st = decode_chunk(blob.buf, (size_t)nb, checksum, rows_buf.buf, chunk_bytes, &tmp);
+            uint8_t *rows_at = cdst && cdst[i] >= 0 ? chunks + cdst[i] : rows_buf.buf;
+            st = decode_chunk(blob.buf, (size_t)nb, checksum, rows_at, chunk_bytes, &tmp);
             if (st == STATUS_OK) {
-                memcpy(row_dst, rows_buf.buf + (slot % chunk_rows) * row_bytes,
-                       (size_t)row_bytes);
+                memcpy(row_dst, rows_at + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
+                last_rows = rows_at;
                 last_shard = shard;
                 last_off = off;
                 last_nb = nb;
@@ -547,6 +565,8 @@ done:
     release(&kn);
     release(&out);
     release(&okb);
+    release(&ch);
+    release(&cd);
     return result;
 }
 
@@ -856,7 +876,9 @@ static PyMethodDef methods[] = {
      "16-byte index entry is read, then its chunk, checked and decoded (chunks of "
      "chunk_rows > 1 rows: decoded whole, the row copied). ok[i] = 1 where delivered; rows "
      "not delivered (overwritten, missing, failing a check) are left to the caller. status "
-     "STATUS_UNSUPPORTED: a codec this kernel does not decode. Runs without the GIL."},
+     "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
+     "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
+     "so the caller can keep it. Runs without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "

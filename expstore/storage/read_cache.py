@@ -78,6 +78,60 @@ class ShardTable:
         self.values[s] = values
 
     @property
+    def fills(self) -> bool:
+        """Whether the kernel decodes missed shards straight into value slots (one chunk
+        per shard, and room for values)."""
+        return self.chunk_rows == self.shard_rows and self.max_slots > 0
+
+    def claim(self, shards: np.ndarray) -> np.ndarray | None:
+        """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
+        if they hold one, else free ones, else random others (evicted). The shards are
+        not ready until :meth:`commit`. ``None`` when they do not all fit."""
+        if len(shards) > self.max_slots:
+            return None
+        s = self.slot[shards]
+        need = np.flatnonzero(s < 0)
+        if len(need):
+            free = np.flatnonzero(self.owner < 0)
+            if len(free) < len(need) and len(self.owner) < self.max_slots:
+                self._grow(min(self.max_slots,
+                               max(8, 2 * len(self.owner), len(self.owner) + len(need))))
+                free = np.flatnonzero(self.owner < 0)
+            free = free[: len(need)]
+            short = len(need) - len(free)
+            if short:
+                keep = np.zeros(len(self.owner), bool)
+                keep[s[s >= 0]] = True
+                keep[free] = True
+                victims = self._rng.choice(np.flatnonzero(~keep), short, replace=False)
+                gone = self.owner[victims]
+                self.slot[gone] = -1
+                self.first[gone] = -1
+                free = np.concatenate([free, victims])
+            self.owner[free] = shards[need]
+            self.slot[shards[need]] = free
+            s[need] = free
+        self.first[shards] = -1
+        return s
+
+    def commit(self, shards: np.ndarray, fds: FdTable) -> None:
+        """Shards whose chunk the kernel decoded into their claimed slot: ready, as the
+        version ``fds`` holds for them."""
+        e = fds.tab[shards]
+        self.first[shards] = e[:, fds.FIRST]
+        self.n_rows[shards] = e[:, fds.NROWS]
+        self.trusted[shards] = e[:, fds.TRUSTED]
+        self.fd[shards] = -1  # the descriptor is the kernel's
+
+    def release(self, shards: np.ndarray) -> None:
+        """Free the slots claimed for ``shards`` (the kernel did not fill them)."""
+        s = self.slot[shards]
+        held = s >= 0
+        self.owner[s[held]] = -1
+        self.slot[shards] = -1
+        self.first[shards] = -1
+
+    @property
     def full(self) -> bool:
         """Whether binding another shard's values would evict one (or none are kept)."""
         return not self.max_slots or (len(self.owner) >= self.max_slots
@@ -166,21 +220,25 @@ class FdTable:
 
     def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
              flat: np.ndarray, known: np.ndarray, shards_per_lane: int, checksum: bool,
-             stats: Any) -> tuple[np.ndarray, bool]:
+             stats: Any, chunks: np.ndarray | None = None,
+             chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
         """Rows into rows ``dst`` of ``flat`` (uint8, one row per row) with one kernel call,
         opening shards as needed: a mask of rows delivered, and whether the kernel may be
-        used again for this field (not when it met a codec it does not decode)."""
+        used again for this field (not when it met a codec it does not decode).
+        ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
+        ``chunks`` (-1: scratch), where the caller keeps them."""
         ok = np.zeros(len(shards), np.uint8)
+        extra = () if chunks is None else (chunks, np.ascontiguousarray(chunk_dst, np.int64))
         status, nbytes, opened = native.read_rows(
             self.prefix, self.suffix, self.n_chunks, self.chunk_rows, self.tab, self.ring,
             self.state, np.ascontiguousarray(shards, np.int64),
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
             np.ascontiguousarray(dst, np.int64), known, shards_per_lane, flat, flat.shape[1],
-            checksum, ok)
+            checksum, ok, *extra)
         done = ok.view(bool)
         n = int(done.sum())
         self.opened += opened
-        stats.requests += n + opened
+        stats.requests += 2 * n + opened  # index entry + chunk per row, header per open
         stats.chunks += n
         stats.bytes += int(nbytes)
         return done, status != native.STATUS_UNSUPPORTED
@@ -313,13 +371,17 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
             hits = int(done.sum())
             stats.row_cache_hits += hits
             stats.row_cache_misses += len(rows) - hits
-    # multi-row fields: the general path fills the values table while it has room; once
-    # it is full, its misses are read by the kernel
-    use = kernel and table.fds is not None and (table.per_row or table.full)
+    # multi-row fields: the kernel fills the values table (one chunk per shard), else
+    # the general path fills it while it has room and the kernel reads misses once full
+    use = kernel and table.fds is not None and (table.per_row or table.fills or table.full)
     todo = np.flatnonzero(~done) if use else np.zeros(0, np.int64)
     if len(todo):
-        got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
-                                     ctx.known, ctx.shards_per_lane, ctx.checksum, stats)
+        if table.per_row or not table.fills:
+            got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
+                                         ctx.known, ctx.shards_per_lane, ctx.checksum, stats)
+        else:
+            got, kernel = _read_filling(table, ctx, shards[todo], slots[todo], steps[todo],
+                                        todo, flat)
         served = todo[got]
         done = done.copy() if done is ready else done
         done[served] = True
@@ -327,6 +389,28 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
             cache.insert(rows[served], steps[served], flat[served])
     stats.rows += int(done.sum())
     return done, kernel
+
+
+def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
+                  steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
+                  ) -> tuple[np.ndarray, bool]:
+    """Rows of a one-chunk-per-shard field into ``flat`` by the kernel, each shard's chunk
+    decoded into a value slot of ``table`` and kept there (see :meth:`FdTable.read`)."""
+    uniq, inv = np.unique(shards, return_inverse=True)
+    claimed = table.claim(uniq)
+    if claimed is None:
+        return table.fds.read(shards, slots, steps, dst, flat, ctx.known,
+                              ctx.shards_per_lane, ctx.checksum, ctx.stats)
+    per_slot = table.values[0].nbytes
+    chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
+    got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.known,
+                                 ctx.shards_per_lane, ctx.checksum, ctx.stats, chunks,
+                                 claimed[inv] * per_slot)
+    failed = np.zeros(len(uniq), bool)
+    failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
+    table.commit(uniq[~failed], table.fds)
+    table.release(uniq[failed])
+    return got, kernel
 
 
 def serve_held(table: ShardTable, cache: RowCache, ctx: KernelRead, rows: np.ndarray,
