@@ -212,6 +212,7 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
             if f.is_file():
                 f.read_bytes()
         store = es.open(path)
+        off = es.open(path, cache_bytes=0)  # the read path alone, no decoded-frame cache
         side = len(range(0, 84, subsample))
         r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
                    "frame": f"{side}x{side}", "build_s": built}
@@ -222,6 +223,10 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
             runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
             r[f"tps_bs{bs}"] = statistics.median(runs)
             r[f"us_per_batch_bs{bs}"] = 1e6 * bs / r[f"tps_bs{bs}"]
+            step = functools.partial(off.sample, bs)
+            timed_loop(step, bs, seconds)
+            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+            r[f"us_per_batch_bs{bs}_nocache"] = 1e6 * bs / statistics.median(runs)
         tables = store.reader.tables
         req0, bound0 = st.requests, tables["obs"].fds.opened
         heads0 = sum(t.opened for t in tables.values())
@@ -238,6 +243,7 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
         print(r, flush=True)
         results.append(r)
         store.close()
+        off.close()
         shutil.rmtree(path, ignore_errors=True)
     return results
 
@@ -293,27 +299,32 @@ def main() -> None:
             base = res[0]
             for r in res:
                 for bs in (32, 256):
-                    r[f"bs{bs}_cost_x_smallest"] = (r[f"us_per_batch_bs{bs}"]
-                                                    / base[f"us_per_batch_bs{bs}"])
+                    for tag in ("", "_nocache"):
+                        r[f"bs{bs}{tag}_x_smallest"] = (r[f"us_per_batch_bs{bs}{tag}"]
+                                                        / base[f"us_per_batch_bs{bs}{tag}"])
             body = markdown_table(res, ["rows", "shards", "frame", "tps_bs32",
-                                        "us_per_batch_bs32", "bs32_cost_x_smallest",
-                                        "tps_bs256", "us_per_batch_bs256",
-                                        "bs256_cost_x_smallest", "frame_cache_hit_rate",
+                                        "us_per_batch_bs32", "bs32_x_smallest",
+                                        "us_per_batch_bs32_nocache", "bs32_nocache_x_smallest",
+                                        "tps_bs256", "us_per_batch_bs256", "bs256_x_smallest",
+                                        "us_per_batch_bs256_nocache",
+                                        "bs256_nocache_x_smallest", "frame_cache_hit_rate",
                                         "requests_per_batch_bs32",
                                         "shard_opens_per_batch_bs32",
                                         "index_opens_per_batch_bs32", "open_fds", "rss_mb"])
-            body += ("\n\n`store.sample(B)` in this process, warm page cache (uniform, "
-                     "stacked 4 x frame uint8: Atari frames subsampled, one row per inner "
-                     "chunk as Atari frames are, blosc-lz4, one template shard of 4096 rows "
-                     "repeated with each shard's own header), medians of repeats, tr/s = "
-                     "transitions/s; default frame cache (256 MiB). cost_x_smallest = µs per "
-                     "batch / the smallest store's (target: flat). requests = reads the reader "
-                     "issued per batch of 32 (index entries + chunks the kernel read, shard "
-                     "opens); shard_opens = `obs` shards the kernel opened (header read) per "
-                     "batch of 32; index_opens = shard versions the general path opened "
-                     "(header + whole index) per batch of 32, all fields; open_fds = "
-                     "descriptors the process holds; rss_mb = its peak RSS (MiB, "
-                     "`ru_maxrss`, cumulative over the sizes).")
+            body += ("\n\n"
+                     "`store.sample(B)` in this process, warm page cache (uniform, stacked 4"
+                     " x frame uint8: Atari frames subsampled, one row per inner chunk as "
+                     "Atari frames are, blosc-lz4, one template shard of 4096 rows repeated "
+                     "with each shard's own header), medians of repeats, tr/s = "
+                     "transitions/s; default frame cache (256 MiB); _nocache: the same store"
+                     " opened with `cache_bytes=0` (every frame read and decoded). "
+                     "x_smallest = µs per batch / the smallest store's (target: flat). "
+                     "requests = reads the reader issued per batch of 32 (index entries + "
+                     "chunks the kernel read, shard opens); shard_opens = `obs` shards the "
+                     "kernel opened (header read) per batch of 32; index_opens = shard "
+                     "versions the general path opened (header + whole index) per batch of "
+                     "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
+                     " peak RSS (MiB, `ru_maxrss`, cumulative over the sizes).")
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line())
