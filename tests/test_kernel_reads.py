@@ -225,3 +225,66 @@ def test_scalar_shards_decoded_by_the_kernel_are_kept_within_the_budget(tmp_path
     else:
         assert table.max_slots == 3
     store.close()
+
+
+def test_index_entries_read_once_per_open_shard(tmp_path) -> None:
+    """A chunk's index entry is read once while its shard stays open (two reads per frame
+    the first time, one after), and never used through another descriptor."""
+    store, rows, steps = _filled(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    out = np.zeros((len(rows), *FRAME), np.uint8)
+    assert reader.read("obs", rows, steps, out).all()
+    fds = reader.tables["obs"].fds
+    n_shards = len(np.unique(rows // 16))
+    assert reader.stats.requests == 2 * len(rows) + fds.opened
+    before = reader.stats.requests
+    again = np.zeros_like(out)
+    assert reader.read("obs", rows, steps, again).all()
+    assert reader.stats.requests - before == len(rows)  # chunks only: entries remembered
+    assert np.array_equal(again, out)
+    for shard in range(n_shards):  # descriptors closed: entries are read again
+        fds.forget(shard)
+    before = reader.stats.requests
+    assert reader.read("obs", rows, steps, again).all()
+    assert reader.stats.requests - before == 2 * len(rows) + n_shards
+    assert np.array_equal(again, out)
+    store.close()
+
+
+CHILD = r"""
+import resource, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from test_batch_path import frame
+import expstore as es
+from expstore.storage import ShardReader, backend_for
+store = es.open(sys.argv[1])
+rows = np.arange(store.capacity)
+steps = store.index.steps(rows)
+keep = (steps >= 0) & (steps < store.index.count[0])
+rows, steps = rows[keep], steps[keep]
+soft = 96 + len(__import__("os").listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, soft))  # the hard limit too: no lifting
+reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0, max_fds=4000)
+out = np.zeros((len(rows), 32, 32), np.uint8)
+assert reader.read("obs", rows, steps, out).all()
+assert all(np.array_equal(out[i], frame(0, int(s))) for i, s in enumerate(steps))
+fds = reader.tables["obs"].fds
+print("opened", fds.opened, "held", int((fds.tab[:, fds.FD] >= 0).sum()))
+"""
+
+
+def test_a_process_out_of_descriptors_closes_the_oldest(tmp_path) -> None:
+    """A descriptor budget above what the process may open: the kernel closes its oldest
+    descriptors and goes on, every row delivered."""
+    import subprocess
+    import sys
+
+    store, rows, _ = _filled(tmp_path, capacity=4096, shard_rows=16, n=3900)  # 244 shards
+    store.close()
+    tests = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "s.zarr"), tests],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    opened, held = (int(x) for x in out.stdout.split()[1::2])
+    assert opened >= len(np.unique(rows // 16)) and held < opened  # older ones closed

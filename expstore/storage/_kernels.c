@@ -333,8 +333,16 @@ done:
 /* Columns of the per-shard table `tab` (int64, n_shards x TAB_COLS) that read_rows keeps:
    the descriptor it holds open for the shard (-1: none), the first lane step and row count
    of that version's header, the committed count that version is trusted for, and the
-   shard's position in `ring` (the open descriptors, closed oldest first beyond its size). */
-enum { TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_COLS = 5 };
+   shard's position in `ring` (the open descriptors, closed oldest first beyond its size),
+   and the number of the open (state[2] counts them) that got the descriptor: index entries
+   remembered in `ecache` are used only with the descriptor they were read through. */
+enum {
+    TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_GEN = 5,
+    TAB_COLS = 6
+};
+/* Columns of `ecache` (int64, E x ECACHE_COLS), direct-mapped by chunk (shard * n_chunks +
+   chunk): the chunk's number, the open it was read through, its offset and size. */
+enum { EC_KEY = 0, EC_GEN = 1, EC_OFF = 2, EC_NB = 3, ECACHE_COLS = 4 };
 
 #define SHARD_MAGIC "EXPS"
 #define SHARD_HEADER 32
@@ -373,6 +381,22 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
     int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
     if (len < 0 || (size_t)len >= sizeof path) return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* out of descriptors (the process holds others too): close this table's oldest */
+    for (int tries = 0; fd < 0 && (errno == EMFILE || errno == ENFILE) && tries < 8; tries++) {
+        int closed = 0;
+        for (int64_t k = 0; k < state[0] && !closed; k++) {
+            int64_t at = (state[1] + k) % ring_n, victim = ring[at];
+            if (victim < 0 || victim == shard) continue;
+            int64_t *v = tab + victim * TAB_COLS;
+            if (v[TAB_RINGPOS] == at && v[TAB_FD] >= 0) {
+                close((int)v[TAB_FD]);
+                v[TAB_FD] = -1;
+                closed = 1;
+            }
+        }
+        if (!closed) break;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
     if (fd < 0) return -1;
     uint8_t h[SHARD_HEADER];
     if (pread_all(fd, h, SHARD_HEADER, hoff) != 0 || memcmp(h, SHARD_MAGIC, 4) != 0) {
@@ -419,6 +443,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
     e[TAB_FIRST] = (int64_t)le64(h + 8);
     e[TAB_NROWS] = (int64_t)(int32_t)le32(h + 16);
     e[TAB_TRUSTED] = trusted;
+    e[TAB_GEN] = ++state[2];
     return 0;
 }
 
@@ -433,14 +458,14 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
     int checksum;
     PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
-    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None;
-    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OO", &prefix, &suffix, &n_chunks,
+    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None, *ec_o = Py_None;
+    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOO", &prefix, &suffix, &n_chunks,
                           &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
                           &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
-                          &ok_o, &chunks_o, &cdst_o))
+                          &ok_o, &chunks_o, &cdst_o, &ec_o))
         return NULL;
     held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
-                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0};
+                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0};
     PyObject *result = NULL;
     if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
         take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
@@ -448,6 +473,10 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         take(dst_o, &ds, 8, 0, "dst") || take(known_o, &kn, 8, 0, "known") ||
         take(out_o, &out, 0, 1, "out") || take(ok_o, &okb, 1, 1, "ok"))
         goto done;
+    if (ec_o != Py_None && take(ec_o, &ecb, 8 * ECACHE_COLS, 1, "ecache")) goto done;
+    int64_t *ec = ec_o != Py_None ? ecb.view.buf : NULL;
+    Py_ssize_t ec_n = ec ? ecb.view.len / (8 * ECACHE_COLS) : 0;
+    if (ec_n == 0) ec = NULL;
     int keep_chunks = chunks_o != Py_None;
     if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
                         take(cdst_o, &cd, 8, 0, "chunk_dst")))
@@ -455,10 +484,10 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
     Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
     if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
-        okb.view.len != n || stt.view.len / 8 != 2 || row_bytes <= 0 || chunk_rows <= 0 ||
+        okb.view.len != n || stt.view.len / 8 != 3 || row_bytes <= 0 || chunk_rows <= 0 ||
         n_chunks <= 0 || spl <= 0 || ring_n <= 0 || lanes <= 0) {
         PyErr_SetString(PyExc_ValueError, "read_rows: shards, slots, steps, dst and ok need "
-                                          "one entry per row; state two; sizes positive");
+                                          "one entry per row; state three; sizes positive");
         goto done;
     }
     int64_t *tab = tb.view.buf, *ring = rg.view.buf, *state = stt.view.buf;
@@ -491,7 +520,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     /* a blosc frame is at most its data + header + block offsets + split sizes + crc */
     const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
     int status = STATUS_OK;
-    Py_ssize_t i = 0, opened = 0;
+    Py_ssize_t i = 0, opened = 0, reads = 0;
     long long total = 0;
     scratch_t blob = {0}, tmp = {0}, rows_buf = {0};
     int64_t last_shard = -1;
@@ -513,11 +542,28 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
         int fd = (int)e[TAB_FD];
         int64_t c = slot / chunk_rows;
-        uint8_t ent[16];
-        if (pread_all(fd, ent, 16, 16 * c) != 0) continue;
-        uint64_t off = le64(ent), nb = le64(ent + 8);
-        if (off == UINT64_MAX || nb == 0 || nb > max_blob || off < (uint64_t)hoff + SHARD_HEADER)
-            continue; /* a missing chunk or a bad entry: the general path reports it */
+        int64_t key = shard * (int64_t)n_chunks + c;
+        int64_t *ce = ec ? ec + (key % ec_n) * ECACHE_COLS : NULL;
+        uint64_t off, nb;
+        if (ce && ce[EC_KEY] == key && ce[EC_GEN] == e[TAB_GEN]) {
+            off = (uint64_t)ce[EC_OFF];
+            nb = (uint64_t)ce[EC_NB];
+        } else {
+            uint8_t ent[16];
+            reads++;
+            if (pread_all(fd, ent, 16, 16 * c) != 0) continue;
+            off = le64(ent);
+            nb = le64(ent + 8);
+            if (off == UINT64_MAX || nb == 0 || nb > max_blob ||
+                off < (uint64_t)hoff + SHARD_HEADER)
+                continue; /* a missing chunk or a bad entry: the general path reports it */
+            if (ce) {
+                ce[EC_KEY] = key;
+                ce[EC_GEN] = e[TAB_GEN];
+                ce[EC_OFF] = (int64_t)off;
+                ce[EC_NB] = (int64_t)nb;
+            }
+        }
         uint8_t *row_dst = o + dst[i] * row_bytes;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
             memcpy(row_dst, last_rows + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
@@ -525,6 +571,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             continue;
         }
         if (scratch_reserve(&blob, (size_t)nb) != 0) continue;
+        reads++;
         if (pread_all(fd, blob.buf, (size_t)nb, (int64_t)off) != 0) continue;
         total += (long long)nb;
         int st;
@@ -553,7 +600,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     free(tmp.buf);
     free(rows_buf.buf);
     for (Py_ssize_t k = i; k < n; k++) ok[k] = 0;
-    result = Py_BuildValue("(iLn)", status, total, opened);
+    result = Py_BuildValue("(iLnn)", status, total, opened, reads);
 done:
     release(&tb);
     release(&rg);
@@ -567,6 +614,7 @@ done:
     release(&okb);
     release(&ch);
     release(&cd);
+    release(&ecb);
     return result;
 }
 
@@ -867,8 +915,8 @@ static PyMethodDef methods[] = {
      "in-memory chunk i into row dst[i] of out. Runs without the GIL."},
     {"read_rows", read_rows, METH_VARARGS,
      "read_rows(prefix, suffix, n_chunks, chunk_rows, tab, ring, state, shards, slots, steps, "
-     "dst, known, shards_per_lane, out, row_bytes, checksum, ok) -> (status, bytes_read, "
-     "opened)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
+     "dst, known, shards_per_lane, out, row_bytes, checksum, ok[, chunks, chunk_dst, "
+     "ecache]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
      "dst[i] of out (row_bytes each), reading the shard's file prefix + shard + suffix: "
      "the descriptor tab holds for the shard when its header holds that step and is "
      "trusted for it, else the shard opened again (header checked, trusted for "
@@ -878,7 +926,9 @@ static PyMethodDef methods[] = {
      "not delivered (overwritten, missing, failing a check) are left to the caller. status "
      "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
      "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
-     "so the caller can keep it. Runs without the GIL."},
+     "so the caller can keep it. Optional ecache: index entries remembered per chunk "
+     "(direct-mapped), used again only through the descriptor they were read with. Runs "
+     "without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
@@ -915,5 +965,6 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyModule_AddIntConstant(m, "STATUS_UNSUPPORTED", STATUS_UNSUPPORTED);
     PyModule_AddIntConstant(m, "STATUS_BOUNDS", STATUS_BOUNDS);
     PyModule_AddIntConstant(m, "TAB_COLS", TAB_COLS);
+    PyModule_AddIntConstant(m, "ECACHE_COLS", ECACHE_COLS);
     return m;
 }

@@ -28,7 +28,8 @@ from .kernels import copy_rows, native
 from .shard import ShardHead, parse_head
 
 #: columns of FdTable.tab (what the C kernel keeps per shard)
-TAB_COLS = 5 if native is None else native.TAB_COLS
+TAB_COLS = 6 if native is None else native.TAB_COLS
+ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
 
 
 class ShardTable:
@@ -196,10 +197,10 @@ class FdTable:
     that the kernel closes the oldest opened. Local stores only.
     """
 
-    FD, FIRST, NROWS, TRUSTED, RINGPOS = range(5)
+    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
 
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
-                 chunk_rows: int, max_fds: int) -> None:
+                 chunk_rows: int, max_fds: int, max_entries: int = 1 << 19) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
         self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
@@ -207,9 +208,14 @@ class FdTable:
         self.n_chunks = n_chunks
         self.chunk_rows = chunk_rows
         self.tab = np.full((n_shards, TAB_COLS), -1, np.int64)
-        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED]] = 0
+        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN]] = 0
         self.ring = np.full(max(1, min(max_fds, n_shards)), -1, np.int64)
-        self.state = np.zeros(2, np.int64)  # ring positions used, next to reuse
+        self.state = np.zeros(3, np.int64)  # ring positions used, next to reuse, opens
+        #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
+        #: descriptor they were read through: a store of up to ``max_entries`` chunks
+        #: costs one read per chunk, not two
+        self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
+                               -1, np.int64)
         self.opened = 0  # shard versions opened so far
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -228,17 +234,18 @@ class FdTable:
         ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
         ``chunks`` (-1: scratch), where the caller keeps them."""
         ok = np.zeros(len(shards), np.uint8)
-        extra = () if chunks is None else (chunks, np.ascontiguousarray(chunk_dst, np.int64))
-        status, nbytes, opened = native.read_rows(
+        extra = ((None, None) if chunks is None else
+                 (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
+        status, nbytes, opened, reads = native.read_rows(
             self.prefix, self.suffix, self.n_chunks, self.chunk_rows, self.tab, self.ring,
             self.state, np.ascontiguousarray(shards, np.int64),
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
             np.ascontiguousarray(dst, np.int64), known, shards_per_lane, flat, flat.shape[1],
-            checksum, ok, *extra)
+            checksum, ok, *extra, self.entries)
         done = ok.view(bool)
         n = int(done.sum())
         self.opened += opened
-        stats.requests += 2 * n + opened  # index entry + chunk per row, header per open
+        stats.requests += reads + opened  # index entries and chunks read, headers
         stats.chunks += n
         stats.bytes += int(nbytes)
         return done, status != native.STATUS_UNSUPPORTED

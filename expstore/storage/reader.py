@@ -26,6 +26,7 @@ re-checks and reports.
 from __future__ import annotations
 
 import resource
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,14 +78,23 @@ def _row_bytes(f) -> int:
     return f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
 
 
+#: descriptors the kernel may hold for the readers of this process that are alive
+_fds_taken = [0]
+
+
 def kernel_fd_budget(max_open: int) -> int:
-    """File descriptors the kernel may hold open for one reader, all fields together: half
-    of what the process may open beyond ``max_open`` (the general path's) and 1024 spare,
-    at most 16,384."""
+    """File descriptors the kernel may hold open for a new reader, all fields together:
+    half of what the process may still open beyond what other readers' kernels took,
+    ``max_open`` (this reader's general path) and 1024 spare; at least 64, at most 16,384.
+    (When the process runs out anyway, the kernel closes its oldest descriptors.)"""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
-    return max(64, min(16384, (soft - max_open - 1024) // 2))
+    return max(64, min(16384, (soft - _fds_taken[0] - max_open - 1024) // 2))
+
+
+def _give_back_fds(n: int) -> None:
+    _fds_taken[0] -= n
 
 
 class ShardReader:
@@ -122,6 +132,8 @@ class ShardReader:
             multi = {n: _row_bytes(f) for n, f in layout.spec.fields.items()  # what batches read
                      if layout.chunk_rows(n) > 1}
             fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
+            _fds_taken[0] += fds
+            weakref.finalize(self, _give_back_fds, fds)
             per_field = max(2, (fds - 16 * (len(layout.fields) - len(layout.spec.fields)))
                             // max(1, len(layout.spec.fields)))
             for n, f in layout.fields.items():
