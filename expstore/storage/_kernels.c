@@ -231,6 +231,83 @@ static int blosc_frame(const uint8_t *src, size_t n, uint8_t *dst, size_t dstlen
     return STATUS_OK;
 }
 
+/* Bytes [lo, hi) of one blosc1 frame of `dstlen` decoded bytes into `out`, decoding only
+   the blocks that hold them and, for byte-shuffled blocks, gathering the wanted bytes from
+   the shuffled planes instead of unshuffling whole blocks (one scalar of a 4096-row chunk
+   costs one block's LZ4 decode, not the whole chunk's decode and unshuffle). */
+static int blosc_range(const uint8_t *src, size_t n, size_t dstlen, size_t lo, size_t hi,
+                       uint8_t *out, scratch_t *tmp) {
+    if (n < BLOSC_HEADER) return STATUS_CORRUPT;
+    unsigned flags = src[2];
+    size_t typesize = src[3] ? src[3] : 1;
+    size_t nbytes = le32(src + 4), blocksize = le32(src + 8), cbytes = le32(src + 12);
+    if (nbytes != dstlen || cbytes > n || lo > hi || hi > nbytes) return STATUS_CORRUPT;
+    if (flags & BLOSC_MEMCPYED) {
+        if (BLOSC_HEADER + nbytes > n) return STATUS_CORRUPT;
+        memcpy(out, src + BLOSC_HEADER + lo, hi - lo);
+        return STATUS_OK;
+    }
+    if (flags & BLOSC_DOBITSHUFFLE) return STATUS_UNSUPPORTED;
+    if (((flags & 0xe0) >> 5) != BLOSC_LZ4_FORMAT) return STATUS_UNSUPPORTED;
+    if (hi == lo) return STATUS_OK;
+    if (blocksize == 0 || blocksize > nbytes) return STATUS_CORRUPT;
+    int shuffle = (flags & BLOSC_DOSHUFFLE) && typesize > 1;
+    if (scratch_reserve(tmp, blocksize) != 0) return STATUS_CORRUPT;
+    size_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
+    if (leftover) nblocks++;
+    if (BLOSC_HEADER + 4 * nblocks > n) return STATUS_CORRUPT;
+    const uint8_t *end = src + n;
+    for (size_t j = lo / blocksize; j < nblocks && j * blocksize < hi; j++) {
+        int last = leftover && j == nblocks - 1;
+        size_t bsize = last ? leftover : blocksize;
+        size_t start = le32(src + BLOSC_HEADER + 4 * j);
+        if (start >= n) return STATUS_CORRUPT;
+        const uint8_t *p = src + start;
+        size_t nsplits = 1;
+        if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 &&
+            !last)
+            nsplits = typesize;
+        size_t neblock = bsize / nsplits;
+        uint8_t *b = tmp->buf;
+        for (size_t k = 0; k < nsplits; k++) {
+            if (end - p < 4) return STATUS_CORRUPT;
+            size_t cb = le32(p);
+            p += 4;
+            if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
+            if (cb == neblock) {
+                memcpy(b, p, neblock);
+            } else if (lz4_block(p, cb, b, neblock) != 0) {
+                return STATUS_CORRUPT;
+            }
+            p += cb;
+            b += neblock;
+        }
+        size_t a = lo > j * blocksize ? lo - j * blocksize : 0;      /* in this block */
+        size_t z = hi - j * blocksize < bsize ? hi - j * blocksize : bsize;
+        uint8_t *o = out + (j * blocksize + a - lo);
+        if (!shuffle) {
+            memcpy(o, tmp->buf + a, z - a);
+            continue;
+        }
+        size_t neles = bsize / typesize, whole = neles * typesize;
+        for (size_t q = a; q < z; q++) /* byte q of the block: element q / typesize */
+            o[q - a] = q < whole ? tmp->buf[(q % typesize) * neles + q / typesize]
+                                 : tmp->buf[q];
+    }
+    return STATUS_OK;
+}
+
+/* Check the trailing crc32c (when asked), then bytes [lo, hi) of the decoded chunk. */
+static int decode_range(const uint8_t *blob, size_t n, int checksum, size_t chunk_bytes,
+                        size_t lo, size_t hi, uint8_t *out, scratch_t *tmp) {
+    if (checksum) {
+        if (n < 4) return STATUS_CHECKSUM;
+        n -= 4;
+        if (crc32c(blob, n) != le32(blob + n)) return STATUS_CHECKSUM;
+    }
+    return blosc_range(blob, n, chunk_bytes, lo, hi, out, tmp);
+}
+
 /* Check the trailing crc32c (when asked) and decode one chunk. */
 static int decode_chunk(const uint8_t *blob, size_t n, int checksum, uint8_t *dst,
                         size_t row_bytes, scratch_t *tmp) {
@@ -522,12 +599,11 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     int status = STATUS_OK;
     Py_ssize_t i = 0, opened = 0, reads = 0;
     long long total = 0;
-    scratch_t blob = {0}, tmp = {0}, rows_buf = {0};
+    scratch_t blob = {0}, tmp = {0};
     int64_t last_shard = -1;
     uint64_t last_off = 0, last_nb = 0;
     const uint8_t *last_rows = NULL; /* where the last multi-row chunk was decoded */
     Py_BEGIN_ALLOW_THREADS
-    if (chunk_rows > 1 && scratch_reserve(&rows_buf, chunk_bytes) != 0) status = STATUS_READ;
     for (; status == STATUS_OK && i < n; i++) {
         ok[i] = 0;
         int64_t shard = shards[i], slot = slots[i], step = steps[i];
@@ -577,9 +653,13 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         int st;
         if (chunk_rows == 1) {
             st = decode_chunk(blob.buf, (size_t)nb, checksum, row_dst, (size_t)row_bytes, &tmp);
+        } else if (!cdst || cdst[i] < 0) { /* only the row's bytes */
+            size_t lo = (size_t)(slot % chunk_rows) * (size_t)row_bytes;
+            st = decode_range(blob.buf, (size_t)nb, checksum, chunk_bytes, lo,
+                              lo + (size_t)row_bytes, row_dst, &tmp);
         } else {
             last_shard = -1;
-            uint8_t *rows_at = cdst && cdst[i] >= 0 ? chunks + cdst[i] : rows_buf.buf;
+            uint8_t *rows_at = chunks + cdst[i];
             st = decode_chunk(blob.buf, (size_t)nb, checksum, rows_at, chunk_bytes, &tmp);
             if (st == STATUS_OK) {
                 memcpy(row_dst, rows_at + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
@@ -598,7 +678,6 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     free(blob.buf);
     free(tmp.buf);
-    free(rows_buf.buf);
     for (Py_ssize_t k = i; k < n; k++) ok[k] = 0;
     result = Py_BuildValue("(iLnn)", status, total, opened, reads);
 done:
@@ -922,7 +1001,7 @@ static PyMethodDef methods[] = {
      "trusted for it, else the shard opened again (header checked, trusted for "
      "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's "
      "16-byte index entry is read, then its chunk, checked and decoded (chunks of "
-     "chunk_rows > 1 rows: decoded whole, the row copied). ok[i] = 1 where delivered; rows "
+     "chunk_rows > 1 rows: only the blocks holding the row are decoded). ok[i] = 1 where delivered; rows "
      "not delivered (overwritten, missing, failing a check) are left to the caller. status "
      "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
      "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "

@@ -80,9 +80,11 @@ class ShardTable:
 
     @property
     def fills(self) -> bool:
-        """Whether the kernel decodes missed shards straight into value slots (one chunk
-        per shard, and room for values)."""
-        return self.chunk_rows == self.shard_rows and self.max_slots > 0
+        """Whether the kernel decodes missed shards straight into value slots: one chunk
+        per shard, and room for the values of at least half the shards (else most
+        would be evicted before they are read again: the kernel decodes only the rows
+        asked for)."""
+        return self.chunk_rows == self.shard_rows and 2 * self.max_slots >= len(self.slot)
 
     def claim(self, shards: np.ndarray) -> np.ndarray | None:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
@@ -131,12 +133,6 @@ class ShardTable:
         self.owner[s[held]] = -1
         self.slot[shards] = -1
         self.first[shards] = -1
-
-    @property
-    def full(self) -> bool:
-        """Whether binding another shard's values would evict one (or none are kept)."""
-        return not self.max_slots or (len(self.owner) >= self.max_slots
-                                      and not (self.owner < 0).any())
 
     def unbind(self, shard: int) -> None:
         s = int(self.slot[shard])
@@ -378,9 +374,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
             hits = int(done.sum())
             stats.row_cache_hits += hits
             stats.row_cache_misses += len(rows) - hits
-    # multi-row fields: the kernel fills the values table (one chunk per shard), else
-    # the general path fills it while it has room and the kernel reads misses once full
-    use = kernel and table.fds is not None and (table.per_row or table.fills or table.full)
+    use = kernel and table.fds is not None
     todo = np.flatnonzero(~done) if use else np.zeros(0, np.int64)
     if len(todo):
         if table.per_row or not table.fills:
