@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -192,21 +194,28 @@ def open_rss(sizes: list[int], root: Path, one_pass_max: int) -> list[dict]:
     return results
 
 
-def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float) -> list[dict]:
+def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
+                subsample: int = 5) -> list[dict]:
     """Uniform stacked batches sampled in this process from small-frame stores of each
-    size: median µs per batch of 32 and 256 (see module doc)."""
+    size (Atari frames, every ``subsample``-th pixel): median µs per batch of 32 and 256
+    (see module doc)."""
     from benchmarks.baselines import timed_loop
 
     results = []
     for rows in sizes:
         path = root / f"small_{rows}.zarr"
         print(f"building a {rows:,}-row small-frame store at {path} ...", flush=True)
-        build(path, rows, subsample=5).close()
+        t0 = time.perf_counter()
+        build(path, rows, subsample=subsample).close()
+        built = time.perf_counter() - t0
         for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
             if f.is_file():
                 f.read_bytes()
         store = es.open(path)
-        r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows}
+        off = es.open(path, cache_bytes=0)  # the read path alone, no decoded-frame cache
+        side = len(range(0, 84, subsample))
+        r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
+                   "frame": f"{side}x{side}", "build_s": built}
         st = store.reader.stats
         for bs in (32, 256):
             step = functools.partial(store.sample, bs)
@@ -214,17 +223,27 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float) -> l
             runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
             r[f"tps_bs{bs}"] = statistics.median(runs)
             r[f"us_per_batch_bs{bs}"] = 1e6 * bs / r[f"tps_bs{bs}"]
-        req0, bound0 = st.requests, store.reader.tables["obs"].opened
+            step = functools.partial(off.sample, bs)
+            timed_loop(step, bs, seconds)
+            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+            r[f"us_per_batch_bs{bs}_nocache"] = 1e6 * bs / statistics.median(runs)
+        tables = store.reader.tables
+        req0, bound0 = st.requests, tables["obs"].fds.opened
+        heads0 = sum(t.opened for t in tables.values())
         for _ in range(20):
             store.sample(32)
         r["requests_per_batch_bs32"] = (st.requests - req0) / 20
-        r["shard_opens_per_batch_bs32"] = (store.reader.tables["obs"].opened - bound0) / 20
-        r["open_handles"] = len(store.reader.heads)
+        r["shard_opens_per_batch_bs32"] = (tables["obs"].fds.opened - bound0) / 20
+        r["index_opens_per_batch_bs32"] = (sum(t.opened for t in tables.values())
+                                           - heads0) / 20
+        r["open_fds"] = len(os.listdir("/proc/self/fd"))
+        r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
                                                               + st.row_cache_misses)
         print(r, flush=True)
         results.append(r)
         store.close()
+        off.close()
         shutil.rmtree(path, ignore_errors=True)
     return results
 
@@ -248,6 +267,8 @@ def main() -> None:
     p.add_argument("--flat", default="", help="comma-separated row counts: sampling cost")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument("--subsample", type=int, default=5,
+                   help="--flat: keep every k-th pixel of the 84x84 frames (21: 4x4)")
     a = p.parse_args()
     if a.open or a.flat:
         root = Path(a.path).parent
@@ -274,22 +295,36 @@ def main() -> None:
             print(body)
         if a.flat:
             sizes = [int(x) for x in a.flat.split(",")]
-            res = sample_cost(sizes, root, a.repeats, a.seconds)
-            body = markdown_table(res, ["rows", "shards", "tps_bs32", "us_per_batch_bs32",
-                                        "tps_bs256", "us_per_batch_bs256",
-                                        "frame_cache_hit_rate", "requests_per_batch_bs32",
-                                        "shard_opens_per_batch_bs32", "open_handles"])
-            body += ("\n\n`store.sample(B)` in this process, warm page cache (uniform, "
-                     "stacked 4x17x17 uint8 "
-                     "frames: Atari frames subsampled, one row per inner chunk as Atari "
-                     "frames are, "
-                     "blosc-lz4, one template shard of "
-                     "4096 rows repeated with each shard's own header), medians of repeats, "
-                     "tr/s = transitions/s; default frame cache (256 MiB). requests = reads the "
-                     "reader issued (frames decoded by the kernel, shard heads) per batch of "
-                     "32; shard_opens = `obs` shard versions opened (header + index read) per "
-                     "batch of 32; open_handles = shard versions held open (at most "
-                     "`max_open`, 4096, over all fields).")
+            res = sample_cost(sizes, root, a.repeats, a.seconds, a.subsample)
+            base = res[0]
+            for r in res:
+                for bs in (32, 256):
+                    for tag in ("", "_nocache"):
+                        r[f"bs{bs}{tag}_x_smallest"] = (r[f"us_per_batch_bs{bs}{tag}"]
+                                                        / base[f"us_per_batch_bs{bs}{tag}"])
+            body = markdown_table(res, ["rows", "shards", "frame", "tps_bs32",
+                                        "us_per_batch_bs32", "bs32_x_smallest",
+                                        "us_per_batch_bs32_nocache", "bs32_nocache_x_smallest",
+                                        "tps_bs256", "us_per_batch_bs256", "bs256_x_smallest",
+                                        "us_per_batch_bs256_nocache",
+                                        "bs256_nocache_x_smallest", "frame_cache_hit_rate",
+                                        "requests_per_batch_bs32",
+                                        "shard_opens_per_batch_bs32",
+                                        "index_opens_per_batch_bs32", "open_fds", "rss_mb"])
+            body += ("\n\n"
+                     "`store.sample(B)` in this process, warm page cache (uniform, stacked 4"
+                     " x frame uint8: Atari frames subsampled, one row per inner chunk as "
+                     "Atari frames are, blosc-lz4, one template shard of 4096 rows repeated "
+                     "with each shard's own header), medians of repeats, tr/s = "
+                     "transitions/s; default frame cache (256 MiB); _nocache: the same store"
+                     " opened with `cache_bytes=0` (every frame read and decoded). "
+                     "x_smallest = µs per batch / the smallest store's (target: flat). "
+                     "requests = reads the reader issued per batch of 32 (index entries + "
+                     "chunks the kernel read, shard opens); shard_opens = `obs` shards the "
+                     "kernel opened (header read) per batch of 32; index_opens = shard "
+                     "versions the general path opened (header + whole index) per batch of "
+                     "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
+                     " peak RSS (MiB, `ru_maxrss`, cumulative over the sizes).")
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line())

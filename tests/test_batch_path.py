@@ -175,8 +175,9 @@ def test_frames_held_in_the_cache_match_the_general_path(tmp_path) -> None:
         write(store, lane, 0, 300 + 50 * lane)
     store.flush()
     backend = backend_for(store.url)
-    # few open shards: many rows of a read take the general path (into scratch)
-    fast = ShardReader(backend, store.layout, max_open=6, row_cache_bytes=64 * 1024)
+    # few open shards and descriptors: the kernel re-opens shards within reads
+    fast = ShardReader(backend, store.layout, max_open=6, row_cache_bytes=64 * 1024,
+                       max_fds=16)
     general = ShardReader(backend, store.layout, row_cache_bytes=0)
     general.tables = {}
     cache = fast.row_caches["obs"]
@@ -192,6 +193,12 @@ def test_frames_held_in_the_cache_match_the_general_path(tmp_path) -> None:
         r, st = rows[pick], steps[pick].copy()
         if len(r) > 2:  # a row asked for again at a step it does not hold
             r, st = np.append(r, r[0]), np.append(st, st[0] + 1)
+        if len(r) > 9:  # rows sharing one cache slot: more than the scratch rows spill
+            at = int(r[0]) % cache.n
+            r = np.concatenate([r, rows[at::cache.n][:6]])
+            st = np.concatenate([st, steps[at::cache.n][:6]])
+            pairs = np.unique(np.stack([r, st], 1), axis=0)  # distinct (row, step) pairs
+            r, st = pairs[:, 0].copy(), pairs[:, 1].copy()
         got = fast.read_held("obs", r, st)
         expect = np.zeros((len(r), *FRAME), np.uint8)
         ok_expect = general.read("obs", r, st, expect)

@@ -36,6 +36,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +231,83 @@ static int blosc_frame(const uint8_t *src, size_t n, uint8_t *dst, size_t dstlen
     return STATUS_OK;
 }
 
+/* Bytes [lo, hi) of one blosc1 frame of `dstlen` decoded bytes into `out`, decoding only
+   the blocks that hold them and, for byte-shuffled blocks, gathering the wanted bytes from
+   the shuffled planes instead of unshuffling whole blocks (one scalar of a 4096-row chunk
+   costs one block's LZ4 decode, not the whole chunk's decode and unshuffle). */
+static int blosc_range(const uint8_t *src, size_t n, size_t dstlen, size_t lo, size_t hi,
+                       uint8_t *out, scratch_t *tmp) {
+    if (n < BLOSC_HEADER) return STATUS_CORRUPT;
+    unsigned flags = src[2];
+    size_t typesize = src[3] ? src[3] : 1;
+    size_t nbytes = le32(src + 4), blocksize = le32(src + 8), cbytes = le32(src + 12);
+    if (nbytes != dstlen || cbytes > n || lo > hi || hi > nbytes) return STATUS_CORRUPT;
+    if (flags & BLOSC_MEMCPYED) {
+        if (BLOSC_HEADER + nbytes > n) return STATUS_CORRUPT;
+        memcpy(out, src + BLOSC_HEADER + lo, hi - lo);
+        return STATUS_OK;
+    }
+    if (flags & BLOSC_DOBITSHUFFLE) return STATUS_UNSUPPORTED;
+    if (((flags & 0xe0) >> 5) != BLOSC_LZ4_FORMAT) return STATUS_UNSUPPORTED;
+    if (hi == lo) return STATUS_OK;
+    if (blocksize == 0 || blocksize > nbytes) return STATUS_CORRUPT;
+    int shuffle = (flags & BLOSC_DOSHUFFLE) && typesize > 1;
+    if (scratch_reserve(tmp, blocksize) != 0) return STATUS_CORRUPT;
+    size_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
+    if (leftover) nblocks++;
+    if (BLOSC_HEADER + 4 * nblocks > n) return STATUS_CORRUPT;
+    const uint8_t *end = src + n;
+    for (size_t j = lo / blocksize; j < nblocks && j * blocksize < hi; j++) {
+        int last = leftover && j == nblocks - 1;
+        size_t bsize = last ? leftover : blocksize;
+        size_t start = le32(src + BLOSC_HEADER + 4 * j);
+        if (start >= n) return STATUS_CORRUPT;
+        const uint8_t *p = src + start;
+        size_t nsplits = 1;
+        if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 &&
+            !last)
+            nsplits = typesize;
+        size_t neblock = bsize / nsplits;
+        uint8_t *b = tmp->buf;
+        for (size_t k = 0; k < nsplits; k++) {
+            if (end - p < 4) return STATUS_CORRUPT;
+            size_t cb = le32(p);
+            p += 4;
+            if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
+            if (cb == neblock) {
+                memcpy(b, p, neblock);
+            } else if (lz4_block(p, cb, b, neblock) != 0) {
+                return STATUS_CORRUPT;
+            }
+            p += cb;
+            b += neblock;
+        }
+        size_t a = lo > j * blocksize ? lo - j * blocksize : 0;      /* in this block */
+        size_t z = hi - j * blocksize < bsize ? hi - j * blocksize : bsize;
+        uint8_t *o = out + (j * blocksize + a - lo);
+        if (!shuffle) {
+            memcpy(o, tmp->buf + a, z - a);
+            continue;
+        }
+        size_t neles = bsize / typesize, whole = neles * typesize;
+        for (size_t q = a; q < z; q++) /* byte q of the block: element q / typesize */
+            o[q - a] = q < whole ? tmp->buf[(q % typesize) * neles + q / typesize]
+                                 : tmp->buf[q];
+    }
+    return STATUS_OK;
+}
+
+/* Check the trailing crc32c (when asked), then bytes [lo, hi) of the decoded chunk. */
+static int decode_range(const uint8_t *blob, size_t n, int checksum, size_t chunk_bytes,
+                        size_t lo, size_t hi, uint8_t *out, scratch_t *tmp) {
+    if (checksum) {
+        if (n < 4) return STATUS_CHECKSUM;
+        n -= 4;
+        if (crc32c(blob, n) != le32(blob + n)) return STATUS_CHECKSUM;
+    }
+    return blosc_range(blob, n, chunk_bytes, lo, hi, out, tmp);
+}
+
 /* Check the trailing crc32c (when asked) and decode one chunk. */
 static int decode_chunk(const uint8_t *blob, size_t n, int checksum, uint8_t *dst,
                         size_t row_bytes, scratch_t *tmp) {
@@ -323,6 +402,298 @@ done:
     release(&sizes);
     release(&dst);
     release(&out);
+    return result;
+}
+
+/* ---- rows by shard, opening shards as needed -------------------------------------- */
+
+/* Columns of the per-shard table `tab` (int64, n_shards x TAB_COLS) that read_rows keeps:
+   the descriptor it holds open for the shard (-1: none), the first lane step and row count
+   of that version's header, the committed count that version is trusted for, and the
+   shard's position in `ring` (the open descriptors, closed oldest first beyond its size),
+   and the number of the open (state[2] counts them) that got the descriptor: index entries
+   remembered in `ecache` are used only with the descriptor they were read through. */
+enum {
+    TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_GEN = 5,
+    TAB_COLS = 6
+};
+/* Columns of `ecache` (int64, E x ECACHE_COLS), direct-mapped by chunk (shard * n_chunks +
+   chunk): the chunk's number, the open it was read through, its offset and size. */
+enum { EC_KEY = 0, EC_GEN = 1, EC_OFF = 2, EC_NB = 3, ECACHE_COLS = 4 };
+
+#define SHARD_MAGIC "EXPS"
+#define SHARD_HEADER 32
+#define SHARD_FORMAT_VERSION 1
+#define SHARD_CHECKSUMS 1
+
+static int pread_all(int fd, uint8_t *buf, size_t want, int64_t at) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)(at + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static uint64_t le64(const uint8_t *p) {
+    return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
+}
+
+/* Open shard `shard` (path prefix + number + suffix), read and check its header (magic,
+   format version, crc32c), and record it in row `e` of the table, taking a ring position
+   (closing the oldest descriptor when the ring is full). 0 on success, -1 when the shard
+   is missing or its header does not check (the caller's general path retries and
+   reports). */
+static int open_shard(const char *prefix, const char *suffix, int64_t shard, int64_t hoff,
+                      int64_t trusted, int64_t *tab, int64_t *ring, int64_t ring_n,
+                      int64_t *state) {
+    int64_t *e = tab + shard * TAB_COLS;
+    if (e[TAB_FD] >= 0) {
+        close((int)e[TAB_FD]);
+        e[TAB_FD] = -1;
+    }
+    char path[4096];
+    int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
+    if (len < 0 || (size_t)len >= sizeof path) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* out of descriptors (the process holds others too): close this table's oldest */
+    for (int tries = 0; fd < 0 && (errno == EMFILE || errno == ENFILE) && tries < 8; tries++) {
+        int closed = 0;
+        for (int64_t k = 0; k < state[0] && !closed; k++) {
+            int64_t at = (state[1] + k) % ring_n, victim = ring[at];
+            if (victim < 0 || victim == shard) continue;
+            int64_t *v = tab + victim * TAB_COLS;
+            if (v[TAB_RINGPOS] == at && v[TAB_FD] >= 0) {
+                close((int)v[TAB_FD]);
+                v[TAB_FD] = -1;
+                closed = 1;
+            }
+        }
+        if (!closed) break;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0) return -1;
+    uint8_t h[SHARD_HEADER];
+    if (pread_all(fd, h, SHARD_HEADER, hoff) != 0 || memcmp(h, SHARD_MAGIC, 4) != 0) {
+        close(fd);
+        return -1;
+    }
+    unsigned version = (unsigned)h[4] | ((unsigned)h[5] << 8);
+    unsigned flags = (unsigned)h[6] | ((unsigned)h[7] << 8);
+    uint32_t crc = le32(h + 20);
+    if (version > SHARD_FORMAT_VERSION) {
+        close(fd);
+        return -1;
+    }
+    if ((flags & SHARD_CHECKSUMS) || crc) {
+        uint8_t body[SHARD_HEADER - 4];
+        memcpy(body, h, 20);
+        memcpy(body + 20, h + 24, SHARD_HEADER - 24);
+        if (crc32c(body, sizeof body) != crc) {
+            close(fd);
+            return -1;
+        }
+    }
+    int64_t k = e[TAB_RINGPOS];
+    if (k < 0 || k >= ring_n || ring[k] != shard) { /* a new ring position */
+        if (state[0] < ring_n) {
+            k = state[0]++;
+        } else {
+            k = state[1];
+            state[1] = (state[1] + 1) % ring_n;
+            int64_t victim = ring[k];
+            if (victim >= 0) {
+                int64_t *v = tab + victim * TAB_COLS;
+                if (v[TAB_RINGPOS] == k) {
+                    if (v[TAB_FD] >= 0) close((int)v[TAB_FD]);
+                    v[TAB_FD] = -1;
+                    v[TAB_RINGPOS] = -1;
+                }
+            }
+        }
+        ring[k] = shard;
+        e[TAB_RINGPOS] = k;
+    }
+    e[TAB_FD] = fd;
+    e[TAB_FIRST] = (int64_t)le64(h + 8);
+    e[TAB_NROWS] = (int64_t)(int32_t)le32(h + 16);
+    e[TAB_TRUSTED] = trusted;
+    e[TAB_GEN] = ++state[2];
+    return 0;
+}
+
+static int holds(const int64_t *e, int64_t slot, int64_t step) {
+    return e[TAB_FD] >= 0 && e[TAB_FIRST] + slot == step && slot < e[TAB_NROWS] &&
+           step < e[TAB_TRUSTED];
+}
+
+/* read_rows: see the method table. */
+static PyObject *read_rows(PyObject *self, PyObject *args) {
+    const char *prefix, *suffix;
+    Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
+    int checksum;
+    PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
+    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None, *ec_o = Py_None;
+    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOO", &prefix, &suffix, &n_chunks,
+                          &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
+                          &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
+                          &ok_o, &chunks_o, &cdst_o, &ec_o))
+        return NULL;
+    held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
+                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0};
+    PyObject *result = NULL;
+    if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
+        take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
+        take(slots_o, &sl, 8, 0, "slots") || take(steps_o, &sp, 8, 0, "steps") ||
+        take(dst_o, &ds, 8, 0, "dst") || take(known_o, &kn, 8, 0, "known") ||
+        take(out_o, &out, 0, 1, "out") || take(ok_o, &okb, 1, 1, "ok"))
+        goto done;
+    if (ec_o != Py_None && take(ec_o, &ecb, 8 * ECACHE_COLS, 1, "ecache")) goto done;
+    int64_t *ec = ec_o != Py_None ? ecb.view.buf : NULL;
+    Py_ssize_t ec_n = ec ? ecb.view.len / (8 * ECACHE_COLS) : 0;
+    if (ec_n == 0) ec = NULL;
+    int keep_chunks = chunks_o != Py_None;
+    if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
+                        take(cdst_o, &cd, 8, 0, "chunk_dst")))
+        goto done;
+    Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
+    Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
+    if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
+        okb.view.len != n || stt.view.len / 8 != 3 || row_bytes <= 0 || chunk_rows <= 0 ||
+        n_chunks <= 0 || spl <= 0 || ring_n <= 0 || lanes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: shards, slots, steps, dst and ok need "
+                                          "one entry per row; state three; sizes positive");
+        goto done;
+    }
+    int64_t *tab = tb.view.buf, *ring = rg.view.buf, *state = stt.view.buf;
+    const int64_t *shards = sh.view.buf, *slots = sl.view.buf, *steps = sp.view.buf;
+    const int64_t *dst = ds.view.buf, *known = kn.view.buf;
+    uint8_t *o = out.view.buf, *ok = okb.view.buf;
+    Py_ssize_t out_rows = out.view.len / row_bytes;
+    const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
+    const int64_t *cdst = keep_chunks ? cd.view.buf : NULL;
+    uint8_t *chunks = keep_chunks ? ch.view.buf : NULL;
+    if (keep_chunks && (cd.view.len / 8 != n || chunk_rows == 1)) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: chunk_dst needs one entry per row, "
+                                          "and chunks of more than one row");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cdst && cdst[i] >= 0 &&
+            (cdst[i] > ch.view.len || (size_t)(ch.view.len - cdst[i]) < chunk_bytes)) {
+            PyErr_Format(PyExc_IndexError, "read_rows: chunk_dst of row %zd out of range", i);
+            goto done;
+        }
+        if (shards[i] < 0 || shards[i] >= n_shards || shards[i] / spl >= lanes ||
+            slots[i] < 0 || slots[i] >= n_chunks * chunk_rows || dst[i] < 0 ||
+            dst[i] >= out_rows) {
+            PyErr_Format(PyExc_IndexError, "read_rows: row %zd out of range", i);
+            goto done;
+        }
+    }
+    const int64_t hoff = 16 * (int64_t)n_chunks + 4;
+    /* a blosc frame is at most its data + header + block offsets + split sizes + crc */
+    const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
+    int status = STATUS_OK;
+    Py_ssize_t i = 0, opened = 0, reads = 0;
+    long long total = 0;
+    scratch_t blob = {0}, tmp = {0};
+    int64_t last_shard = -1;
+    uint64_t last_off = 0, last_nb = 0;
+    const uint8_t *last_rows = NULL; /* where the last multi-row chunk was decoded */
+    Py_BEGIN_ALLOW_THREADS
+    for (; status == STATUS_OK && i < n; i++) {
+        ok[i] = 0;
+        int64_t shard = shards[i], slot = slots[i], step = steps[i];
+        int64_t *e = tab + shard * TAB_COLS;
+        if (!holds(e, slot, step)) { /* not open, or a version that lacks the step */
+            if (open_shard(prefix, suffix, shard, hoff, known[shard / spl], tab, ring, ring_n,
+                           state) != 0)
+                continue;
+            opened++;
+            if (shard == last_shard) last_shard = -1;
+            if (!holds(e, slot, step)) continue; /* overwritten: the caller reports it */
+        }
+        int fd = (int)e[TAB_FD];
+        int64_t c = slot / chunk_rows;
+        int64_t key = shard * (int64_t)n_chunks + c;
+        int64_t *ce = ec ? ec + (key % ec_n) * ECACHE_COLS : NULL;
+        uint64_t off, nb;
+        if (ce && ce[EC_KEY] == key && ce[EC_GEN] == e[TAB_GEN]) {
+            off = (uint64_t)ce[EC_OFF];
+            nb = (uint64_t)ce[EC_NB];
+        } else {
+            uint8_t ent[16];
+            reads++;
+            if (pread_all(fd, ent, 16, 16 * c) != 0) continue;
+            off = le64(ent);
+            nb = le64(ent + 8);
+            if (off == UINT64_MAX || nb == 0 || nb > max_blob ||
+                off < (uint64_t)hoff + SHARD_HEADER)
+                continue; /* a missing chunk or a bad entry: the general path reports it */
+            if (ce) {
+                ce[EC_KEY] = key;
+                ce[EC_GEN] = e[TAB_GEN];
+                ce[EC_OFF] = (int64_t)off;
+                ce[EC_NB] = (int64_t)nb;
+            }
+        }
+        uint8_t *row_dst = o + dst[i] * row_bytes;
+        if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
+            memcpy(row_dst, last_rows + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
+            ok[i] = 1;
+            continue;
+        }
+        if (scratch_reserve(&blob, (size_t)nb) != 0) continue;
+        reads++;
+        if (pread_all(fd, blob.buf, (size_t)nb, (int64_t)off) != 0) continue;
+        total += (long long)nb;
+        int st;
+        if (chunk_rows == 1) {
+            st = decode_chunk(blob.buf, (size_t)nb, checksum, row_dst, (size_t)row_bytes, &tmp);
+        } else if (!cdst || cdst[i] < 0) { /* only the row's bytes */
+            size_t lo = (size_t)(slot % chunk_rows) * (size_t)row_bytes;
+            st = decode_range(blob.buf, (size_t)nb, checksum, chunk_bytes, lo,
+                              lo + (size_t)row_bytes, row_dst, &tmp);
+        } else {
+            last_shard = -1;
+            uint8_t *rows_at = chunks + cdst[i];
+            st = decode_chunk(blob.buf, (size_t)nb, checksum, rows_at, chunk_bytes, &tmp);
+            if (st == STATUS_OK) {
+                memcpy(row_dst, rows_at + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
+                last_rows = rows_at;
+                last_shard = shard;
+                last_off = off;
+                last_nb = nb;
+            }
+        }
+        if (st == STATUS_UNSUPPORTED) {
+            status = st;
+            break;
+        }
+        ok[i] = st == STATUS_OK;
+    }
+    Py_END_ALLOW_THREADS
+    free(blob.buf);
+    free(tmp.buf);
+    for (Py_ssize_t k = i; k < n; k++) ok[k] = 0;
+    result = Py_BuildValue("(iLnn)", status, total, opened, reads);
+done:
+    release(&tb);
+    release(&rg);
+    release(&stt);
+    release(&sh);
+    release(&sl);
+    release(&sp);
+    release(&ds);
+    release(&kn);
+    release(&out);
+    release(&okb);
+    release(&ch);
+    release(&cd);
+    release(&ecb);
     return result;
 }
 
@@ -621,6 +992,22 @@ static PyMethodDef methods[] = {
     {"decode_blobs", decode_blobs, METH_VARARGS,
      "decode_blobs(blobs, dst, out, row_bytes, checksum) -> (status, index)\n\nDecode "
      "in-memory chunk i into row dst[i] of out. Runs without the GIL."},
+    {"read_rows", read_rows, METH_VARARGS,
+     "read_rows(prefix, suffix, n_chunks, chunk_rows, tab, ring, state, shards, slots, steps, "
+     "dst, known, shards_per_lane, out, row_bytes, checksum, ok[, chunks, chunk_dst, "
+     "ecache]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
+     "dst[i] of out (row_bytes each), reading the shard's file prefix + shard + suffix: "
+     "the descriptor tab holds for the shard when its header holds that step and is "
+     "trusted for it, else the shard opened again (header checked, trusted for "
+     "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's "
+     "16-byte index entry is read, then its chunk, checked and decoded (chunks of "
+     "chunk_rows > 1 rows: only the blocks holding the row are decoded). ok[i] = 1 where delivered; rows "
+     "not delivered (overwritten, missing, failing a check) are left to the caller. status "
+     "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
+     "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
+     "so the caller can keep it. Optional ecache: index entries remembered per chunk "
+     "(direct-mapped), used again only through the descriptor they were read with. Runs "
+     "without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
@@ -656,5 +1043,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyModule_AddIntConstant(m, "STATUS_CORRUPT", STATUS_CORRUPT);
     PyModule_AddIntConstant(m, "STATUS_UNSUPPORTED", STATUS_UNSUPPORTED);
     PyModule_AddIntConstant(m, "STATUS_BOUNDS", STATUS_BOUNDS);
+    PyModule_AddIntConstant(m, "TAB_COLS", TAB_COLS);
+    PyModule_AddIntConstant(m, "ECACHE_COLS", ECACHE_COLS);
     return m;
 }

@@ -16,24 +16,33 @@ the writer committed for that step.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import StoreCorruptError
 from .kernels import copy_rows, native
-from .shard import EMPTY, ShardHead, parse_head
+from .shard import ShardHead, parse_head
+
+#: columns of FdTable.tab (what the C kernel keeps per shard)
+TAB_COLS = 6 if native is None else native.TAB_COLS
+ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
 
 
 class ShardTable:
     """Cached shard versions of one field, as arrays over shards (see module docstring).
 
     ``values_budget``: bytes of decoded values kept for multi-row-chunk fields; beyond it
-    a random slot is evicted (its rows then take the general path until re-opened).
+    a random slot is evicted (its rows are then read by the kernel through ``fds``, else
+    the general path). ``fds``: the field's descriptors for the kernel (``None``: no
+    kernel); frame fields (one row per chunk) are read only through them.
     """
 
     def __init__(self, n_shards: int, shard_rows: int, chunk_rows: int, shape: tuple,
-                 dtype: np.dtype, values_budget: int) -> None:
+                 dtype: np.dtype, values_budget: int, fds: FdTable | None = None) -> None:
         self.shard_rows = shard_rows
         self.chunk_rows = chunk_rows
         self.shape = tuple(shape)
@@ -44,15 +53,10 @@ class ShardTable:
         self.fd = np.full(n_shards, -1, np.int32)
         self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
         self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
-        n_chunks = shard_rows // chunk_rows
-        if chunk_rows == 1:
-            self.starts = np.zeros((0, n_chunks), np.int64)
-            self.sizes = np.zeros((0, n_chunks), np.int64)
-            self.max_slots = n_shards
-        else:
-            self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
-            per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
-            self.max_slots = int(min(n_shards, values_budget // per_slot))  # 0: none kept
+        self.fds = fds
+        self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
+        per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
+        self.max_slots = 0 if chunk_rows == 1 else int(min(n_shards, values_budget // per_slot))
         self._rng = np.random.default_rng(0)
         self.opened = 0  # versions bound so far (shard opens of this field)
 
@@ -63,20 +67,72 @@ class ShardTable:
 
     def bind(self, shard: int, fd: int, head: ShardHead, trusted: int,
              values: np.ndarray | None = None) -> None:
-        """Record the version of ``shard`` just cached (``values``: its decoded rows)."""
+        """Record the version of ``shard`` just cached (``values``: its decoded rows).
+        Frame fields keep nothing here: the kernel opens their shards itself (``fds``)."""
         self.unbind(shard)
         self.opened += 1
-        if not self.per_row and (values is None or not self.max_slots):
-            return  # rows of this shard take the general path (chunk cache)
+        if values is None or not self.max_slots:
+            return  # rows of this shard: the kernel (fds) or the general path
         s = self._take_slot(shard)
         self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
         self.trusted[shard], self.fd[shard] = trusted, fd
-        if self.per_row:
-            empty = head.offsets == EMPTY
-            self.starts[s] = np.where(empty, 0, head.offsets).astype(np.int64)
-            self.sizes[s] = np.where(empty, -1, head.nbytes).astype(np.int64)
-        else:
-            self.values[s] = values
+        self.values[s] = values
+
+    @property
+    def fills(self) -> bool:
+        """Whether the kernel decodes missed shards straight into value slots: one chunk
+        per shard, and room for the values of at least half the shards (else most
+        would be evicted before they are read again: the kernel decodes only the rows
+        asked for)."""
+        return self.chunk_rows == self.shard_rows and 2 * self.max_slots >= len(self.slot)
+
+    def claim(self, shards: np.ndarray) -> np.ndarray | None:
+        """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
+        if they hold one, else free ones, else random others (evicted). The shards are
+        not ready until :meth:`commit`. ``None`` when they do not all fit."""
+        if len(shards) > self.max_slots:
+            return None
+        s = self.slot[shards]
+        need = np.flatnonzero(s < 0)
+        if len(need):
+            free = np.flatnonzero(self.owner < 0)
+            if len(free) < len(need) and len(self.owner) < self.max_slots:
+                self._grow(min(self.max_slots,
+                               max(8, 2 * len(self.owner), len(self.owner) + len(need))))
+                free = np.flatnonzero(self.owner < 0)
+            free = free[: len(need)]
+            short = len(need) - len(free)
+            if short:
+                keep = np.zeros(len(self.owner), bool)
+                keep[s[s >= 0]] = True
+                keep[free] = True
+                victims = self._rng.choice(np.flatnonzero(~keep), short, replace=False)
+                gone = self.owner[victims]
+                self.slot[gone] = -1
+                self.first[gone] = -1
+                free = np.concatenate([free, victims])
+            self.owner[free] = shards[need]
+            self.slot[shards[need]] = free
+            s[need] = free
+        self.first[shards] = -1
+        return s
+
+    def commit(self, shards: np.ndarray, fds: FdTable) -> None:
+        """Shards whose chunk the kernel decoded into their claimed slot: ready, as the
+        version ``fds`` holds for them."""
+        e = fds.tab[shards]
+        self.first[shards] = e[:, fds.FIRST]
+        self.n_rows[shards] = e[:, fds.NROWS]
+        self.trusted[shards] = e[:, fds.TRUSTED]
+        self.fd[shards] = -1  # the descriptor is the kernel's
+
+    def release(self, shards: np.ndarray) -> None:
+        """Free the slots claimed for ``shards`` (the kernel did not fill them)."""
+        s = self.slot[shards]
+        held = s >= 0
+        self.owner[s[held]] = -1
+        self.slot[shards] = -1
+        self.first[shards] = -1
 
     def unbind(self, shard: int) -> None:
         s = int(self.slot[shard])
@@ -89,6 +145,8 @@ class ShardTable:
     def clear(self) -> None:
         for shard in np.flatnonzero(self.slot >= 0).tolist():
             self.unbind(shard)
+        if self.fds is not None:
+            self.fds.clear()
 
     def _take_slot(self, shard: int) -> int:
         free = np.flatnonzero(self.owner < 0)
@@ -107,23 +165,98 @@ class ShardTable:
     def _grow(self, n: int) -> None:
         old = len(self.owner)
         self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
-        if self.per_row:
-            pad = ((0, n - old), (0, 0))
-            self.starts = np.pad(self.starts, pad)
-            self.sizes = np.pad(self.sizes, pad, constant_values=-1)
-        else:
-            grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
-            grown[:old] = self.values
-            self.values = grown
+        grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
+        grown[:old] = self.values
+        self.values = grown
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Rows the cached versions hold and are trusted for (step < trusted count)."""
+        """Rows the cached versions hold and are trusted for (step < trusted count); for
+        frame fields, the versions the kernel holds open."""
+        if self.per_row:
+            if self.fds is None:
+                return np.zeros(len(shards), bool)
+            return self.fds.ready(shards, slots, steps)
         first = self.first[shards]
         ok = (first >= 0) & (first + slots == steps) & (slots < self.n_rows[shards])
         ok &= steps < self.trusted[shards]
         ok &= self.slot[shards] >= 0
         return ok
 
+
+
+class FdTable:
+    """Shard versions of one field held open for the C kernel (see module docstring).
+
+    ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
+    shard its descriptor (-1: none), the header's first step and rows, and the committed
+    count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
+    that the kernel closes the oldest opened. Local stores only.
+    """
+
+    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
+
+    def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
+                 chunk_rows: int, max_fds: int, max_entries: int = 1 << 19) -> None:
+        probe = key_of(0)
+        head, _, tail = probe.partition("/c/0")
+        self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
+        self.suffix = os.fsencode(tail)
+        self.n_chunks = n_chunks
+        self.chunk_rows = chunk_rows
+        self.tab = np.full((n_shards, TAB_COLS), -1, np.int64)
+        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN]] = 0
+        self.ring = np.full(max(1, min(max_fds, n_shards)), -1, np.int64)
+        self.state = np.zeros(3, np.int64)  # ring positions used, next to reuse, opens
+        #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
+        #: descriptor they were read through: a store of up to ``max_entries`` chunks
+        #: costs one read per chunk, not two
+        self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
+                               -1, np.int64)
+        self.opened = 0  # shard versions opened so far
+
+    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Rows an open version holds and is trusted for."""
+        e = self.tab[shards]
+        return ((e[:, self.FD] >= 0) & (e[:, self.FIRST] + slots == steps)
+                & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
+
+    def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
+             flat: np.ndarray, known: np.ndarray, shards_per_lane: int, checksum: bool,
+             stats: Any, chunks: np.ndarray | None = None,
+             chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+        """Rows into rows ``dst`` of ``flat`` (uint8, one row per row) with one kernel call,
+        opening shards as needed: a mask of rows delivered, and whether the kernel may be
+        used again for this field (not when it met a codec it does not decode).
+        ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
+        ``chunks`` (-1: scratch), where the caller keeps them."""
+        ok = np.zeros(len(shards), np.uint8)
+        extra = ((None, None) if chunks is None else
+                 (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
+        status, nbytes, opened, reads = native.read_rows(
+            self.prefix, self.suffix, self.n_chunks, self.chunk_rows, self.tab, self.ring,
+            self.state, np.ascontiguousarray(shards, np.int64),
+            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
+            np.ascontiguousarray(dst, np.int64), known, shards_per_lane, flat, flat.shape[1],
+            checksum, ok, *extra, self.entries)
+        done = ok.view(bool)
+        n = int(done.sum())
+        self.opened += opened
+        stats.requests += reads + opened  # index entries and chunks read, headers
+        stats.chunks += n
+        stats.bytes += int(nbytes)
+        return done, status != native.STATUS_UNSUPPORTED
+
+    def forget(self, shard: int) -> None:
+        """Close the version of ``shard`` held (e.g. this process rewrote it)."""
+        fd = int(self.tab[shard, self.FD])
+        if fd >= 0:
+            self.tab[shard, self.FD] = -1
+            os.close(fd)
+
+    def clear(self) -> None:
+        """Close every descriptor held."""
+        for shard in np.flatnonzero(self.tab[:, self.FD] >= 0).tolist():
+            self.forget(shard)
 
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes.
@@ -160,19 +293,21 @@ class RowCache:
         self.step[at] = steps[first]
         copy_rows(flat_rows, first, self.data, at)
 
-    def place(self, rows: np.ndarray, steps: np.ndarray, servable: np.ndarray
+    def place(self, rows: np.ndarray, steps: np.ndarray, servable: np.ndarray,
+              cacheable: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Where each of a read's rows (distinct (row, step) pairs) is to be found in
         ``data``: ``(pos, hit, own)``. ``hit``: cached (``servable`` rows only); ``own``:
-        rows to decode into their own slot, which no other row of the read holds. The rest
-        go to scratch rows. ``None``: more rows need scratch than there is.
+        rows to decode into their own slot (``cacheable`` rows, default ``servable``),
+        which no other row of the read holds. The rest go to scratch rows. ``None``: more
+        rows need scratch than there is.
 
         Slots of ``own`` rows are emptied here: they are refilled by :meth:`keep` once
         their rows are decoded.
         """
         at = rows % self.n
         hit = (self.row[at] == rows) & (self.step[at] == steps) & servable
-        own = servable & ~hit
+        own = (servable if cacheable is None else cacheable) & ~hit
         cand = np.flatnonzero(hit | own)
         order = np.lexsort((~hit[cand], at[cand]))  # by slot, a hit first
         by_slot = at[cand[order]]
@@ -202,82 +337,108 @@ class RowCache:
         self.row[:] = -1
 
 
-def decode_ready(table: ShardTable, checksum: bool, todo: np.ndarray, shards: np.ndarray,
-                 slots: np.ndarray, dst: np.ndarray, flat: np.ndarray, stats: Any
-                 ) -> tuple[np.ndarray, bool]:
-    """Decode rows ``todo`` (positions in a read, each of a cached trusted version) into
-    rows ``dst`` of ``flat`` with one kernel call: the positions decoded, and whether the
-    kernel may be used again for this field (not when it met a codec it does not decode).
-    A row whose chunk is missing, or that fails to read or decode, is left to the caller.
-    """
-    slot = table.slot[shards[todo]]
-    sizes = table.sizes[slot, slots[todo]]
-    keep = sizes >= 0  # a missing chunk: the general path reports it
-    todo, slot, sizes, dst = todo[keep], slot[keep], sizes[keep], dst[keep]
-    starts = table.starts[slot, slots[todo]]
-    status, bad, nbytes = native.decode_pread(table.fd[shards[todo]], starts, sizes, dst,
-                                              flat, flat.shape[1], checksum)
-    served = todo if status == native.STATUS_OK else todo[:bad]
-    stats.requests += len(served)
-    stats.chunks += len(served)
-    stats.bytes += int(nbytes)
-    return served, status != native.STATUS_UNSUPPORTED
+@dataclass
+class KernelRead:
+    """What a kernel read of one field needs besides the rows: the reader's committed
+    counts per lane (``known``, trusted for shards the kernel opens), shards per lane,
+    whether chunks end with a crc32c, and the reader's counters (a ``ReadStats``)."""
+
+    known: np.ndarray
+    shards_per_lane: int
+    checksum: bool
+    stats: Any
 
 
-def serve(table: ShardTable, cache: RowCache | None, kernel: bool, checksum: bool,
+def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRead,
           rows: np.ndarray, steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
-          ready: np.ndarray, out: np.ndarray, stats: Any) -> tuple[np.ndarray, bool]:
-    """Serve the ``ready`` rows into ``out``: decoded values held by ``table``, or frames
-    from ``cache`` and, for the rest, one ``decode_pread`` kernel call.
+          ready: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Serve rows into ``out``: decoded values ``table`` holds (``ready`` rows), frames
+    from ``cache`` (``ready`` rows: their version is still the one held), and the rest
+    with one ``read_rows`` kernel call, which opens shards as it needs.
 
     Returns the mask of rows served (the caller reads the rest the general way) and
-    whether the kernel may be used again for this field. Counts into ``stats`` (a
-    ``ReadStats``).
+    whether the kernel may be used again for this field.
     """
+    stats = ctx.stats
+    flat = out.reshape(len(out), -1).view(np.uint8)
     if not table.per_row:
+        done = ready
         n = int(ready.sum())
         if n:
             out[ready] = table.values[table.slot[shards[ready]], slots[ready]]
         stats.chunk_cache_hits += n
-        stats.rows += n
-        return ready, kernel
-    flat = out.reshape(len(out), -1).view(np.uint8)
-    done = np.zeros(len(rows), bool)
-    if cache:  # only rows the current version still holds (else: stale, as uncached)
-        done = cache.lookup(rows, steps, flat) & ready
-        hits = int(done.sum())
-        stats.row_cache_hits += hits
-        stats.row_cache_misses += len(rows) - hits
-    todo = np.flatnonzero(ready & ~done) if kernel else np.zeros(0, np.int64)
+    else:
+        done = np.zeros(len(rows), bool)
+        if cache:  # only rows the current version still holds (else: stale, as uncached)
+            done = cache.lookup(rows, steps, flat) & ready
+            hits = int(done.sum())
+            stats.row_cache_hits += hits
+            stats.row_cache_misses += len(rows) - hits
+    use = kernel and table.fds is not None
+    todo = np.flatnonzero(~done) if use else np.zeros(0, np.int64)
     if len(todo):
-        served, kernel = decode_ready(table, checksum, todo, shards, slots, todo, flat, stats)
+        if table.per_row or not table.fills:
+            got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
+                                         ctx.known, ctx.shards_per_lane, ctx.checksum, stats)
+        else:
+            got, kernel = _read_filling(table, ctx, shards[todo], slots[todo], steps[todo],
+                                        todo, flat)
+        served = todo[got]
+        done = done.copy() if done is ready else done
         done[served] = True
-        if cache:
+        if cache and table.per_row:
             cache.insert(rows[served], steps[served], flat[served])
     stats.rows += int(done.sum())
     return done, kernel
 
 
-def serve_held(table: ShardTable, cache: RowCache, checksum: bool, rows: np.ndarray,
+def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
+                  steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
+                  ) -> tuple[np.ndarray, bool]:
+    """Rows of a one-chunk-per-shard field into ``flat`` by the kernel, each shard's chunk
+    decoded into a value slot of ``table`` and kept there (see :meth:`FdTable.read`)."""
+    uniq, inv = np.unique(shards, return_inverse=True)
+    claimed = table.claim(uniq)
+    if claimed is None:
+        return table.fds.read(shards, slots, steps, dst, flat, ctx.known,
+                              ctx.shards_per_lane, ctx.checksum, ctx.stats)
+    per_slot = table.values[0].nbytes
+    chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
+    got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.known,
+                                 ctx.shards_per_lane, ctx.checksum, ctx.stats, chunks,
+                                 claimed[inv] * per_slot)
+    failed = np.zeros(len(uniq), bool)
+    failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
+    table.commit(uniq[~failed], table.fds)
+    table.release(uniq[failed])
+    return got, kernel
+
+
+def serve_held(table: ShardTable, cache: RowCache, ctx: KernelRead, rows: np.ndarray,
                steps: np.ndarray, shards: np.ndarray, slots: np.ndarray, ready: np.ndarray,
-               stats: Any) -> tuple[np.ndarray, np.ndarray, bool] | None:
+               wanted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """Like :func:`serve` for frames, without copying them out: rows stay in (or are
-    decoded straight into) ``cache.data``. Returns ``(pos, done, kernel)``: row ``i``
-    is ``cache.data[pos[i]]`` once ``done[i]``; the caller fills the rest (general path)
-    into those same rows. ``None`` where the cache's scratch cannot take this read.
+    decoded straight into) ``cache.data``. ``wanted``: rows to read from storage (``None``:
+    all). Returns ``(pos, done, kernel)``: row ``i`` is ``cache.data[pos[i]]`` once
+    ``done[i]``; the caller fills the rest (general path) into those same rows. ``None``
+    where the cache's scratch cannot take this read.
     """
-    placed = cache.place(rows, steps, ready)
+    want = np.ones(len(rows), bool) if wanted is None else wanted
+    placed = cache.place(rows, steps, ready & want, want)
     if placed is None:
         return None
     pos, done, own = placed
+    stats = ctx.stats
     hits = int(done.sum())
     stats.row_cache_hits += hits
     stats.row_cache_misses += len(rows) - hits
-    todo = np.flatnonzero(ready & ~done)
+    todo = np.flatnonzero(want & ~done)
     kernel = True
     if len(todo):
-        served, kernel = decode_ready(table, checksum, todo, shards, slots, pos[todo],
-                                      cache.data, stats)
+        got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], pos[todo],
+                                     cache.data, ctx.known, ctx.shards_per_lane,
+                                     ctx.checksum, stats)
+        served = todo[got]
         done[served] = True
         mine = served[own[served]]
         cache.keep(rows[mine], steps[mine])

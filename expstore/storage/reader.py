@@ -11,16 +11,22 @@ is re-opened once; rows still missing were overwritten meanwhile and are reporte
 stale instead of being returned. Inner chunks holding many rows (scalar fields) are
 decoded once and kept in a small LRU cache bounded in bytes.
 
-On local stores a batch path runs first (:meth:`ShardReader._read_batch`): cached shard
-versions are mirrored as arrays (:class:`~expstore.storage.table.ShardTable`), so checking a
-batch's rows and finding their bytes takes a few numpy operations, and the C kernel
-(``_kernels.decode_pread``) reads and decodes all frames of a batch in one call without the
-GIL. Rows it cannot serve (shard not cached, or not yet trusted for that step, or any
-read error) go through the general path above, which re-opens, re-checks and reports.
+On local stores a batch path runs first (:meth:`ShardReader._read_batch`): decoded shards
+of scalar fields are mirrored as arrays (:class:`~expstore.storage.read_cache.ShardTable`),
+so checking a batch's rows and finding their values takes a few numpy operations, and the
+C kernel (``_kernels.read_rows``) reads everything else of a batch in one call without the
+GIL: it opens the shards it needs itself, checks their headers, and reads each row's
+16-byte index entry and then its chunk, so no shard's chunk index is held in RAM and a
+batch costs the same in a store of any size (descriptors held open: a bounded set per
+field, :class:`~expstore.storage.read_cache.FdTable`). Rows it cannot serve (overwritten,
+or any read error or failed check) go through the general path above, which re-opens,
+re-checks and reports.
 """
 
 from __future__ import annotations
 
+import resource
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +37,15 @@ from ..errors import ObjectChanged, StoreCorruptError
 from .backends import Backend, Handle
 from .kernels import native
 from .layout import Layout
-from .read_cache import RowCache, ShardTable, parse_head_retrying, serve, serve_held
+from .read_cache import (
+    FdTable,
+    KernelRead,
+    RowCache,
+    ShardTable,
+    parse_head_retrying,
+    serve,
+    serve_held,
+)
 from .shard import EMPTY, HEADER_SIZE, ShardHead, decoder, index_size, parse_head
 
 
@@ -64,18 +78,39 @@ def _row_bytes(f) -> int:
     return f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
 
 
+#: descriptors the kernel may hold for the readers of this process that are alive
+_fds_taken = [0]
+
+
+def kernel_fd_budget(max_open: int) -> int:
+    """File descriptors the kernel may hold open for a new reader, all fields together:
+    half of what the process may still open beyond what other readers' kernels took,
+    ``max_open`` (this reader's general path) and 1024 spare; at least 64, at most 16,384.
+    (When the process runs out anyway, the kernel closes its oldest descriptors.)"""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, min(16384, (soft - _fds_taken[0] - max_open - 1024) // 2))
+
+
+def _give_back_fds(n: int) -> None:
+    _fds_taken[0] -= n
+
+
 class ShardReader:
     """Reads rows of any field; one per process (handles are not shareable).
 
     ``chunk_cache_bytes``: decoded multi-row chunks (LRU); ``row_cache_bytes``: decoded
     single-row chunks (frames), split over the fields stored that way; ``values_budget``:
     decoded multi-row shards held for the batch path (scalars: 14 B/row for action, reward
-    and flags), split over the fields stored that way.
+    and flags), split over the fields stored that way. ``max_fds``: descriptors the
+    kernel holds open (default :func:`kernel_fd_budget`), split over the fields of the
+    spec (fields batches read); the store's own metadata fields get 16 each.
     """
 
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
-                 values_budget: int = 128 << 20) -> None:
+                 values_budget: int = 128 << 20, max_fds: int | None = None) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -89,16 +124,27 @@ class ShardReader:
         self.row_caches = self._row_caches(row_cache_bytes)
         #: per-field arrays mirroring ``heads`` for the batch path (local stores only)
         self.tables: dict[str, ShardTable] = {}
+        self.kernel_ok = {n: native is not None and self._kernel_codec(n)
+                          for n in layout.fields}
+        root = getattr(backend, "root", None)
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
             multi = {n: _row_bytes(f) for n, f in layout.spec.fields.items()  # what batches read
                      if layout.chunk_rows(n) > 1}
+            fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
+            _fds_taken[0] += fds
+            weakref.finalize(self, _give_back_fds, fds)
+            per_field = max(2, (fds - 16 * (len(layout.fields) - len(layout.spec.fields)))
+                            // max(1, len(layout.spec.fields)))
             for n, f in layout.fields.items():
                 budget = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1)
+                fdt = None
+                if self.kernel_ok[n] and isinstance(root, str):
+                    fdt = FdTable(root, lambda s, n=n: layout.shard_key(n, s), n_shards,
+                                  layout.chunks_per_shard(n), layout.chunk_rows(n),
+                                  per_field if n in layout.spec.fields else 16)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
-                                            f.shape, f.dtype, budget)
-        self.kernel_ok = {n: native is not None and self._kernel_codec(n)
-                          for n in layout.fields}
+                                            f.shape, f.dtype, budget, fdt)
         self.stats = ReadStats()
         # Callers only ask for committed steps, so a lane's largest step asked for so far
         # (+1) is a committed count. A shard version opened after that count was committed
@@ -107,6 +153,8 @@ class ShardReader:
         # version is re-opened before it serves a step at or above the count it was opened
         # at. ``_opened[(name, shard)] = (version token, trusted count)``.
         self.known = np.zeros(layout.lanes, np.int64)
+        self._kernel_read = KernelRead(self.known, layout.shards_per_lane, layout.checksum,
+                                       self.stats)
         self._opened: dict[tuple[str, int], tuple[int, int]] = {}
         self._tokens = 0
 
@@ -162,6 +210,9 @@ class ShardReader:
             entry = self._pop_head(name, shard)
             if entry is not None:
                 self.backend.close_object(entry[0])
+            table = self.tables.get(name)
+            if table is not None and table.fds is not None:
+                table.fds.forget(shard)
 
     def head(self, name: str, shard: int, reopen: bool = False) -> tuple[Handle, ShardHead] | None:
         """Cached (handle, parsed header+index) of one shard of ``name``."""
@@ -359,17 +410,15 @@ class ShardReader:
         it did not deliver and says are ``committed`` since.
         """
         table, cache = self.tables.get(name), self.row_caches.get(name)
-        if (table is None or not table.per_row or not cache or not self.kernel_ok[name]
-                or not 0 < len(rows) <= BATCH_ROWS):
+        if (table is None or not table.per_row or table.fds is None or not cache
+                or not self.kernel_ok[name] or not 0 < len(rows) <= BATCH_ROWS):
             return None
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
         mask = None if staged is None else staged[0]
         shards, slots, ready = self._ready(table, rows, steps, mask)
-        if mask is not None:
-            ready &= ~mask
-        got = serve_held(table, cache, self.layout.checksum, rows, steps, shards, slots,
-                         ready, self.stats)
+        got = serve_held(table, cache, self._kernel_read, rows, steps, shards, slots, ready,
+                         None if mask is None else ~mask)
         if got is None:
             return None
         pos, ok, self.kernel_ok[name] = got
@@ -424,8 +473,8 @@ class ShardReader:
         and one kernel call; a mask of rows served (the rest take the general path)."""
         shards, slots, ready = self._ready(table, rows, steps)
         done, self.kernel_ok[name] = serve(table, self.row_caches.get(name),
-                                           self.kernel_ok[name], self.layout.checksum,
-                                           rows, steps, shards, slots, ready, out, self.stats)
+                                           self.kernel_ok[name], self._kernel_read,
+                                           rows, steps, shards, slots, ready, out)
         return done
 
     def _read_general(self, name: str, rows: np.ndarray, steps: np.ndarray,

@@ -1,0 +1,323 @@
+"""Rows read by the C kernel straight from shard files (``_kernels.read_rows``).
+
+The kernel opens the shards a batch needs, checks their headers, reads each row's 16-byte
+index entry and then its chunk: no shard's chunk index is held in RAM, and at most a
+bounded number of descriptors stay open. These tests read real stores written by
+``Store.add`` and compare with the general path (numcodecs, parsed indexes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_batch_path import FRAME, frame, make_store, write
+
+import expstore as es
+from expstore.storage import ShardReader, backend_for
+from expstore.storage.kernels import native
+
+if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
+    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
+
+
+def _filled(tmp_path, capacity=512, shard_rows=16, n=450):
+    """A store of ``n`` steps (final rows included: fewer rows than ``capacity``)."""
+    store = make_store(tmp_path / "s.zarr", capacity=capacity, shard_rows=shard_rows)
+    write(store, 0, 0, n)
+    store.flush()
+    rows = np.arange(store.capacity)
+    steps = store.index.steps(rows)
+    keep = (steps >= 0) & (steps < store.index.count[0])
+    assert store.index.count[0] < capacity
+    return store, rows[keep], steps[keep]
+
+
+def _general(store):
+    general = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    general.tables = {}
+    return general
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("name", ["obs", "action", "reward", "step"])
+def test_batches_are_read_without_holding_any_shard_index(tmp_path, name) -> None:
+    """Frames and (beyond the decoded-values budget) scalars come from the kernel: the
+    reader opens no shard version of its own (no chunk index parsed or kept)."""
+    store, rows, steps = _filled(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=0)
+    general = _general(store)
+    f = store.layout.fields[name]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        pick = rng.choice(len(rows), 32, replace=False)
+        got = np.zeros((32, *f.shape), f.dtype)
+        expect = np.zeros_like(got)
+        assert reader.read(name, rows[pick], steps[pick], got).all()
+        assert general.read(name, rows[pick], steps[pick], expect).all()
+        assert np.array_equal(got, expect)
+    assert not reader.heads  # nothing went through the general path
+    fds = reader.tables[name].fds
+    # each shard opened once, and again at most once more: when a step above the
+    # committed count it was opened at (its trusted count) is first asked for
+    n_shards = len(np.unique(rows // store.layout.shard_rows))
+    assert n_shards <= fds.opened < 2 * n_shards
+    assert reader.stats.requests > 0
+    store.close()
+
+
+def test_descriptors_held_stay_within_the_budget(tmp_path) -> None:
+    store, rows, steps = _filled(tmp_path, capacity=1024, shard_rows=16, n=980)  # 64 shards
+    L = store.layout
+    n_meta = len(L.fields) - len(L.spec.fields)  # the store's own fields: 16 each
+    reader = ShardReader(backend_for(store.url), L, row_cache_bytes=0,
+                         max_fds=8 * len(L.spec.fields) + 16 * n_meta)
+    table = reader.tables["obs"].fds
+    assert len(table.ring) == 8
+    before = _open_fds()
+    out = np.zeros((len(rows), *FRAME), np.uint8)
+    assert reader.read("obs", rows, steps, out).all()  # every shard in one read
+    for i, s in enumerate(steps):
+        assert np.array_equal(out[i], frame(0, int(s)))
+    assert int((table.tab[:, table.FD] >= 0).sum()) <= 8
+    assert _open_fds() - before <= 8
+    assert table.opened >= 60  # shards were opened again as older ones were closed
+    reader.close()
+    assert _open_fds() <= before
+    assert not (table.tab[:, table.FD] >= 0).any()
+    store.close()
+
+
+def test_rows_a_version_does_not_hold_are_left_to_the_caller(tmp_path) -> None:
+    """Overwritten rows, steps never written, and a missing shard: not delivered by the
+    kernel; the reader reports them as not delivered (stale), never as other rows."""
+    store, rows, steps = _filled(tmp_path, capacity=64, shard_rows=16, n=56)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    out = np.zeros((len(rows), *FRAME), np.uint8)
+    assert reader.read("obs", rows, steps, out).all()
+    write(store, 0, 56, 20)  # part of a new lap: shard 0 now holds newer steps
+    store.flush()
+    new_steps = store.index.steps(rows)
+    moved = new_steps != steps
+    assert moved.any() and (~moved).any()
+    fresh = np.zeros_like(out)
+    ok = reader.read("obs", rows[moved], new_steps[moved], fresh[: int(moved.sum())])
+    assert ok.all()  # the new versions are opened
+    for i, s in enumerate(new_steps[moved]):
+        assert np.array_equal(fresh[i], frame(0, int(s)))
+    again = np.zeros_like(out)
+    ok = reader.read("obs", rows, steps, again)
+    # the old steps of rewritten rows, and of the rows of their shard's last lap (dropped
+    # when the new lap entered the shard): not delivered, as by the general path
+    expect = np.zeros_like(out)
+    assert np.array_equal(ok, _general(store).read("obs", rows, steps, expect))
+    assert not ok[moved].any() and ok[rows >= 16].all()
+    assert np.array_equal(again[ok], out[ok])
+    never = steps[~moved][:4] + 1000  # steps never written: not delivered
+    assert not reader.read("obs", rows[~moved][:4], never, again[:4]).any()
+    (tmp_path / "s.zarr" / store.layout.shard_key("obs", 3)).unlink()  # a missing shard
+    sel = rows // 16 == 3
+    assert sel.any()
+    fresh_reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    assert not fresh_reader.read("obs", rows[sel], steps[sel], again[: int(sel.sum())]).any()
+    store.close()
+
+
+def test_a_shard_whose_header_fails_its_check_is_reported_by_name(tmp_path) -> None:
+    store, rows, steps = _filled(tmp_path, capacity=64, shard_rows=16, n=56)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    key = store.layout.shard_key("obs", 1)
+    path = tmp_path / "s.zarr" / key
+    data = bytearray(path.read_bytes())
+    at = 16 * store.layout.chunks_per_shard("obs") + 4 + 8  # the header's first step
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    sel = rows // 16 == 1
+    out = np.zeros((int(sel.sum()), *FRAME), np.uint8)
+    with pytest.raises(es.StoreCorruptError, match=key.replace("/", ".")):
+        reader.read("obs", rows[sel], steps[sel], out)
+    other = rows // 16 == 2  # the other shards still read
+    out = np.zeros((int(other.sum()), *FRAME), np.uint8)
+    assert reader.read("obs", rows[other], steps[other], out).all()
+    store.close()
+
+
+def test_kernel_rows_checks_its_arguments(tmp_path) -> None:
+    store, rows, steps = _filled(tmp_path, capacity=64, shard_rows=16, n=56)
+    fds = ShardReader(backend_for(store.url), store.layout).tables["obs"].fds
+    flat = np.zeros((2, FRAME[0] * FRAME[1]), np.uint8)
+    known = np.array([60], np.int64)
+    ok = np.zeros(2, np.uint8)
+    args = [fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, fds.tab, fds.ring,
+            fds.state]
+    with pytest.raises(IndexError, match="out of range"):  # shard beyond the table
+        native.read_rows(*args, np.array([0, 99], np.int64), np.zeros(2, np.int64),
+                         np.zeros(2, np.int64), np.arange(2), known, 4, flat, flat.shape[1],
+                         False, ok)
+    with pytest.raises(IndexError, match="out of range"):  # a destination row beyond out
+        native.read_rows(*args, np.zeros(2, np.int64), np.zeros(2, np.int64),
+                         np.zeros(2, np.int64), np.array([0, 2]), known, 4, flat,
+                         flat.shape[1], False, ok)
+    with pytest.raises(ValueError, match="one entry per row"):
+        native.read_rows(*args, np.zeros(2, np.int64), np.zeros(1, np.int64),
+                         np.zeros(2, np.int64), np.arange(2), known, 4, flat, flat.shape[1],
+                         False, ok)
+    assert not (fds.tab[:, fds.FD] >= 0).any()  # nothing was opened
+    store.close()
+
+
+def test_sampling_a_store_with_more_shards_than_descriptors(tmp_path) -> None:
+    """``store.sample`` through the kernel with a descriptor budget far below the shard
+    count: every batch holds its anchor steps' frames."""
+    from test_batch_path import _check_sampled
+
+    store, _, _ = _filled(tmp_path, capacity=2048, shard_rows=16, n=1980)
+    store.close()
+    store = es.open(tmp_path / "s.zarr", cache_bytes=32 << 10)
+    L = store.layout
+    store._reader = ShardReader(store.backend, L, row_cache_bytes=32 << 10, values_budget=0,
+                                max_fds=4 * len(L.spec.fields)
+                                + 16 * (len(L.fields) - len(L.spec.fields)))
+    for _ in range(40):
+        _check_sampled(store.sample(32))
+    assert not store.reader.heads
+    assert store.reader.tables["obs"].fds.opened > 128
+    store.close()
+
+
+# budgets are split over the scalar fields by row size: step gets 8 of 22 bytes per row
+@pytest.mark.parametrize("budget", [1 << 20, 3 * 16 * 22], ids=["all-fit", "three-shards"])
+def test_scalar_shards_decoded_by_the_kernel_are_kept_within_the_budget(tmp_path,
+                                                                          budget) -> None:
+    """Scalars (one chunk per shard): the kernel decodes a missed shard into a value slot,
+    later rows of it are served from there; with room for few shards, slots are reused
+    and every value is still the general path's."""
+    store, rows, steps = _filled(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=budget)
+    general = _general(store)
+    table = reader.tables["step"]
+    assert table.fills == (budget == 1 << 20)
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        pick = rng.choice(len(rows), 24, replace=False)
+        got = reader.read_fields(["step", "action"], rows[pick], steps[pick])
+        for name in ("step", "action"):
+            expect = np.zeros(24, np.int64)
+            assert general.read(name, rows[pick], steps[pick], expect).all()
+            values, ok = got[name]
+            assert ok.all() and np.array_equal(values, expect)
+    assert not reader.heads
+    assert (table.owner >= 0).sum() <= table.max_slots
+    if budget == 1 << 20:  # everything fits: a second pass opens and decodes nothing
+        first = reader.read_fields(["step"], rows, steps)["step"]
+        assert first[1].all()
+        opened, chunks = table.fds.opened, reader.stats.chunks
+        again = reader.read_fields(["step"], rows, steps)["step"]
+        assert again[1].all() and np.array_equal(again[0], first[0])
+        assert (table.fds.opened, reader.stats.chunks) == (opened, chunks)
+    else:  # room for 3 of 32 shards: rows are decoded one by one, nothing kept
+        assert table.max_slots == 3 and not table.fills
+        assert (table.owner >= 0).sum() == 0
+    store.close()
+
+
+def test_rows_of_multi_block_chunks_are_decoded_alone(tmp_path) -> None:
+    """Scalars and small vectors read row by row: only the blosc blocks holding the row
+    are decoded, bytes gathered from the shuffled planes; rows crossing a block boundary
+    (24-byte rows in 32 KiB blocks) and the last, partial block included."""
+    spec = es.Spec.create(obs=es.Field((4, 4), np.uint8),
+                          action=es.Field((), np.int64),
+                          extras={"vec": es.Field((3,), np.float64),
+                                  "small": es.Field((), np.int16)})
+    store = es.create(tmp_path / "v.zarr", spec, capacity=8192, shard_rows=4096)
+    n = 6000
+    rng = np.random.default_rng(3)
+    vec = rng.normal(size=(n, 3))
+    small = rng.integers(-3000, 3000, n).astype(np.int16)
+    obs = rng.integers(0, 255, (n + 1, 4, 4)).astype(np.uint8)
+    store.extend(dict(obs=obs[:-1], action=np.arange(n), reward=np.zeros(n, np.float32),
+                      terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
+                      next_obs=obs[1:], vec=vec, small=small))
+    store.flush()
+    rows = np.arange(n)
+    steps = store.index.steps(rows)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=0)
+    assert not reader.tables["vec"].fills
+    pick = rng.permutation(n)
+    for name, want in (("vec", vec), ("small", small), ("action", np.arange(n))):
+        got = reader.read_fields([name], rows[pick], steps[pick])[name]
+        assert got[1].all()
+        assert np.array_equal(got[0], want[pick]), name
+    assert not reader.heads
+    store.close()
+
+
+def test_index_entries_read_once_per_open_shard(tmp_path) -> None:
+    """A chunk's index entry is read once while its shard stays open (two reads per frame
+    the first time, one after), and never used through another descriptor."""
+    store, rows, steps = _filled(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    out = np.zeros((len(rows), *FRAME), np.uint8)
+    assert reader.read("obs", rows, steps, out).all()
+    fds = reader.tables["obs"].fds
+    n_shards = len(np.unique(rows // 16))
+    assert reader.stats.requests == 2 * len(rows) + fds.opened
+    before = reader.stats.requests
+    again = np.zeros_like(out)
+    assert reader.read("obs", rows, steps, again).all()
+    assert reader.stats.requests - before == len(rows)  # chunks only: entries remembered
+    assert np.array_equal(again, out)
+    for shard in range(n_shards):  # descriptors closed: entries are read again
+        fds.forget(shard)
+    before = reader.stats.requests
+    assert reader.read("obs", rows, steps, again).all()
+    assert reader.stats.requests - before == 2 * len(rows) + n_shards
+    assert np.array_equal(again, out)
+    store.close()
+
+
+CHILD = r"""
+import resource, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from test_batch_path import frame
+import expstore as es
+from expstore.storage import ShardReader, backend_for
+store = es.open(sys.argv[1])
+rows = np.arange(store.capacity)
+steps = store.index.steps(rows)
+keep = (steps >= 0) & (steps < store.index.count[0])
+rows, steps = rows[keep], steps[keep]
+soft = 96 + len(__import__("os").listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, soft))  # the hard limit too: no lifting
+reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0, max_fds=4000)
+out = np.zeros((len(rows), 32, 32), np.uint8)
+assert reader.read("obs", rows, steps, out).all()
+assert all(np.array_equal(out[i], frame(0, int(s))) for i, s in enumerate(steps))
+fds = reader.tables["obs"].fds
+print("opened", fds.opened, "held", int((fds.tab[:, fds.FD] >= 0).sum()))
+"""
+
+
+def test_a_process_out_of_descriptors_closes_the_oldest(tmp_path) -> None:
+    """A descriptor budget above what the process may open: the kernel closes its oldest
+    descriptors and goes on, every row delivered."""
+    import subprocess
+    import sys
+
+    store, rows, _ = _filled(tmp_path, capacity=4096, shard_rows=16, n=3900)  # 244 shards
+    store.close()
+    tests = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "s.zarr"), tests],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    opened, held = (int(x) for x in out.stdout.split()[1::2])
+    assert opened >= len(np.unique(rows // 16)) and held < opened  # older ones closed
