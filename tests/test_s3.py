@@ -109,6 +109,39 @@ def test_s3_store_equals_local_store_object_for_object(s3_url, tmp_path):
     data.check_lane(r, 1)
 
 
+def test_a_new_shard_is_opened_for_every_field_in_one_round_trip(s3_url):
+    """A learner meets a shard a writer just committed: its headers for every field read so
+    far come in one batched request set, not one round trip per field."""
+    url, so = s3_url
+    w = es.create(url, SPEC, capacity=640, shard_rows=64, storage_options=so)
+    nxt = write(w, 0, 0, 60, session=1)
+    w.flush()
+    r = es.open(url, storage_options=so)
+    names = list(r.layout.fields)
+    rows = np.arange(0, 32)
+    for name in names:  # every field read once (shard 0)
+        r.read(name, rows, rows)
+    while nxt < 64 + 40:  # the writer moves on into shard 1
+        nxt = write(w, 0, nxt, 20, session=1)
+    w.flush()
+    calls = []
+    orig = r.backend.read_ranges
+
+    def spy(requests, missing_ok=False):
+        calls.append(len(requests))
+        return orig(requests, missing_ok)
+
+    r.backend.read_ranges = spy
+    r.refresh()  # (reads the new rows' flags: shard 1 is opened here)
+    steps = np.arange(64, 96)
+    for name in names:
+        r.read(name, steps, steps)
+    assert calls[0] >= len(names), calls  # every field's header in one request set
+    assert len(calls) <= 4, calls  # heads, then data of the fields the heads did not bring
+    data.check_lane(r, 0)
+    w.close()
+
+
 def test_warm_batch_costs_one_ranged_get_per_shard_touched(s3_url, s3_proxy):
     url, _ = s3_url
     so = s3_proxy.storage_options  # every request goes through the counting proxy
