@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import zarr
-from _object_store_cases import fenced_takeover
+from _object_store_cases import fenced_takeover, write
 
 import expstore as es
 from expstore.errors import PreconditionFailed
@@ -27,19 +27,6 @@ from expstore.testing import data
 pytest.importorskip("s3fs")
 
 SPEC = data.spec()
-
-
-def write(store, lane: int, start: int, steps: int, session: int, per: int = 20,
-          flush: bool = False) -> int:
-    """``steps`` deterministic steps into ``lane`` from row ``start``; returns the next row."""
-    nxt = start
-    while steps > 0:
-        batch, nxt = data.make_steps(lane, nxt, min(per, steps), session)
-        store.extend(batch, lane=lane)
-        steps -= per
-        if flush:
-            store.flush()
-    return nxt
 
 
 def all_objects(backend, skip=(".lease",)) -> dict[str, bytes]:

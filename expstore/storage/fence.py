@@ -29,18 +29,24 @@ read, before each commit; ``flock`` orders lease writes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import PreconditionFailed, StoreLockedError
 from . import faults
 from .backends import Backend
 from .state import LaneState, state_key
 
-if TYPE_CHECKING:
-    from .lease import LaneLease
-
 #: upload rounds (the last naming tags just read) before a lane's uploads give up
 UPLOAD_ROUNDS = 3
+
+
+class Holder(Protocol):
+    """What a fence needs of the lease it backs (``lease.LaneLease``)."""
+
+    lane: int
+    key: str  # the lease object's key
+
+    def _lost_to(self, cur: tuple[bytes, str] | None) -> None: ...
 
 
 def fences(backend: Backend) -> bool:
@@ -56,7 +62,7 @@ class Fence:
     holder wrote or read last; ``tags``: of the shard objects it wrote or read.
     """
 
-    def __init__(self, backend: Backend, lease: LaneLease) -> None:
+    def __init__(self, backend: Backend, lease: Holder) -> None:
         self._backend = backend
         self.lease = lease
         self.key = state_key(lease.lane)
