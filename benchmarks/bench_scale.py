@@ -65,8 +65,10 @@ def writer(url: str, so: dict | None, lane: int, seconds: float, ready: Any, go:
     store.close()
 
 
-def run_writers(url: str, so: dict | None, procs: int, seconds: float, shard_rows: int
-                ) -> dict[str, float]:
+def run_writers(url: str, so: dict | None, procs: int, seconds: float, shard_rows: int,
+                together: bool = True) -> dict[str, float]:
+    """``procs`` writer processes and a learner sampling meanwhile; ``together``: the
+    learner's reader opens a new shard's heads of all fields in one round trip."""
     es.create(url, spec_for_frames(), capacity=procs * 16 * shard_rows, lanes=procs,
               shard_rows=shard_rows, storage_options=so, overwrite=True).close()
     ctx = mp.get_context("spawn")
@@ -80,6 +82,7 @@ def run_writers(url: str, so: dict | None, procs: int, seconds: float, shard_row
         if not r.wait(300):
             raise RuntimeError("a writer process did not start")
     learner = es.open(url, storage_options=so)
+    learner.reader.open_fields_together = together
     go.set()
     t0 = time.perf_counter()
     batches, last = 0, 0.0
@@ -107,7 +110,8 @@ def run_writers(url: str, so: dict | None, procs: int, seconds: float, shard_row
     rows = sum(n for _, n, _ in ends)
     dt = max(t for _, _, t in ends) - t0
     learner.close()
-    return {"append_tps": rows / dt, "rows": rows,
+    requests = dict(learner.backend.requests) if so is not None else {}
+    return {"append_tps": rows / dt, "rows": rows, "learner_requests": requests,
             "sample_bps": batches / max(dt, 1e-9), "batches": batches,
             "sample_ms": 1e3 * sample_time / max(batches, 1)}
 
@@ -141,6 +145,29 @@ def run_refresh(url: str, so: dict | None, lanes: int, repeats: int,
     return out
 
 
+def heads_ab(args: argparse.Namespace, load_before: float) -> dict:
+    """ms per ``sample(32)`` on S3 with one writer: field heads opened one field at a time
+    (baseline) vs together, alternating, medians of ``args.heads_ab`` runs each."""
+    ms: dict[bool, list[float]] = {False: [], True: []}
+    with MotoServer() as moto:
+        moto.create_bucket("scale")
+        with LatencyProxy(moto.port, delay=args.delay, lifetime=3600) as proxy:
+            for i in range(args.heads_ab):
+                for together in (False, True):
+                    r = run_writers(f"s3://scale/ab{i}{int(together)}.zarr",
+                                    proxy.storage_options, 1, args.seconds, args.shard_rows,
+                                    together)
+                    ms[together].append(r["sample_ms"])
+                    print(f"together={together}: {r['sample_ms']:.0f} ms per sample(32), "
+                          f"{r['batches']} batches, learner requests {r['learner_requests']}")
+    sep, tog = statistics.median(ms[False]), statistics.median(ms[True])
+    out = {"separate_ms": sep, "together_ms": tog, "speedup": sep / tog, "runs": ms,
+           "load_average": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}"}
+    print(f"median ms per sample(32): one field at a time {sep:.0f}, together {tog:.0f}, "
+          f"x{sep / tog:.2f}; load average {out['load_average']} (1-min, before / after)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--writers", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -150,11 +177,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--delay", type=float, default=0.020, help="seconds per S3 request")
     ap.add_argument("--refresh-repeats", type=int, default=9)
     ap.add_argument("--skip-s3", action="store_true")
+    ap.add_argument("--heads-ab", type=int, default=0, metavar="REPEATS",
+                    help="only: S3, 1 writer, the learner opening a new shard's field heads "
+                    "one field at a time vs together, alternating REPEATS times; prints "
+                    "medians and their ratio")
     ap.add_argument("--no-write", action="store_true", help="print, do not touch RESULTS.md")
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()[0]
     load_atari_frames(FRAMES, "Pong", workers=1)  # cached for the writer processes
+    if args.heads_ab:
+        return heads_ab(args, load_before)
     results: dict[str, Any] = {"args": vars(args)}
     wrows, rrows = [], []
     with scratch_dir() as tmp, MotoServer() as moto:

@@ -11,11 +11,14 @@ belongs to a dead process of the same machine, or to this process: a second ``St
 object opening a lane (a re-run notebook cell) takes it from the first at once, which then
 fails at its next add, extend or flush (the registry of leases held by this process).
 
-A writer that lost its lease must never commit: before the first write of each shard and
-before every lane state commit, :class:`LeasedBackend` reads the lease object back (one
-GET) and compares its version with the one this writer wrote last, so a takeover by
-another process (its lease expired by that host's clock, say) is seen before anything of
-this writer reaches storage.
+A writer that lost its lease must never commit. On object stores its lease carries a
+:class:`~expstore.storage.fence.Fence`: taking a lane over bumps the lane state
+conditionally, and every shard upload and state commit of the lane is conditional on the
+version this writer last saw, so the server refuses the old writer's writes (``fence.py``).
+On local disk, before the first write of each shard and before every lane state commit,
+:class:`LeasedBackend` reads the lease object back and compares its version with the one
+this writer wrote last, so a takeover by another process is seen before anything of this
+writer reaches storage.
 
 Every change is a conditional write (:meth:`Backend.put_if`): ``If-None-Match: *`` to
 create, ``If-Match: <tag read>`` to renew or take over, so two racing writers cannot both
@@ -27,9 +30,9 @@ answering 501 to conditions) cannot keep two writers apart: leases are refused t
 
 Limits (documented race windows):
 - Expiry compares wall clocks of different hosts: keep them within a small fraction of
-  ``ttl`` (NTP). A writer that stalls longer than its remaining lease (at least 2/3 of
-  ``ttl`` at the start of a flush) while writing can overlap with a new owner; the new
-  owner's state commits win, the stalled writer fails on its next renewal.
+  ``ttl`` (NTP). On local disk a writer that stalls longer than its remaining lease (at
+  least 2/3 of ``ttl`` at the start of a flush) between its check and its write can
+  overlap with a new owner; on object stores the fence refuses its writes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 
 from ..errors import LeaseUnsupportedError, PreconditionFailed, StoreLockedError
 from .backends import Backend
+from .fence import Fence, fences
 from .state import state_key
 
 DEFAULT_TTL = 60.0  # seconds
@@ -153,6 +157,8 @@ class LaneLease:
         self.held = False
         self.lost: str | None = None  # why this holder lost the lease, when it knows
         self.pid = os.getpid()  # a forked child's copy never writes the lease
+        #: conditional writes of the lane's state and shards (object stores, ``fence.py``)
+        self.fence: Fence | None = None
         self._seq = 0
 
     @property
@@ -217,6 +223,13 @@ class LaneLease:
                     require_atomic_writes(self.backend)
                 self.lost = None
                 self.pid = os.getpid()
+                if fences(self.backend):
+                    try:
+                        self.fence = Fence(self.backend, self)
+                        self.fence.take()  # the previous holder's commits fail from now
+                    except BaseException:
+                        self.release()
+                        raise
                 _register(self)
                 return
         cur = self.backend.get_tagged(self.key)
@@ -305,10 +318,12 @@ class LaneLease:
 class LeasedBackend:
     """A lane writer's view of the backend: every write first makes sure the lane's lease
     has at least 2/3 of its ttl left (renewing it), so a writer that lost its lane stops
-    before touching storage; and before the first write after a lane state commit (a
-    shard) and before every lane state commit it checks the lease object is still its own
-    (:meth:`LaneLease.verify`, one GET, unless it just renewed): a writer whose lease was
-    taken over never overwrites the new owner's shards nor commits a state."""
+    before touching storage. Then, with a fence (object stores), the write is conditional
+    (:class:`~expstore.storage.fence.Fence`); without (local disk), before the first write
+    after a lane state commit (a shard) and before every lane state commit it checks the
+    lease object is still its own (:meth:`LaneLease.verify`, one read, unless it just
+    renewed): a writer whose lease was taken over never overwrites the new owner's shards
+    nor commits a state."""
 
     def __init__(self, backend: Backend, lease: LaneLease) -> None:
         self._backend = backend
@@ -318,6 +333,11 @@ class LeasedBackend:
 
     def put(self, key: str, data: bytes) -> None:
         commit = key == self._state_key
+        fence = self.lease.fence
+        if fence is not None:  # conditional writes: a takeover is refused by the server
+            self.lease.ensure()
+            fence.put(key, data)
+            return
         if not self.lease.ensure() and (commit or not self._checked):
             self.lease.verify()
         self._checked = not commit
@@ -326,6 +346,11 @@ class LeasedBackend:
     def put_many(self, items) -> None:
         """Shard objects written together (never the lane state): checked like one
         :meth:`put`, then written concurrently by the wrapped backend."""
+        fence = self.lease.fence
+        if fence is not None:
+            self.lease.ensure()
+            fence.put_many(items)
+            return
         if any(key == self._state_key for key, _ in items):
             for key, data in items:
                 self.put(key, data)

@@ -108,6 +108,9 @@ class ShardReader:
     spec (fields batches read); the store's own metadata fields get 16 each.
     """
 
+    #: remote stores: (re)open a shard's heads of every field read so far together
+    open_fields_together = True
+
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
                  values_budget: int = 128 << 20, max_fds: int | None = None) -> None:
@@ -157,6 +160,7 @@ class ShardReader:
                                        self.stats)
         self._opened: dict[tuple[str, int], tuple[int, int]] = {}
         self._tokens = 0
+        self._read_names: set[str] = set()  # fields read through heads so far
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
         sizes = {n: _row_bytes(f) for n, f in self.layout.fields.items()
@@ -229,45 +233,60 @@ class ShardReader:
     def _open_heads(self, name: str, shards: list[int]) -> None:
         """(Re)open shards of ``name`` and read their headers: one batched request set.
 
-        Missing shards are left out of the cache (remote handles find out on this read).
+        On remote stores the same shards of the other fields this reader reads are
+        (re)opened in that request set too where their cached version predates the lane's
+        known count (a flush writes every field's object of a shard): one round trip for a
+        new shard, not one per field. Missing shards are left out of the cache (remote
+        handles find out on this read).
         """
         if not shards:
             return
-        n_chunks = self.layout.chunks_per_shard(name)
-        size = self._head_request(name)
-        opened: list[tuple[int, Handle]] = []
-        for shard in shards:
-            old = self._pop_head(name, shard)
+        self._read_names.add(name)
+        pairs = [(name, shard) for shard in shards]
+        if self.open_fields_together and not self.backend.is_local:
+            spl = self.layout.shards_per_lane
+            for other in self._read_names - {name}:
+                for shard in shards:
+                    seen = self._opened.get((other, shard))
+                    if seen is None or (other, shard) not in self.heads or \
+                            seen[1] < int(self.known[shard // spl]):
+                        pairs.append((other, shard))
+        opened: list[tuple[str, int, Handle]] = []
+        for nm, shard in pairs:
+            old = self._pop_head(nm, shard)
             if old is not None:
                 self.backend.close_object(old[0])
                 self.stats.reopened += 1
-            h = self.backend.open_object(self.layout.shard_key(name, shard))
+            h = self.backend.open_object(self.layout.shard_key(nm, shard))
             if h is not None:
-                opened.append((shard, h))
+                opened.append((nm, shard, h))
         if not opened:
             return
-        raws = self.backend.read_ranges([(h, 0, size) for _, h in opened], missing_ok=True)
+        sizes = {nm: self._head_request(nm) for nm in {p[0] for p in opened}}
+        raws = self.backend.read_ranges([(h, 0, sizes[nm]) for nm, _, h in opened],
+                                        missing_ok=True)
         self.stats.requests += len(opened)
         bad: StoreCorruptError | None = None
-        for (shard, h), raw in zip(opened, raws):
+        for (nm, shard, h), raw in zip(opened, raws):
             if raw is None or bad is not None:
                 self.backend.close_object(h)
                 continue
+            n_chunks = self.layout.chunks_per_shard(nm)
             try:
                 h, raw, head = parse_head_retrying(
-                    self.backend, self.layout.shard_key(name, shard), h, raw, size, n_chunks,
-                    self.stats)
+                    self.backend, self.layout.shard_key(nm, shard), h, raw, sizes[nm],
+                    n_chunks, self.stats)
             except StoreCorruptError as e:
                 bad = e
                 continue
             self.stats.bytes += len(raw)
             self._tokens += 1
             lane = shard // self.layout.shards_per_lane
-            self._opened[(name, shard)] = (self._tokens, int(self.known[lane]))
+            self._opened[(nm, shard)] = (self._tokens, int(self.known[lane]))
             values = None
             if len(raw) > index_size(n_chunks) + HEADER_SIZE:
-                values = self._prefill(name, shard, head, raw)
-            self._put_head(name, shard, h, head, values)
+                values = self._prefill(nm, shard, head, raw)
+            self._put_head(nm, shard, h, head, values)
         if bad is not None:
             raise bad
 
@@ -539,16 +558,14 @@ class ShardReader:
             newest[shard] = top = int(steps[sel].max())
             self.known[shard // spl] = max(int(self.known[shard // spl]), top + 1)
         fresh = [shard for shard, _ in parts if (name, shard) not in self.heads]
-        self._open_heads(name, fresh)
-        fresh_set = set(fresh)
         stale = []
         for shard, sel in parts:
             entry = self.heads.get((name, shard))
-            if entry is not None and shard not in fresh_set and (
+            if entry is not None and (
                     newest[shard] >= self._opened[(name, shard)][1]
                     or not entry[1].holds(slots[sel], steps[sel]).all()):
                 stale.append(shard)
-        self._open_heads(name, stale)
+        self._open_heads(name, fresh + stale)  # (one request set for both)
         ok = np.zeros(len(slots), bool)
         groups = []
         for shard, sel in parts:

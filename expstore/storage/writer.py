@@ -526,8 +526,8 @@ class LaneWriter:
             if faults.ARMED:
                 faults.hit("flush.state")
             key = state_key(self.lane)
-            if background:
-                self._check_lease()
+            if background and not hasattr(backend, "commit_state"):  # (a fence refuses a
+                self._check_lease()  # commit after a takeover: no check needed)
             new_rows = slice(max(st.count - sh.first_step, 0), sh.n)
             finals = int(np.count_nonzero(sh.staging["_flags"][new_rows] & FLAG_LAST))
             new = LaneState(st.lane, end, valid_from, st.episodes + finals, st.generation)
@@ -567,9 +567,12 @@ class LaneWriter:
     def _background_backend(self) -> Any:
         """The backend for the background thread: a lane lease is checked there
         (:func:`check_lease`), not renewed (the caller's thread renews it on every add; two
-        threads renewing at once would see each other's renewal as a takeover)."""
-        inner = getattr(self.backend, "_backend", None)
-        return inner if inner is not None and hasattr(self.backend, "lease") else self.backend
+        threads renewing at once would see each other's renewal as a takeover). On object
+        stores, the lease's fence: shard uploads and the state commit are conditional."""
+        lease = getattr(self.backend, "lease", None)
+        if lease is None:
+            return self.backend
+        return lease.fence if lease.fence is not None else self.backend._backend
 
     def _check_lease(self) -> None:
         check_lease(getattr(self.backend, "lease", None), self.backend.url, self.lane)

@@ -12,14 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .s3 import free_port
+from .server import ServerProcess
 
 ACCOUNT = "devstoreaccount1"
 #: azurite's published development key (not a secret)
@@ -78,50 +74,31 @@ def install_azurite(timeout: float = 300.0) -> str:
     return found
 
 
-class Azurite:
+class Azurite(ServerProcess):
     """``azurite-blob`` in memory on ``host:port`` (a free port by default)."""
+
+    name = "azurite"
+    http_error_is_up = True  # it answers the unauthenticated probe with 403
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
                  binary: str | None = None) -> None:
-        self.host = host
-        self.port = port or free_port(host)
+        super().__init__(port, host)
         self.binary = binary
-        self.proc: subprocess.Popen | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def storage_options(self) -> dict[str, Any]:
         return azure_options(self.endpoint)
 
-    def start(self, timeout: float = 30.0) -> Azurite:
-        binary = self.binary or install_azurite()
-        self._tmp = tempfile.TemporaryDirectory(prefix="expstore-azurite-")
-        self.proc = subprocess.Popen(
-            [binary, "--blobHost", self.host, "--blobPort", str(self.port),
-             "--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry",
-             "--silent"],
-            cwd=self._tmp.name, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"azurite exited with code {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/{ACCOUNT}?comp=list",
-                                            timeout=2) as r:
-                    r.read()
-                return self
-            except urllib.error.HTTPError:  # answers (unauthenticated: 403): it is up
-                return self
-            except OSError:
-                if time.monotonic() - t0 > timeout:
-                    self.stop()
-                    raise RuntimeError(f"azurite on {self.endpoint} did not answer within "
-                                       f"{timeout:.0f} s") from None
-                time.sleep(0.1)
+    def prepare(self) -> None:
+        self.binary = self.binary or install_azurite()
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "--blobHost", self.host, "--blobPort", str(self.port),
+                "--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry",
+                "--silent"]
+
+    def probe_url(self) -> str:
+        return f"{self.endpoint}/{ACCOUNT}?comp=list"
 
     def create_container(self, name: str) -> str:
         """Create container ``name`` (3-63 lowercase letters, digits, dashes)."""
@@ -131,22 +108,3 @@ class Azurite:
                 connection_string(self.endpoint)) as client:
             client.create_container(name)
         return name
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> Azurite:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

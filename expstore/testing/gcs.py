@@ -17,15 +17,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .s3 import free_port
+from .server import ServerProcess
 
 FLAVOURS = ("gcp-storage-emulator", "fake-gcs-server")
 
@@ -58,22 +55,15 @@ def gcs_options(endpoint: str) -> dict[str, Any]:
     return {"endpoint_url": endpoint, "token": "anon", "project": "expstore-test"}
 
 
-class GCSEmulator:
+class GCSEmulator(ServerProcess):
     """A local GCS JSON-API server (``flavour``: one of :data:`FLAVOURS`)."""
 
     def __init__(self, flavour: str = "gcp-storage-emulator", port: int | None = None,
                  host: str = "127.0.0.1") -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour: expected one of {FLAVOURS}, got {flavour!r}")
-        self.flavour = flavour
-        self.host = host
-        self.port = port or free_port(host)
-        self.proc: subprocess.Popen | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(port, host)
+        self.flavour = self.name = flavour
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -95,26 +85,11 @@ class GCSEmulator:
                 "-port", str(self.port), "-external-url", self.endpoint,
                 "-log-level", "error"]
 
-    def start(self, timeout: float = 30.0) -> GCSEmulator:
+    def prepare(self) -> None:
         use_json_api_gcsfs()
-        self._tmp = tempfile.TemporaryDirectory(prefix="expstore-gcs-")
-        self.proc = subprocess.Popen(self.command(), cwd=self._tmp.name,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.flavour} exited with code {self.proc.returncode}")
-            try:
-                url = f"{self.endpoint}/storage/v1/b?project=expstore-test"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    r.read()
-                return self
-            except OSError:
-                if time.monotonic() - t0 > timeout:
-                    self.stop()
-                    raise RuntimeError(f"{self.flavour} on {self.endpoint} did not answer "
-                                       f"within {timeout:.0f} s") from None
-                time.sleep(0.1)
+
+    def probe_url(self) -> str:
+        return f"{self.endpoint}/storage/v1/b?project=expstore-test"
 
     def create_bucket(self, bucket: str) -> str:
         """Create ``bucket`` (one POST)."""
@@ -125,22 +100,3 @@ class GCSEmulator:
         with urllib.request.urlopen(req, timeout=10) as r:
             r.read()
         return bucket
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> GCSEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

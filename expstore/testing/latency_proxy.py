@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from .s3 import _REQUEST_LINE, TcpProxy, _drop
+from .s3 import TcpProxy, _drop
 
 #: a same-region object store's time to first byte (seconds)
 DEFAULT_DELAY = 0.020
@@ -70,62 +70,20 @@ class LatencyProxy(TcpProxy):
             self.bytes_up = 0
         return super().reset_count()
 
-    def _accept(self, ls: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = ls.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._conns) >= 2 * self.max_connections
-            if not self._up or full:
-                _drop(client)
-                continue
-            try:
-                upstream = socket.create_connection((self.host, self.target_port), timeout=10)
-                upstream.settimeout(None)
-            except OSError:
-                _drop(client)
-                continue
-            with self._lock:
-                if not self._up:
-                    _drop(client)
-                    _drop(upstream)
-                    continue
-                self._conns.update((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream, True),
-                             daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False),
-                             daemon=True).start()
+    def _admit(self, client: socket.socket) -> bool:
+        """Up and under ``max_connections`` connection pairs (a refused one is reset)."""
+        with self._lock:
+            full = len(self._conns) >= 2 * self.max_connections
+        if not self._up or full:
+            _drop(client)
+            return False
+        return True
 
-    def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
-        """Forward ``src`` to ``dst``; client-to-server (``count``) data that starts new
-        HTTP requests waits ``delay`` first."""
-        tail = b""
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                if count:
-                    buf = tail + data
-                    n = sum(1 for m in _REQUEST_LINE.finditer(buf) if m.end() > len(tail))
-                    tail = buf[-64:]
-                    with self._lock:
-                        self.requests += n
-                        self.delayed += n
-                        self.bytes_up += len(data)
-                    if n and self.delay:
-                        time.sleep(self.delay)
-                else:
-                    with self._lock:
-                        self.bytes_down += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _drop(src, reset=False)
-            _drop(dst, reset=False)
-            with self._lock:
-                self._conns.discard(src)
-                self._conns.discard(dst)
+    def _sent(self, data: bytes, requests: int) -> None:
+        """Counted; data that starts new HTTP requests waits ``delay`` first."""
+        with self._lock:
+            self.requests += requests
+            self.delayed += requests
+            self.bytes_up += len(data)
+        if requests and self.delay:
+            time.sleep(self.delay)

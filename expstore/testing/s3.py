@@ -11,20 +11,14 @@ from __future__ import annotations
 import re
 import socket
 import struct
-import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from typing import Any
 
+from .server import ServerProcess, free_port
+
 _REQUEST_LINE = re.compile(rb"(?:GET|PUT|HEAD|POST|DELETE) /[^ \r\n]* HTTP/1\.[01]\r\n")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
@@ -40,61 +34,25 @@ def create_bucket(endpoint: str, bucket: str) -> None:
         r.read()
 
 
-class MotoServer:
+class MotoServer(ServerProcess):
     """``python -m moto.server`` on ``host:port`` (a free port by default)."""
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self.port = port or free_port(host)
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+    name = "moto server"
+    install_hint = " (is moto[server] installed?)"
 
     @property
     def storage_options(self) -> dict[str, Any]:
         return s3_options(self.endpoint)
 
-    def start(self, timeout: float = 30.0) -> MotoServer:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with code {self.proc.returncode} "
-                                   f"(is moto[server] installed?)")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2) as r:
-                    r.read()
-                return self
-            except OSError:
-                if time.monotonic() - t0 > timeout:
-                    self.stop()
-                    raise RuntimeError(f"moto server on {self.endpoint} did not answer "
-                                       f"within {timeout:.0f} s") from None
-                time.sleep(0.1)
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+
+    def probe_url(self) -> str:
+        return f"{self.endpoint}/moto-api/"
 
     def create_bucket(self, bucket: str) -> str:
         create_bucket(self.endpoint, bucket)
         return bucket
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def __enter__(self) -> MotoServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _drop(sock: socket.socket, reset: bool = True) -> None:
@@ -181,14 +139,13 @@ class TcpProxy:
                 client, _ = ls.accept()
             except OSError:
                 return
-            if not self._up:
-                client.close()
+            if not self._admit(client):
                 continue
             try:
                 upstream = socket.create_connection((self.host, self.target_port), timeout=10)
                 upstream.settimeout(None)
             except OSError:
-                client.close()
+                _drop(client)
                 continue
             with self._lock:
                 if not self._up:  # cut while we were connecting
@@ -201,7 +158,23 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(upstream, client, False),
                              daemon=True).start()
 
+    def _admit(self, client: socket.socket) -> bool:
+        """Whether to serve a new connection (a refused one is closed here)."""
+        if not self._up:
+            client.close()
+            return False
+        return True
+
+    def _sent(self, data: bytes, requests: int) -> None:
+        """Client-to-server ``data`` holding the starts of ``requests`` HTTP requests, about
+        to be forwarded: counted."""
+        if requests:
+            with self._lock:
+                self.requests += requests
+
     def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        """Forward ``src`` to ``dst``; client-to-server (``count``) data goes through
+        :meth:`_sent` first, with the HTTP requests it starts."""
         tail = b""
         try:
             while True:
@@ -211,10 +184,8 @@ class TcpProxy:
                 if count:
                     buf = tail + data
                     n = sum(1 for m in _REQUEST_LINE.finditer(buf) if m.end() > len(tail))
-                    if n:
-                        with self._lock:
-                            self.requests += n
                     tail = buf[-64:]
+                    self._sent(data, n)
                 else:
                     with self._lock:
                         self.bytes_down += len(data)

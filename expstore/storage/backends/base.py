@@ -101,6 +101,25 @@ class Backend(ABC):
         :func:`check_then_put`.
         """
 
+    def put_many_if(self, items: Sequence[tuple[str, bytes, str | None]]
+                    ) -> list[str | PreconditionFailed]:
+        """:meth:`put_if` of each ``(key, data, match)`` (remote backends: concurrently);
+        per item the new tag, or the :class:`PreconditionFailed` refusing it. Other
+        errors raise (after every write finished)."""
+        out: list[str | PreconditionFailed] = []
+        for key, data, match in items:
+            try:
+                out.append(self.put_if(key, data, match))
+            except PreconditionFailed as e:
+                out.append(e)
+        return out
+
+    def tag_of(self, key: str) -> str | None:
+        """Version tag of ``key`` as :meth:`get_tagged` names it (``None``: missing);
+        remote backends ask without downloading the object."""
+        got = self.get_tagged(key)
+        return None if got is None else got[1]
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from ...errors import StorageError
+from ...errors import ObjectChanged, PreconditionFailed, StorageError
 from .. import faults
 from .base import Backend, check_then_put, content_tag
 from .retry import RetryPolicy, retrying, run_blocking
@@ -187,7 +187,8 @@ class FsspecBackend(Backend):
         return await self.fs._cat_file(h.path, start=start, end=end), None
 
     def _collect(self, spans: list[Span], got: list[Any]) -> list[bytes | None]:
-        """Results of :meth:`_afetch` (``(bytes, tag)`` or an exception) -> bytes or None."""
+        """Results of :meth:`_afetch` (``(bytes, tag)`` or an exception) -> bytes or None;
+        backends whose reads name versions pin handles (:func:`collect_pinned`)."""
         out: list[bytes | None] = []
         for r in got:
             if isinstance(r, FileNotFoundError):
@@ -204,13 +205,20 @@ class FsspecBackend(Backend):
         if not self.fs.async_impl or len(keys) <= 1:
             return [self.get_tagged(k) for k in keys]
 
+        return self._each(keys, lambda k: self._aget_tagged(self._path(k)))
+
+    def _each(self, keys: Sequence[str], fetch: Callable[[str], Awaitable[T]]
+              ) -> list[T | None]:
+        """``fetch(key)`` for every key, up to ``max_concurrency`` at once, each retried;
+        ``None`` where the object is missing; the first other error is raised (after all
+        finished)."""
         async def all_() -> list[Any]:
             sem = asyncio.Semaphore(self.max_concurrency)
 
             async def one(k: str) -> Any:
                 async with sem:
                     try:
-                        return await retrying(self, "GET", k, self._aget_tagged, self._path(k))
+                        return await retrying(self, "GET", k, fetch, k)
                     except FileNotFoundError:
                         return None
 
@@ -300,6 +308,46 @@ class FsspecBackend(Backend):
         await self.fs._pipe_file(path, data)
         self.fs.invalidate_cache(path)
 
+    async def _aput_if(self, key: str, data: bytes, match: str | None) -> str:
+        """One conditional PUT decided by the server (backends with atomic conditional
+        writes implement it; :meth:`put_many_if` then runs them concurrently)."""
+        raise NotImplementedError
+
+    def put_many_if(self, items: Sequence[tuple[str, bytes, str | None]]
+                    ) -> list[str | PreconditionFailed]:
+        """Conditional writes, up to ``max_uploads`` at once where the server decides them
+        (each one goes through the retry core; ``put.upload`` after each)."""
+        if (len(items) <= 1 or self.max_uploads == 1 or not self.atomic_conditional_writes
+                or type(self)._aput_if is FsspecBackend._aput_if):
+            out = super().put_many_if(items)
+            for _ in items:
+                _upload_done()
+            return out
+        got = self._sync(self._aput_many_if, [(k, bytes(d), m) for k, d, m in items])
+        for r in got:
+            if isinstance(r, BaseException) and not isinstance(r, PreconditionFailed):
+                raise r
+        return got
+
+    async def _aput_many_if(self, items: list[tuple[str, bytes, str | None]]) -> list[Any]:
+        sem = asyncio.Semaphore(self.max_uploads)
+
+        async def one(key: str, data: bytes, match: str | None) -> Any:
+            async with sem:
+                try:
+                    tag = await retrying(self, "conditional PUT", key, self._aput_if, key,
+                                         data, match)
+                except PreconditionFailed as e:
+                    return e
+                except FileNotFoundError as e:
+                    raise StorageError(f"{self.url}/{key}: PUT failed (a permanent error: "
+                                       f"not retried): the bucket or path does not exist "
+                                       f"({e})") from e
+            _upload_done()
+            return tag
+
+        return await asyncio.gather(*(one(*it) for it in items), return_exceptions=True)
+
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """Read, compare, write: not atomic (two writers can both pass the check)."""
         return check_then_put(self, key, data, match)
@@ -335,6 +383,39 @@ class FsspecBackend(Backend):
 
     def total_bytes(self, prefix: str = "") -> int:
         return int(sum(d.get("size", 0) for d in self._find(prefix, True).values()))
+
+
+def collect_pinned(spans: list[Span], got: list[Any], pins: bool = True
+                   ) -> list[bytes | None]:
+    """Results of a batched read on a store whose reads name the version served: bytes per
+    span (``None`` for a missing object); each handle is pinned to the tag its first read
+    saw (where ``pins``). A refused version (:class:`PreconditionFailed`: the object was
+    replaced) or two tags for one handle within the call raise :class:`ObjectChanged`
+    naming the handles."""
+    out: list[bytes | None] = []
+    changed: dict[int, RemoteObject] = {}
+    seen: dict[int, set] = {}
+    for (h, _, _, _), r in zip(spans, got):
+        if isinstance(r, FileNotFoundError):
+            out.append(None)
+        elif isinstance(r, PreconditionFailed):
+            changed[id(h)] = h
+            out.append(None)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            out.append(bytes(r[0]))
+            if h.tag is None and r[1] is not None and pins:  # (an empty span reads nothing)
+                seen.setdefault(id(h), set()).add(r[1])
+    for hid, tags in seen.items():
+        h = next(sp[0] for sp in spans if id(sp[0]) == hid)
+        if len(tags) == 1:
+            h.tag = tags.pop()  # pinned: later reads must see this version
+        else:
+            changed[hid] = h  # replaced between two spans of this call
+    if changed:
+        raise ObjectChanged(list(changed.values()))
+    return out
 
 
 def _upload_done() -> None:

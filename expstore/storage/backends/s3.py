@@ -11,13 +11,12 @@ server decides them atomically (AWS since 2024, moto, recent MinIO). A server th
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ObjectChanged, PreconditionFailed, StorageError
+from ...errors import PreconditionFailed, StorageError
 from .base import content_tag
-from .fsspec import FsspecBackend, RemoteObject, Span
+from .fsspec import FsspecBackend, RemoteObject, Span, collect_pinned
 from .retry import error_code, is_precondition, retrying
 
 
@@ -103,75 +102,20 @@ class S3Backend(FsspecBackend):
     def _collect(self, spans: list[Span], got: list[Any]) -> list[bytes | None]:
         """Pins each handle to the ETag its first read saw; a 412 (If-Match failed) or two
         ETags within this call raise :class:`ObjectChanged` naming the handles."""
-        out: list[bytes | None] = []
-        changed: dict[int, RemoteObject] = {}
-        seen: dict[int, set] = {}
-        for (h, _, _, _), r in zip(spans, got):
-            if isinstance(r, FileNotFoundError):
-                out.append(None)
-            elif isinstance(r, PreconditionFailed):
-                changed[id(h)] = h
-                out.append(None)
-            elif isinstance(r, BaseException):
-                raise r
-            else:
-                out.append(r[0])
-                if h.tag is None and r[1] is not None:  # (an empty span reads nothing)
-                    seen.setdefault(id(h), set()).add(r[1])
-        for hid, tags in seen.items():
-            h = next(sp[0] for sp in spans if id(sp[0]) == hid)
-            if len(tags) == 1:
-                h.tag = tags.pop()  # pinned: later reads must see this version
-            else:
-                changed[hid] = h  # replaced between two spans of this call
-        if changed:
-            raise ObjectChanged(list(changed.values()))
-        return out
+        return collect_pinned(spans, got)
 
     def get(self, key: str) -> bytes | None:
         got = self.get_tagged(key)
         return None if got is None else got[0]
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        async def all_() -> list[Any]:
-            sem = asyncio.Semaphore(self.max_concurrency)
-
-            async def one(k: str) -> Any:
-                async with sem:
-                    try:
-                        return (await retrying(self, "GET", k, self._s3_get,
-                                               self._path(k)))[0]
-                    except FileNotFoundError:
-                        return None
-
-            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
-
-        got = self._sync(all_)
-        for r in got:
-            if isinstance(r, BaseException):
-                raise r
-        return list(got)
+        got = self._each(keys, lambda k: self._s3_get(self._path(k)))
+        return [None if r is None else r[0] for r in got]
 
     def get_tagged_many(self, keys: Sequence[str]) -> list[tuple[bytes, str] | None]:
         """Whole objects and their ETags (``None`` where missing), fetched concurrently."""
-        async def all_() -> list[Any]:
-            sem = asyncio.Semaphore(self.max_concurrency)
-
-            async def one(k: str) -> Any:
-                async with sem:
-                    try:
-                        data, tag = await retrying(self, "GET", k, self._s3_get, self._path(k))
-                    except FileNotFoundError:
-                        return None
-                    return data, tag or content_tag(data)
-
-            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
-
-        got = self._sync(all_)
-        for r in got:
-            if isinstance(r, BaseException):
-                raise r
-        return list(got)
+        got = self._each(keys, lambda k: self._s3_get(self._path(k)))
+        return [None if r is None else (r[0], r[1] or content_tag(r[0])) for r in got]
 
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:
         try:
@@ -187,6 +131,29 @@ class S3Backend(FsspecBackend):
     async def _aput(self, key: str, data: bytes) -> None:
         """One PUT (:meth:`put_many` runs up to ``max_uploads`` of them at once)."""
         await self._s3_put(self._path(key), data)
+
+    async def _aput_if(self, key: str, data: bytes, match: str | None) -> str:
+        """One conditional PUT (``If-None-Match: *`` / ``If-Match``), decided by the server."""
+        cond = {"IfNoneMatch": "*"} if match is None else {"IfMatch": match}
+        tag = await self._put_cond(self._path(key), data, cond)
+        return tag or content_tag(data)
+
+    def tag_of(self, key: str) -> str | None:
+        """The object's ETag from one HEAD (``None``: missing)."""
+        async def head() -> str | None:
+            fs = self.fs
+            bucket, k, _ = fs.split_path(self._path(key))
+            self.requests["head"] += 1
+            try:
+                out = await fs._call_s3("head_object", Bucket=bucket, Key=k)
+            except Exception as e:
+                code, _ = error_code(e)
+                if isinstance(e, FileNotFoundError) or code in ("NoSuchKey", "404"):
+                    return None
+                raise
+            return out.get("ETag")
+
+        return self._sync(retrying, self, "HEAD", key, head)
 
     def put_if(self, key: str, data: bytes, match: str | None) -> str:
         """``If-None-Match: *`` / ``If-Match``, atomic on the server. Servers that answer

@@ -25,15 +25,14 @@ version gets ``pins_versions = False`` (readers re-check shard headers instead).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ...errors import ObjectChanged, PreconditionFailed, StorageError
+from ...errors import PreconditionFailed, StorageError
 from .base import content_tag
-from .fsspec import FsspecBackend, RemoteObject, Span
+from .fsspec import FsspecBackend, RemoteObject, Span, collect_pinned
 from .retry import is_transient, retrying
 
 
@@ -186,32 +185,10 @@ class VersionedBackend(FsspecBackend):
         return data, tag
 
     def _collect(self, spans: list[Span], got: list[Any]) -> list[bytes | None]:
-        """Pins each handle to the tag its first read saw; a refused or mismatched version,
-        or two tags within this call, raise :class:`ObjectChanged` naming the handles."""
-        out: list[bytes | None] = []
-        changed: dict[int, RemoteObject] = {}
-        seen: dict[int, set] = {}
-        for (h, _, _, _), r in zip(spans, got):
-            if isinstance(r, FileNotFoundError):
-                out.append(None)
-            elif isinstance(r, PreconditionFailed):
-                changed[id(h)] = h
-                out.append(None)
-            elif isinstance(r, BaseException):
-                raise r
-            else:
-                out.append(bytes(r[0]))
-                if h.tag is None and r[1] is not None and self.pins_versions:
-                    seen.setdefault(id(h), set()).add(r[1])
-        for hid, tags in seen.items():
-            h = next(sp[0] for sp in spans if id(sp[0]) == hid)
-            if len(tags) == 1:
-                h.tag = tags.pop()
-            else:
-                changed[hid] = h  # replaced between two spans of this call
-        if changed:
-            raise ObjectChanged(list(changed.values()))
-        return out
+        """Pins each handle to the tag its first read saw (where reads name versions); a
+        refused or mismatched version, or two tags within this call, raise
+        :class:`ObjectChanged` naming the handles."""
+        return collect_pinned(spans, got, self.pins_versions)
 
     def get(self, key: str) -> bytes | None:
         got = self.get_tagged(key)
@@ -230,24 +207,8 @@ class VersionedBackend(FsspecBackend):
         return bytes(data), tag
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        async def all_() -> list[Any]:
-            sem = asyncio.Semaphore(self.max_concurrency)
-
-            async def one(k: str) -> Any:
-                async with sem:
-                    self.requests["get"] += 1
-                    try:
-                        return bytes((await retrying(self, "GET", k, self._vget, k))[0])
-                    except FileNotFoundError:
-                        return None
-
-            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
-
-        got = self._sync(all_)
-        for r in got:
-            if isinstance(r, BaseException):
-                raise r
-        return list(got)
+        self.requests["get"] += len(keys)
+        return [None if r is None else bytes(r[0]) for r in self._each(keys, self._vget)]
 
     # -- writes -----------------------------------------------------------------------------
     def _put(self, key: str, data: bytes) -> None:
@@ -280,6 +241,26 @@ class VersionedBackend(FsspecBackend):
             got = self.get_tagged(key)
             raise StorageError(f"{self.url}/{key}: the server named no version of the "
                                f"written object (now {got[1] if got else 'missing'})")
+        return tag
+
+    async def _aput_if(self, key: str, data: bytes, match: str | None) -> str:
+        """One conditional PUT decided by the server (create-only or this version only)."""
+        self.requests["put"] += 1
+        tag = await self._vput(key, data, match)
+        if not tag:
+            raise StorageError(f"{self.url}/{key}: the server named no version of the "
+                               "written object")
+        return tag
+
+    def tag_of(self, key: str) -> str | None:
+        """The object's version from a one-byte read (``None``: missing)."""
+        if not self.pins_versions:
+            return super().tag_of(key)
+        self.requests["range_get"] += 1
+        try:
+            _, tag = self._sync(retrying, self, "GET", key, self._vget, key, 0, 1)
+        except FileNotFoundError:
+            return None
         return tag
 
     def delete(self, key: str) -> None:
