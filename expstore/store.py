@@ -52,6 +52,7 @@ from .storage.lease import (
     LeasedBackend,
     acquire_all,
 )
+from .storage.lease import losses as lease_losses
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
 from .storage.state import LaneState, read_state, read_states
@@ -467,12 +468,14 @@ class Store:
         leases = self.leases
         if not leases:
             return
-        if time.monotonic() < self.__dict__.get("_lease_due", 0.0) and all(
-                lease.held for lease in leases.values()):
-            return
+        if (time.monotonic() < self.__dict__.get("_lease_due", 0.0)
+                and lease_losses() == self._lease_losses):
+            return  # none due, and no lease of this process was lost since the last check
+        losses = lease_losses()
         for lease in leases.values():
             lease.ensure()  # raises if lost; renews when a third of its ttl has passed
         self._lease_due = min(lease.renewed_at + lease.ttl / 3 for lease in leases.values())
+        self._lease_losses = losses
 
     def add(self, obs: Any = None, action: Any = None, reward: Any = None,
             next_obs: Any = None, terminated: Any = None, truncated: Any = None,

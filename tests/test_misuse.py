@@ -315,6 +315,22 @@ def test_a_second_store_object_of_this_process_takes_the_lane_from_the_first(tmp
             [[0, t] for t in range(3)] + [[1, t] for t in range(5)])
 
 
+
+def test_a_second_store_object_takes_the_lanes_of_a_vector_writer_at_its_next_add(tmp_path):
+    """Vector adds skip per-lease checks while none is due: a takeover still stops the
+    first object at its very next add, before it stages a row."""
+    url = tmp_path / "v.zarr"
+    first = es.create(url, SPEC, capacity=256, lanes=4)
+    vec = {k: np.stack([np.asarray(v)] * 4) for k, v in step(0, 0).items()}
+    for _ in range(3):
+        first.add(**vec)  # leases checked once, then cached until one is due
+    second = es.open(url, "r+", lane=2)  # takes lane 2 only
+    with pytest.raises(es.StoreLockedError, match="lane 2"):
+        first.add(**vec)
+    second.close()
+    with pytest.raises(es.StoreLockedError):  # its 3 staged steps cannot be committed
+        first.close()
+
 TAKE_OVER = """
 import sys, time
 import numpy as np
