@@ -232,7 +232,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         got = [store.transitions(r[len(r) - k:]) for r in per_lane]
         for t in range(k):
             step = {}
-            for name in list(m.arrays):
+            names = [*m.arrays, *m.rings, *("next_" + r for r in m.rings)]
+            for name in names:
                 key = "next_obs" + name[8:] if name.startswith("next_") else name
                 if key not in got[0]:
                     continue
@@ -294,7 +295,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     # -- pickling and copies ---------------------------------------------------------------
     _TRANSIENT = ("_store", "_writer", "_sampler", "_finalizer", "_sync", "last_batch",
-                  "_mirror_arrays", "_a_terminated", "_a_truncated", "dones")
+                  "_mirror_arrays", "_ring", "_a_terminated", "_a_truncated", "dones")
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle (``save_replay_buffer``). Every added step is written to the store first
@@ -361,19 +362,24 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         pos = m.adds % m.size
         a = self._mirror_arrays
         term, trunc = self._a_terminated, self._a_truncated
+        ring = self._ring
+        if ring is not None:  # frame stacks: one new frame each of obs and next_obs
+            ring.put(m.adds, obs, next_obs)
         try:  # SB3's shapes: plain assignments, as SB3's own add does
-            if not self._plain_obs:
-                raise ValueError
-            a["obs"][pos] = obs
-            a["next_obs"][pos] = next_obs
+            if ring is None:
+                if not self._plain_obs:
+                    raise ValueError
+                a["obs"][pos] = obs
+                a["next_obs"][pos] = next_obs
             a["action"][pos] = action
             a["reward"][pos] = reward
             term[pos] = done
         except (ValueError, TypeError):  # other shapes: reshaped, or refused naming the field
-            for name, value in self._flat_obs(obs, "").items():
-                self._put(name, pos, value)
-            for name, value in self._flat_obs(next_obs, "next_").items():
-                self._put(name, pos, value)
+            if ring is None:
+                for name, value in self._flat_obs(obs, "").items():
+                    self._put(name, pos, value)
+                for name, value in self._flat_obs(next_obs, "next_").items():
+                    self._put(name, pos, value)
             self._put("action", pos, action)
             self._put("reward", pos, reward)
             self._put("terminated", pos, done)
@@ -382,8 +388,6 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             term[pos] &= ~trunc[pos]
         else:
             trunc[pos] = False
-        if self.frame_stack:
-            self._check_frames(obs, next_obs)
         m.step_at[pos] = m.adds
         m.adds += 1
         self.pos = m.adds % m.size
@@ -410,6 +414,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
         m = self._mirror
         self.dones = _DoneMarks(m)
+        self._ring = None if m is None else m.rings.get("obs")
         if m is None:
             return
         self._mirror_arrays = m.arrays
