@@ -59,8 +59,6 @@ class _DoneMarks:
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
-#: steps copied for the store and not yet written, at most (bytes; at least one buffer)
-SYNC_QUEUE_BYTES = 64 << 20
 
 
 class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
@@ -117,7 +115,9 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
         self._mirror = self._make_mirror(mirror)
-        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size))
+        # at most half the ring: the writer thread has the other half as slack before the
+        # adding thread must wait for it (``_make_room``)
+        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size // 2))
         self._submitted = 0  # adds handed to the store so far
         self._bind_mirror()
         if self._mirror is not None:
@@ -127,6 +127,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         if self._mirror is not None and url is not None and not overwrite:
             if self._store_exists(url):
                 self._fill_mirror()
+        self._room = self._submitted + self.buffer_size  # adds that overwrite nothing unwritten
 
     def _make_mirror(self, mirror: bool | None) -> RamMirror | None:
         single_action = self.spec.structure["action"]["kind"] == "single"
@@ -202,9 +203,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         self._overwrite = False
         self._writer = StepWriter(self._store)
         if self._mirror is not None:
-            step_bytes = max(self._mirror.nbytes // self._mirror.size, 1)
-            self._sync = StoreSync(self._writer, self.n_envs,
-                                   max(self._mirror.size, SYNC_QUEUE_BYTES // step_bytes))
+            self._sync = StoreSync(self._writer, self.n_envs, self._mirror.window,
+                                   written=self._submitted)
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
         self._sampler = None if self._mirror is not None else self._make_sampler(
@@ -240,6 +240,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                 step[name] = np.stack([g[key][t] for g in got])
             m.put(step)
         self._submitted = m.adds  # already in the store
+        if self._sync is not None:
+            self._sync.written = m.adds
         self.pos, self.full = m.pos, m.full
 
     def _submit(self) -> None:
@@ -249,8 +251,18 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         if m.adds > self._submitted:
             self.store  # noqa: B018  (opens; starts the writer thread)
             assert self._sync is not None
-            self._sync.submit(m.window(max(self._submitted, m.adds - m.size), m.adds))
+            self._sync.submit(max(self._submitted, m.adds - m.size), m.adds)
             self._submitted = m.adds
+
+    def _make_room(self) -> None:
+        """Before an add overwrites the oldest step: wait until the store has it."""
+        m = self._mirror
+        assert m is not None
+        oldest = m.adds - m.size  # the step the next add overwrites
+        if self._submitted <= oldest:
+            self._submit()
+        assert self._sync is not None
+        self._room = self._sync.wait_written(oldest + 1) + m.size
 
     def flush(self) -> None:
         """Commit written rows to storage (the newest step per env stays held)."""
@@ -287,6 +299,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             if per:
                 self._enable_priorities()
         self._submitted = 0
+        self._room = self.buffer_size
         self._overwrite = True
         self.pos, self.full = 0, False
 
@@ -326,6 +339,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             self._url_arg = self.url = None
             self._overwrite = False
             self._submitted = max(0, self._mirror.adds - self._mirror.size)
+            self._room = self._submitted + self._mirror.size
         elif not self._store_exists(self._url_arg):
             raise FileNotFoundError(
                 f"{self._url_arg}: the replay buffer's store is missing (moved or deleted "
@@ -359,6 +373,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             timeout = np.array([i.get("TimeLimit.truncated", False) for i in infos], bool)
         else:
             timeout = False
+        if m.adds >= self._room:
+            self._make_room()
         pos = m.adds % m.size
         a = self._mirror_arrays
         term, trunc = self._a_terminated, self._a_truncated

@@ -149,5 +149,14 @@ class FrameRing:
 
     def window(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Newest frames of ``obs`` and ``next_obs`` of adds ``start..stop-1``."""
-        adds = np.arange(start, stop)
-        return self.frames[adds % self.span], self.next_frames[adds % self.size]
+        return (ring_range(self.frames, start, stop, self.span),
+                ring_range(self.next_frames, start, stop, self.size))
+
+
+def ring_range(a: np.ndarray, start: int, stop: int, n: int) -> np.ndarray:
+    """Rows of add counts ``start..stop-1`` of ring ``a`` of ``n`` rows: a view if they do
+    not wrap, else a copy."""
+    s = start % n
+    if s + (stop - start) <= n:
+        return a[s:s + stop - start]
+    return a[np.arange(start, stop) % n]

@@ -17,7 +17,7 @@ from ...errors import ValidationError
 from ...index.sumtree import PriorityTree
 from ...sampling.by_priority import BetaSchedule
 from ...spec import Spec
-from .frames import FrameRing
+from .frames import FrameRing, ring_range
 
 Gathered = dict[str, np.ndarray]
 
@@ -113,10 +113,10 @@ class RamMirror:
         a["truncated"][pos] |= ~a["terminated"][pos]
 
     def window(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Copies of the steps with add counts ``start..stop-1`` (``stop - start <= size``),
-        leading axes ``(steps, n_envs)``."""
-        idx = np.arange(start, stop) % self.size
-        out = {k: v[idx] for k, v in self.arrays.items()}
+        """The steps with add counts ``start..stop-1`` (``stop - start <= size``), leading
+        axes ``(steps, n_envs)``: views into the ring where the range does not wrap (valid
+        until those slots are overwritten), else copies."""
+        out = {k: ring_range(v, start, stop, self.size) for k, v in self.arrays.items()}
         for name, ring in self.rings.items():  # one frame per step, as the store keeps them
             out[name], out["next_" + name] = ring.window(start, stop)
         return out
