@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ from ...rows import FLAG_LAST
 from ...store import Store
 from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
-from .mirror import RamMirror
+from .mirror import RamMirror, _numpy
+from .store_batches import BatchPrefetcher, PendingSteps
 from .sync import StoreSync
 
 
@@ -77,6 +79,11 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     ``fsync=False``: commits are atomic but not forced to disk (a training buffer).
     ``seed``: sampling seed; ``None`` (default) draws from ``np.random`` (which SB3 seeds)
     with the same calls as SB3's ``ReplayBuffer``, so the same seed gives the same batches.
+    Sampling from the store (no mirror): each env's newest step, which the store writes
+    only when the next one arrives, is dealt into batches from RAM (sampleable as soon as
+    it is added; ``index``/``step_id`` -1); ``prefetch=True`` draws the next batch from the
+    store on a background thread while the learner uses the current one (a batch then
+    misses only the steps added while it was drawn ahead, apart from the newest ones).
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
@@ -87,7 +94,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                  shard_rows: int | None = None, overwrite: bool = False,
                  storage_options: dict[str, Any] | None = None, fsync: bool = False,
                  seed: int | None = None, mirror: bool | None = None,
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, prefetch: bool = True) -> None:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device,
                             n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
@@ -111,10 +118,14 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             None if seed is None else np.random.default_rng(seed))
         self._store: Any = None
         self._sync: StoreSync | None = None
+        self.prefetch = bool(prefetch)
+        self._prefetcher: BatchPrefetcher | None = None
+        self._lock = threading.Lock()  # the store, between adds and batches drawn ahead
         self.last_batch: dict[str, np.ndarray] | None = None
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
         self._mirror = self._make_mirror(mirror)
+        self._newest = PendingSteps(self.spec, n_envs, self.n_steps)
         # at most half the ring: the writer thread has the other half as slack before the
         # adding thread must wait for it (``_make_room``)
         self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size // 2))
@@ -207,8 +218,9 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                                    written=self._submitted)
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
-        self._sampler = None if self._mirror is not None else self._make_sampler(
-            self._seed if self._seed is not None else int(np.random.randint(2**31 - 1)))
+        seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
+        self._sampler = None if self._mirror is not None else self._make_sampler(seed)
+        self._deal_rng = np.random.default_rng(seed + 1)
 
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.uniform import UniformSampler
@@ -271,19 +283,29 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         if self._store is not None:
             if self._sync is not None:
                 self._sync.wait()
-            self._store.flush()
+            with self._lock:
+                self._store.flush()
 
     def close(self) -> None:
         """Write held steps (unfinished episodes end truncated), flush, release the store
         (and its write lease). Using the buffer again reopens it."""
         if self._mirror is not None and self._mirror.adds > self._submitted:
             self._submit()
+        self._stop_prefetch()
         if self._store is not None:
             self._finalizer()
             self._store, self._sync = None, None
+            self._newest.forget()  # written (ending truncated)
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def reset(self) -> None:
         """Empty the buffer: the store at ``url`` is recreated (on next use)."""
+        self._stop_prefetch()
+        self._newest = PendingSteps(self.spec, self.n_envs, self.n_steps)
         if self._store is not None:
             self._finalizer.detach()
             if self._sync is not None:
@@ -308,6 +330,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     # -- pickling and copies ---------------------------------------------------------------
     _TRANSIENT = ("_store", "_writer", "_sampler", "_finalizer", "_sync", "last_batch",
+                  "_prefetcher", "_lock", "_deal_rng",
                   "_mirror_arrays", "_ring", "_a_terminated", "_a_truncated", "dones")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -315,11 +338,13 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         and flushed (held steps end truncated). The pickle carries the url and, with a RAM
         mirror, the mirror itself; a buffer on a temporary store (``url=None``) needs the
         mirror, because its store goes with it."""
+        self._stop_prefetch()
         if self._store is not None or (self._mirror is not None
                                        and self._mirror.adds > self._submitted):
             self.flush()
             self._writer.end()
             self._store.flush()
+            self._newest.forget()
         if self._tmpdir is not None and self._mirror is None:
             raise ValidationError(
                 "cannot pickle a buffer on a temporary store (url=None) without a RAM "
@@ -334,6 +359,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         owned = state.pop("_owned", False)
         self.__dict__.update(state)
         self._store, self._sync, self.last_batch = None, None, None
+        self._prefetcher, self._lock = None, threading.Lock()
         self._bind_mirror()
         if owned:  # a fresh temporary store, written from the mirror
             self._url_arg = self.url = None
@@ -454,10 +480,19 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         action = self._shape_action(action)
         if self.frame_stack:
             self._check_frames(obs, next_obs)
-        steps = self.writer.coerce(obs, action, np.asarray(reward).reshape(n), next_obs,
-                                   done & ~timeout, timeout, lead=(n,))
-        for lane in range(n):
-            self.writer.extend(lane, {k: v[lane:lane + 1] for k, v in steps.items()})
+        reward = np.asarray(reward).reshape(n)
+        writer = self.writer
+        steps = writer.coerce(obs, action, reward, next_obs, done & ~timeout, timeout,
+                              lead=(n,))
+        was_held = [h is not None for h in writer.held]
+        continued = np.zeros(n, bool)
+        with self._lock:
+            for lane in range(n):
+                breaks = writer.breaks
+                writer.extend(lane, {k: v[lane:lane + 1] for k, v in steps.items()})
+                continued[lane] = was_held[lane] and writer.breaks == breaks
+        self._newest.put(obs, next_obs, action, steps["reward"],
+                         np.array([h is not None for h in writer.held]), continued)
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
@@ -467,7 +502,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         """``batch_size`` transitions as torch tensors on ``self.device``."""
         m = self._mirror
         if m is None:
-            batch = self.sampler.sample(batch_size)
+            batch = self._store_batch(batch_size)
             self.last_batch = batch
             return self._to_samples(batch, env)
         if m.tree is not None:
@@ -485,6 +520,30 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             envs = self._draw_envs(batch_size)
             weights = None
         return self._mirror_samples(inds, envs, weights, env)
+
+    def _store_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+        """A batch from the store (drawn ahead with ``prefetch``), with the envs' newest
+        steps dealt in from RAM."""
+        from ...errors import NotEnoughData
+        from ...sampling.plans import IN_PROCESS
+
+        sampler = self.sampler
+        try:
+            if self.prefetch:
+                if self._prefetcher is None:
+                    self._prefetcher = BatchPrefetcher(sampler.sample, self._lock)
+                batch = self._prefetcher.get(batch_size)
+            else:
+                with self._lock:
+                    batch = sampler.sample(batch_size)
+        except NotEnoughData:
+            if not self._newest.count():
+                raise ValidationError("sample: the buffer is empty; add transitions "
+                                      "first") from None
+            return self._newest.batch(batch_size, self._deal_rng, self.gamma)
+        stored = int(sampler.index.present(sampler.guard_for(IN_PROCESS)).sum())
+        self._newest.deal(batch, stored, self._deal_rng, self.gamma)
+        return batch
 
     def _draw_envs(self, n: int) -> np.ndarray:
         if self._rng is None:
@@ -507,7 +566,15 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             if m.tree is not None:
                 m.update_priorities(index, td_error, step_id)
         elif getattr(self.sampler, "prioritized", False):
-            self.sampler.update_priorities(index, td_error, step_id)
+            index = np.asarray(_numpy(index), np.int64).ravel()
+            keep = index >= 0  # -1: a newest step dealt from RAM (enters at top priority)
+            td = np.asarray(_numpy(td_error)).ravel()
+            if td.size != index.size:
+                raise ValidationError(f"td_error: expected {index.size} values (one per "
+                                      f"index), got {td.size}")
+            sid = None if step_id is None else np.asarray(_numpy(step_id)).ravel()[keep]
+            with self._lock:
+                self.sampler.update_priorities(index[keep], td[keep], sid)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ExpstoreSamples:
         """Transitions at ``batch_inds``: buffer positions (random envs) with a mirror,
@@ -521,11 +588,12 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     def size(self) -> int:
         """Transitions held per env: every added step (the newest included), at most
-        ``buffer_size``; without a mirror, the store's (final rows of episodes not counted)."""
+        ``buffer_size``; without a mirror, the store's (final rows of episodes not
+        counted) and each env's newest step (in RAM until the next one)."""
         if self._mirror is not None:
             return self._mirror.filled()
         idx = self.store.index
-        total = 0
+        total = sum(h is not None for h in self.writer.held)  # written when the next comes
         for lane in range(self.store.lanes):
             lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
             rows = idx.lane_rows(lane, np.arange(lo, hi))
