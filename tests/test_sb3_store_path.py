@@ -77,8 +77,13 @@ def test_n_step_returns_of_pending_steps_stop_at_the_newest(tmp_path):
 def test_an_episode_end_is_served_by_the_store(tmp_path):
     buf = make(url=tmp_path / "e.zarr")
     add_steps(buf, 0, 5, done_at=(4,))
-    assert buf.size() == 5 and buf._newest.count() == 0
+    assert buf.size() == 5
+    d = buf.sample(64)  # staged in RAM, dealt from there
+    assert (d.index == -1).all()
+    buf.flush()  # in the store: the episode ended, so the store serves every step
+    buf.sample(64)  # (the batch drawn ahead before the flush)
     d = buf.sample(64)
+    assert buf.size() == 5
     assert (d.index >= 0).all()
     assert set(d.observations.numpy()[:, 0].astype(int).tolist()) <= set(range(5))
     last = d.observations.numpy()[:, 0] == 4
@@ -102,6 +107,7 @@ def test_batches_drawn_ahead_are_the_ones_drawn_on_demand(tmp_path):
 def test_per_priorities_fed_back_steer_later_batches(tmp_path):
     buf = make(PrioritizedExpstoreReplayBuffer, url=tmp_path / "p.zarr", alpha=1.0)
     add_steps(buf, 0, 200)
+    buf.flush()  # the staged steps reach the store (priorities live there)
     favourite = None
     for _ in range(3):
         d = buf.sample(64)

@@ -42,7 +42,7 @@ from ...store import Store
 from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .mirror import RamMirror, _numpy
-from .store_batches import BatchPrefetcher, PendingSteps
+from .store_batches import BatchPrefetcher, PendingSteps, deal_staged, staged_pending
 from .sync import StoreSync
 
 
@@ -51,16 +51,23 @@ class _DoneMarks:
     ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
     marks that step truncated (it bootstraps); the store detects the break itself."""
 
-    def __init__(self, mirror: RamMirror | None = None) -> None:
-        self.mirror = mirror
+    def __init__(self, mirror: RamMirror | None = None, buffer_size: int = 0) -> None:
+        self.mirror, self.buffer_size = mirror, buffer_size
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self.mirror is not None and bool(np.all(value)):
-            self.mirror.cut(int(np.asarray(key).ravel()[0]))
+        m = self.mirror
+        if m is not None and bool(np.all(value)):
+            # SB3 marks its newest step; a staging ring (smaller than the buffer) finds it
+            # by its own count
+            m.cut(int(np.asarray(key).ravel()[0]) if m.size == self.buffer_size
+                  else m.adds - 1)
 
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
+#: steps (all envs together) a buffer sampling from its store stages in RAM: adds land
+#: there and reach the store on the writer thread
+STAGING_STEPS = 1024
 
 
 class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
@@ -125,20 +132,24 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
         self._mirror = self._make_mirror(mirror)
-        self._newest = PendingSteps(self.spec, n_envs, self.n_steps)
+        #: where adds land: the mirror, or (sampling from the store) a small staging ring
+        self._ram = self._mirror if self._mirror is not None else self._make_staging()
+        self._newest = PendingSteps(self.spec, n_envs, self.n_steps)  # no ring: Dict actions
         # at most half the ring: the writer thread has the other half as slack before the
         # adding thread must wait for it (``_make_room``)
-        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size // 2))
+        ram_size = self._ram.size if self._ram is not None else self.buffer_size
+        default = max(4096 // n_envs, 64) if self._mirror is not None else ram_size // 4
+        self._chunk = max(1, min(int(chunk or default), ram_size // 2))
         self._submitted = 0  # adds handed to the store so far
         self._bind_mirror()
-        if self._mirror is not None:
+        if self._ram is not None:
             # the store opens at the first chunk, inside the training loop: import its
             # libraries now (about a second) rather than then
             import zarr  # noqa: F401
         if self._mirror is not None and url is not None and not overwrite:
             if self._store_exists(url):
                 self._fill_mirror()
-        self._room = self._submitted + self.buffer_size  # adds that overwrite nothing unwritten
+        self._room = self._submitted + ram_size  # adds that overwrite nothing unwritten
 
     def _make_mirror(self, mirror: bool | None) -> RamMirror | None:
         single_action = self.spec.structure["action"]["kind"] == "single"
@@ -149,6 +160,12 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             raise SpecError("mirror=True: the RAM mirror needs a single (non-Dict) action "
                             "space; use mirror=False")
         return RamMirror(self.spec, self.buffer_size, self.n_envs) if mirror else None
+
+    def _make_staging(self) -> RamMirror | None:
+        if self.spec.structure["action"]["kind"] != "single":
+            return None  # Dict actions: each add goes to the store at once
+        size = max(STAGING_STEPS // self.n_envs, 8 * self.n_steps, 64)
+        return RamMirror(self.spec, size, self.n_envs)
 
     @property
     def mirrored(self) -> bool:
@@ -213,9 +230,9 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         self._store = open_or_create(url, self.spec, overwrite=self._overwrite, **self._options)
         self._overwrite = False
         self._writer = StepWriter(self._store)
-        if self._mirror is not None:
-            self._sync = StoreSync(self._writer, self.n_envs, self._mirror.window,
-                                   written=self._submitted)
+        if self._ram is not None:
+            self._sync = StoreSync(self._writer, self.n_envs, self._ram.window,
+                                   written=self._submitted, lock=self._lock)
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
         seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
@@ -258,7 +275,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     def _submit(self) -> None:
         """Hand the steps added since the last chunk to the background writer."""
-        m = self._mirror
+        m = self._ram
         assert m is not None
         if m.adds > self._submitted:
             self.store  # noqa: B018  (opens; starts the writer thread)
@@ -268,7 +285,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     def _make_room(self) -> None:
         """Before an add overwrites the oldest step: wait until the store has it."""
-        m = self._mirror
+        m = self._ram
         assert m is not None
         oldest = m.adds - m.size  # the step the next add overwrites
         if self._submitted <= oldest:
@@ -278,7 +295,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
 
     def flush(self) -> None:
         """Commit written rows to storage (the newest step per env stays held)."""
-        if self._mirror is not None and self._mirror.adds > self._submitted:
+        if self._ram is not None and self._ram.adds > self._submitted:
             self._submit()
         if self._store is not None:
             if self._sync is not None:
@@ -289,7 +306,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     def close(self) -> None:
         """Write held steps (unfinished episodes end truncated), flush, release the store
         (and its write lease). Using the buffer again reopens it."""
-        if self._mirror is not None and self._mirror.adds > self._submitted:
+        if self._ram is not None and self._ram.adds > self._submitted:
             self._submit()
         self._stop_prefetch()
         if self._store is not None:
@@ -316,12 +333,14 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             self._store, self._sync = None, None
         if self._mirror is not None:
             per = getattr(self._mirror, "tree", None) is not None
-            self._mirror = RamMirror(self.spec, self.buffer_size, self.n_envs)
-            self._bind_mirror()
+            self._mirror = self._ram = RamMirror(self.spec, self.buffer_size, self.n_envs)
             if per:
                 self._enable_priorities()
+        elif self._ram is not None:
+            self._ram = self._make_staging()
+        self._bind_mirror()
         self._submitted = 0
-        self._room = self.buffer_size
+        self._room = self._ram.size if self._ram is not None else 0
         self._overwrite = True
         self.pos, self.full = 0, False
 
@@ -339,8 +358,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         mirror, the mirror itself; a buffer on a temporary store (``url=None``) needs the
         mirror, because its store goes with it."""
         self._stop_prefetch()
-        if self._store is not None or (self._mirror is not None
-                                       and self._mirror.adds > self._submitted):
+        if self._store is not None or (self._ram is not None
+                                       and self._ram.adds > self._submitted):
             self.flush()
             self._writer.end()
             self._store.flush()
@@ -351,6 +370,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                 "mirror: the store is removed with the buffer; give url= a lasting path")
         state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
         state["_url_arg"] = self.url
+        if self._mirror is None and self._ram is not None:  # all in the store: a new one
+            state["_ram"], state["_submitted"], state["_room"] = "staging", 0, 0
         state["_owned"] = self._tmpdir is not None or self.url is None
         state["_tmpdir"] = None  # a temporary store stays owned by the buffer that made it
         return state
@@ -360,6 +381,9 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
         self.__dict__.update(state)
         self._store, self._sync, self.last_batch = None, None, None
         self._prefetcher, self._lock = None, threading.Lock()
+        if isinstance(self._ram, str):
+            self._ram = self._make_staging()
+            self._room = self._ram.size
         self._bind_mirror()
         if owned:  # a fresh temporary store, written from the mirror
             self._url_arg = self.url = None
@@ -392,7 +416,7 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             done: np.ndarray, infos: Any) -> None:
         """One step of every env (leading axis ``n_envs``); ``next_obs`` is the real next
         (terminal) observation, as ``OffPolicyAlgorithm._store_transition`` passes it."""
-        m = self._mirror
+        m = self._ram
         if m is None:
             return self._add_to_store(obs, next_obs, action, reward, done, infos)
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
@@ -432,8 +456,8 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
             trunc[pos] = False
         m.step_at[pos] = m.adds
         m.adds += 1
-        self.pos = m.adds % m.size
-        self.full = m.adds >= m.size
+        self.pos = m.adds % self.buffer_size
+        self.full = self.full or m.adds >= self.buffer_size
         if m.adds - self._submitted >= self._chunk:
             self._submit()
 
@@ -453,9 +477,9 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                     f"{np.shape(value)} ({np.asarray(value).dtype}): {e}") from None
 
     def _bind_mirror(self) -> None:
-        """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
-        m = self._mirror
-        self.dones = _DoneMarks(m)
+        """Cache the ring's arrays for :meth:`add` (after it is made or replaced)."""
+        m = self._ram
+        self.dones = _DoneMarks(m, self.buffer_size)
         self._ring = None if m is None else m.rings.get("obs")
         if m is None:
             return
@@ -537,13 +561,29 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
                 with self._lock:
                     batch = sampler.sample(batch_size)
         except NotEnoughData:
+            batch = None
+        ram = self._ram
+        with self._lock:  # a consistent view of what the writer thread has written
+            stored = int(sampler.index.present(sampler.guard_for(IN_PROCESS)).sum())
+            if ram is not None:
+                held = np.array([h is not None for h in self.writer.held])
+                adds, envs = staged_pending(ram, self._written(), held, self.n_steps)
+        if ram is not None:
+            if batch is None and not len(adds):
+                raise ValidationError("sample: the buffer is empty; add transitions first")
+            return deal_staged(batch, batch_size, ram, adds, envs, stored, self._deal_rng,
+                               self.n_steps, self.gamma)
+        if batch is None:
             if not self._newest.count():
                 raise ValidationError("sample: the buffer is empty; add transitions "
                                       "first") from None
             return self._newest.batch(batch_size, self._deal_rng, self.gamma)
-        stored = int(sampler.index.present(sampler.guard_for(IN_PROCESS)).sum())
         self._newest.deal(batch, stored, self._deal_rng, self.gamma)
         return batch
+
+    def _written(self) -> int:
+        """Adds of the ring handed to the store's writer so far."""
+        return self._sync.written if self._sync is not None else 0
 
     def _draw_envs(self, n: int) -> np.ndarray:
         if self._rng is None:
@@ -589,15 +629,19 @@ class ExpstoreReplayBuffer(SB3Conversions, ReplayBuffer):
     def size(self) -> int:
         """Transitions held per env: every added step (the newest included), at most
         ``buffer_size``; without a mirror, the store's (final rows of episodes not
-        counted) and each env's newest step (in RAM until the next one)."""
+        counted) and the steps still in RAM on their way to it."""
         if self._mirror is not None:
             return self._mirror.filled()
-        idx = self.store.index
-        total = sum(h is not None for h in self.writer.held)  # written when the next comes
-        for lane in range(self.store.lanes):
-            lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
-            rows = idx.lane_rows(lane, np.arange(lo, hi))
-            total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
+        store = self.store
+        with self._lock:  # a consistent view of what the writer thread has written
+            idx = store.index
+            total = sum(h is not None for h in self.writer.held)  # written when the next comes
+            if self._ram is not None:  # staged, not yet handed to the store
+                total += (self._ram.adds - self._written()) * self.n_envs
+            for lane in range(store.lanes):
+                lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
+                rows = idx.lane_rows(lane, np.arange(lo, hi))
+                total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
         return min(total // self.n_envs, self.buffer_size)
 
 def _close(writer: StepWriter | None, store: Any, tmpdir: str | None,

@@ -27,8 +27,11 @@ class StoreSync:
     """A daemon thread appending queued ranges of adds to the store. A failed write stops
     the writing; :meth:`check` raises it."""
 
-    def __init__(self, writer: StepWriter, n_envs: int, window: Window, written: int = 0) -> None:
+    def __init__(self, writer: StepWriter, n_envs: int, window: Window, written: int = 0,
+                 lock: threading.Lock | None = None) -> None:
         self.writer, self.n_envs, self.window = writer, int(n_envs), window
+        #: held while a range is appended (readers of the store take it too)
+        self.lock = lock or threading.Lock()
         #: adds ``0..written-1`` are in the store (or were before the buffer opened it)
         self.written = int(written)
         self.error: BaseException | None = None
@@ -85,8 +88,10 @@ class StoreSync:
                 start, stop = self._queue[0]
             try:
                 window = self.window(start, stop)
-                for lane in range(self.n_envs):
-                    self.writer.extend(lane, {k: v[:, lane] for k, v in window.items()})
+                with self.lock:
+                    for lane in range(self.n_envs):
+                        self.writer.extend(lane, {k: v[:, lane] for k, v in window.items()})
+                    self.written = stop
             except BaseException as e:  # noqa: BLE001  (reported by check())
                 with cond:
                     self.error = e
@@ -94,5 +99,4 @@ class StoreSync:
                 return
             with cond:
                 self._queue.popleft()
-                self.written = stop
                 cond.notify_all()
