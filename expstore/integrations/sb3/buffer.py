@@ -39,7 +39,7 @@ from ...store import Store
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
 from .lifecycle import StoreLifecycle
 from .mirror import RamMirror, _numpy
-from .store_batches import BatchPrefetcher, PendingSteps, deal_staged, staged_pending
+from .store_batches import BatchPrefetcher, deal_staged, staged_pending
 from .sync import StoreSync
 
 
@@ -131,7 +131,6 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
         self._mirror = self._make_mirror(mirror)
         #: where adds land: the mirror, or (sampling from the store) a small staging ring
         self._ram = self._mirror if self._mirror is not None else self._make_staging()
-        self._newest = PendingSteps(self.spec, n_envs, self.n_steps)  # no ring: Dict actions
         # at most half the ring: the writer thread has the other half as slack before the
         # adding thread must wait for it (``_make_room``)
         ram_size = self._ram.size if self._ram is not None else self.buffer_size
@@ -158,9 +157,7 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
                             "space; use mirror=False")
         return RamMirror(self.spec, self.buffer_size, self.n_envs) if mirror else None
 
-    def _make_staging(self) -> RamMirror | None:
-        if self.spec.structure["action"]["kind"] != "single":
-            return None  # Dict actions: each add goes to the store at once
+    def _make_staging(self) -> RamMirror:
         size = max(STAGING_STEPS // self.n_envs, 8 * self.n_steps, 64)
         return RamMirror(self.spec, size, self.n_envs)
 
@@ -178,8 +175,6 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
         """One step of every env (leading axis ``n_envs``); ``next_obs`` is the real next
         (terminal) observation, as ``OffPolicyAlgorithm._store_transition`` passes it."""
         m = self._ram
-        if m is None:
-            return self._add_to_store(obs, next_obs, action, reward, done, infos)
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
             timeout = np.array([i.get("TimeLimit.truncated", False) for i in infos], bool)
         else:
@@ -254,35 +249,6 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
                     for k, v in obs.items()}
         return {pre + "obs": np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))}
 
-    def _add_to_store(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
-                      done: np.ndarray, infos: Any) -> None:
-        n = self.n_envs
-        done = np.asarray(done).reshape(n).astype(bool)
-        timeout = np.zeros(n, bool)
-        if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
-            timeout = np.array([bool(i.get("TimeLimit.truncated", False)) for i in infos]) & done
-        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
-        action = self._shape_action(action)
-        if self.frame_stack:
-            self._check_frames(obs, next_obs)
-        reward = np.asarray(reward).reshape(n)
-        writer = self.writer
-        steps = writer.coerce(obs, action, reward, next_obs, done & ~timeout, timeout,
-                              lead=(n,))
-        was_held = [h is not None for h in writer.held]
-        continued = np.zeros(n, bool)
-        with self._lock:
-            for lane in range(n):
-                breaks = writer.breaks
-                writer.extend(lane, {k: v[lane:lane + 1] for k, v in steps.items()})
-                continued[lane] = was_held[lane] and writer.breaks == breaks
-        self._newest.put(obs, next_obs, action, steps["reward"],
-                         np.array([h is not None for h in writer.held]), continued)
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
-            self.pos = 0
-
     def sample(self, batch_size: int, env: Any = None) -> ExpstoreSamples:
         """``batch_size`` transitions as torch tensors on ``self.device``."""
         m = self._mirror
@@ -307,8 +273,8 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
         return self._mirror_samples(inds, envs, weights, env)
 
     def _store_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-        """A batch from the store (drawn ahead with ``prefetch``), with the envs' newest
-        steps dealt in from RAM."""
+        """A batch from the store (drawn ahead with ``prefetch``), with the staged steps
+        the store cannot serve yet dealt in from RAM."""
         from ...errors import NotEnoughData
         from ...sampling.plans import IN_PROCESS
 
@@ -326,21 +292,12 @@ class ExpstoreReplayBuffer(SB3Conversions, StoreLifecycle, ReplayBuffer):
         ram = self._ram
         with self._lock:  # a consistent view of what the writer thread has written
             stored = int(sampler.index.present(sampler.guard_for(IN_PROCESS)).sum())
-            if ram is not None:
-                held = np.array([h is not None for h in self.writer.held])
-                adds, envs = staged_pending(ram, self._written(), held, self.n_steps)
-        if ram is not None:
-            if batch is None and not len(adds):
-                raise ValidationError("sample: the buffer is empty; add transitions first")
-            return deal_staged(batch, batch_size, ram, adds, envs, stored, self._deal_rng,
-                               self.n_steps, self.gamma)
-        if batch is None:
-            if not self._newest.count():
-                raise ValidationError("sample: the buffer is empty; add transitions "
-                                      "first") from None
-            return self._newest.batch(batch_size, self._deal_rng, self.gamma)
-        self._newest.deal(batch, stored, self._deal_rng, self.gamma)
-        return batch
+            held = np.array([h is not None for h in self.writer.held])
+            adds, envs = staged_pending(ram, self._written(), held, self.n_steps)
+        if batch is None and not len(adds):
+            raise ValidationError("sample: the buffer is empty; add transitions first")
+        return deal_staged(batch, batch_size, ram, adds, envs, stored, self._deal_rng,
+                           self.n_steps, self.gamma)
 
     def _written(self) -> int:
         """Adds of the ring handed to the store's writer so far."""

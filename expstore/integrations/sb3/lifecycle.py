@@ -21,7 +21,6 @@ from ...errors import SpecError, ValidationError
 from ...store import Store
 from ..step_writer import StepWriter, open_or_create
 from .mirror import RamMirror
-from .store_batches import PendingSteps
 from .sync import StoreSync
 
 
@@ -169,7 +168,6 @@ class StoreLifecycle:
         if self._store is not None:
             self._finalizer()
             self._store, self._sync = None, None
-            self._newest.forget()  # written (ending truncated)
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
@@ -179,7 +177,6 @@ class StoreLifecycle:
     def reset(self) -> None:
         """Empty the buffer: the store at ``url`` is recreated (on next use)."""
         self._stop_prefetch()
-        self._newest = PendingSteps(self.spec, self.n_envs, self.n_steps)
         if self._store is not None:
             self._finalizer.detach()
             if self._sync is not None:
@@ -218,7 +215,6 @@ class StoreLifecycle:
             self.flush()
             self._writer.end()
             self._store.flush()
-            self._newest.forget()
         if self._tmpdir is not None and self._mirror is None:
             raise ValidationError(
                 "cannot pickle a buffer on a temporary store (url=None) without a RAM "

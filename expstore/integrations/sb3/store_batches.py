@@ -2,10 +2,11 @@
 
 The store learns a step's ``next_obs`` only from the step after it, so a
 :class:`~expstore.integrations.step_writer.StepWriter` holds each env's newest step back.
-:class:`PendingSteps` keeps the newest steps in RAM, as ``add`` received them, and
-deals the transitions the store cannot serve yet (the held step, and the written ones
-whose following rows are not all stored) into batches with the probability any stored
-transition has, so a transition is sampleable as soon as it is added.
+Adds land in a small staging ring (a :class:`~.mirror.RamMirror`) that a writer thread
+empties into the store. :func:`staged_pending` finds the staged transitions the store
+cannot serve yet (not written, held, or written without all of their following rows) and
+:func:`deal_staged` deals them into batches with the probability any stored transition
+has, so a transition is sampleable as soon as it is added.
 :class:`BatchPrefetcher` draws the next batch from the store on a background thread while
 the learner works on the current one.
 """
@@ -89,113 +90,6 @@ def deal_staged(batch: Batch | None, batch_size: int, ram: Any, adds: np.ndarray
     batch["index"][where] = -1
     batch["step_id"][where] = -1
     return batch
-
-
-class PendingSteps:
-    """The newest ``n_steps + 1`` steps of every env (flat field names) and, per env, how
-    many of them the store cannot serve yet: the held newest step, and the written steps
-    whose ``n_steps`` following rows are not all in the store (their episode goes on)."""
-
-    def __init__(self, spec: Any, n_envs: int, n_steps: int = 1) -> None:
-        self.spec, self.n_envs, self.n_steps = spec, int(n_envs), max(int(n_steps), 1)
-        self.slots = self.n_steps + 1
-        self.ring: dict[str, np.ndarray] = {}
-        self.adds = 0
-        #: per env: the newest ``tail`` steps are not servable from the store (0 when the
-        #: newest step ended its episode: the store has it all)
-        self.tail = np.zeros(self.n_envs, np.int64)
-
-    def put(self, obs: Any, next_obs: Any, action: Any, reward: np.ndarray,
-            held: np.ndarray, continued: np.ndarray) -> None:
-        """Record one step of every env (shaped as the spec's fields, whole frame stacks
-        for stacked ones). ``held``: envs whose step the store has not written;
-        ``continued``: envs whose previous step was held and this one continues it."""
-        spec = self.spec
-        fresh = {**spec.flatten("obs", obs),
-                 **{"next_" + k: v for k, v in spec.flatten("obs", next_obs).items()},
-                 **spec.flatten("action", action), "reward": reward}
-        slot = self.adds % self.slots
-        for name, value in fresh.items():
-            value = np.asarray(value)
-            ring = self.ring.get(name)
-            if ring is None or ring.shape[1:] != value.shape or ring.dtype != value.dtype:
-                ring = self.ring[name] = np.zeros((self.slots, *value.shape), value.dtype)
-            ring[slot] = value
-        self.adds += 1
-        self.tail = np.where(held, np.where(continued, np.minimum(self.tail + 1, self.slots),
-                                            1), 0)
-
-    def forget(self) -> None:
-        """The store now holds every step (held ones written on close or pickling)."""
-        self.tail[:] = 0
-
-    def count(self) -> int:
-        return int(self.tail.sum())
-
-    def deal(self, batch: Batch, stored: int, rng: np.random.Generator, gamma: float) -> int:
-        """Put pending transitions in place of batch entries, each entry with probability
-        ``pending / (stored + pending)`` (``stored``: transitions the batch was drawn from;
-        0: every entry). n-step returns stop at the newest step. Their ``index`` and
-        ``step_id`` are -1 (no priority to update). Returns how many."""
-        P = self.count()
-        if not P:
-            return 0
-        B = len(batch["reward"])
-        where = np.flatnonzero(rng.random(B) < P / (stored + P)) if stored else np.arange(B)
-        if not len(where):
-            return 0
-        env_of = np.repeat(np.arange(self.n_envs), self.tail)  # one entry per pending step
-        back_of = np.concatenate([np.arange(t) for t in self.tail])  # 0: the newest
-        pick = rng.integers(0, P, len(where))
-        envs, back = env_of[pick], back_of[pick]
-        newest = (self.adds - 1) % self.slots
-        first = (newest - back) % self.slots  # the transition's own step
-        horizon = np.minimum(back + 1, self.n_steps)
-        last = (first + horizon - 1) % self.slots
-        ring = self.ring
-        obs_names = [n for n in ring if n.startswith("next_")]
-        for name, values in ring.items():
-            if name in batch and name != "reward" and name not in obs_names:
-                batch[name][where] = values[first, envs].reshape(len(where),
-                                                                 *batch[name].shape[1:])
-        for name in obs_names:
-            if name in batch:
-                batch[name][where] = ring[name][last, envs].reshape(len(where),
-                                                                    *batch[name].shape[1:])
-        rewards = np.zeros(len(where), np.float64)
-        for m in range(self.n_steps):
-            use = m < horizon
-            rewards += np.where(use, gamma ** m * ring["reward"][(first + m) % self.slots,
-                                                                 envs], 0.0)
-        batch["reward"][where] = rewards
-        batch["terminated"][where] = False  # a pending step never ends its episode
-        if "truncated" in batch:
-            batch["truncated"][where] = False
-        if "horizon" in batch:
-            batch["horizon"][where] = horizon
-        if "discount" in batch:
-            batch["discount"][where] = gamma ** horizon
-        weight = batch.get("weight")
-        if weight is not None:  # new steps enter at the highest priority: the least weight
-            rest = np.delete(weight, where)
-            weight[where] = rest.min() if len(rest) else 1.0
-        batch["index"][where] = -1
-        batch["step_id"][where] = -1
-        return len(where)
-
-    def batch(self, batch_size: int, rng: np.random.Generator, gamma: float) -> Batch:
-        """``batch_size`` transitions drawn from the pending steps alone (the store has no
-        servable transition yet)."""
-        B = int(batch_size)
-        out: Batch = {name: np.zeros((B, *v.shape[2:]), v.dtype)
-                      for name, v in self.ring.items()}
-        out["reward"] = np.zeros(B, np.float32)
-        out.update(terminated=np.zeros(B, bool), truncated=np.zeros(B, bool),
-                   horizon=np.ones(B, np.int64), discount=np.full(B, gamma, np.float32),
-                   index=np.zeros(B, np.int64), step_id=np.zeros(B, np.int64),
-                   weight=np.ones(B, np.float32))
-        self.deal(out, 0, rng, gamma)
-        return out
 
 
 class BatchPrefetcher:
