@@ -48,3 +48,20 @@ def test_a_slow_store_makes_add_wait_instead_of_losing_steps(tmp_path, monkeypat
         want = np.stack([a[lane] for a in added[lo:steps]])
         np.testing.assert_array_equal(got, want)
     store.close()
+
+
+def test_opening_the_store_behind_a_mirror_leaves_np_random_alone(tmp_path):
+    """With seed=None the mirror draws its batches from np.random exactly as SB3 does; the
+    store opening at the first chunk (inside the training loop) must not draw from it."""
+    buf = ExpstoreReplayBuffer(64, spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2),
+                               device="cpu", url=tmp_path / "r.zarr", chunk=8, mirror=True)
+    np.random.seed(0)
+    obs = np.zeros((1, 3), np.float32)
+    for t in range(20):  # the store opens at add 8
+        buf.add(obs + t, obs + t + 1, np.array([[0]]), np.ones(1, np.float32),
+                np.zeros(1, bool), [{}])
+    assert buf._store is not None
+    drawn = np.random.random()
+    np.random.seed(0)
+    assert drawn == np.random.random()
+    buf.close()

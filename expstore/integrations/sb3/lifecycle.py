@@ -91,9 +91,11 @@ class StoreLifecycle:
                                    written=self._submitted, lock=self._lock)
         self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
                                            self._tmpdir, self._sync)
-        seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
-        self._sampler = None if self._mirror is not None else self._make_sampler(seed)
-        self._deal_rng = np.random.default_rng(seed + 1)
+        self._sampler = None
+        if self._mirror is None:  # with a mirror, np.random stays untouched (SB3's batches)
+            seed = self._seed if self._seed is not None else int(np.random.randint(2**31 - 1))
+            self._sampler = self._make_sampler(seed)
+            self._deal_rng = np.random.default_rng(seed + 1)
 
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.uniform import UniformSampler
