@@ -259,6 +259,15 @@ def main() -> None:
             lambda n, url: ExpstoreReplayBuffer(n, obs_space, act_space, device="cpu",
                                                 url=url, frame_stack=4, seed=0),
             lambda: pong_stream(data, n), n, args.repeats, (32, 256), work)
+        # sampling from the store (what buffers over the mirror's 1 GiB do: a 1M-step Pong
+        # buffer), compared at a size SB3's RAM buffer also fits
+        results += run_case(
+            "pong-store", lambda n, url: ReplayBuffer(n + 1, obs_space, act_space,
+                                                      device="cpu", optimize_memory_usage=True,
+                                                      handle_timeout_termination=False),
+            lambda n, url: ExpstoreReplayBuffer(n, obs_space, act_space, device="cpu",
+                                                url=url, frame_stack=4, seed=0, mirror=False),
+            lambda: pong_stream(data, n), n, args.repeats, (32, 256), work)
         source = f"CartPole-v1 random policy ({args.cartpole} steps); {data['source']} " \
                  f"Pong frames ({n} transitions)"
     else:
@@ -280,7 +289,9 @@ def main() -> None:
              "Pong: SB3 `optimize_memory_usage=True, handle_timeout_termination=False` vs "
              "expstore `frame_stack=4` (the store holds one compressed 84x84 frame per row; "
              "at 10,000 steps the RAM mirror, 0.56 GB, is under its 1 GiB default and "
-             "serves the samples); CartPole: RAM mirror (default). "
+             "serves the samples); pong-store: the same with `mirror=False`, every add "
+             "written to the store and batches read from it (drawn ahead on a thread, "
+             "`prefetch=True`), as buffers over 1 GiB do; CartPole: RAM mirror (default). "
              "cartpole-per: PrioritizedExpstoreReplayBuffer against SB3's uniform buffer. "
              "torch threads 1.")
     if train:

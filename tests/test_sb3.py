@@ -113,6 +113,16 @@ def check_samples(buf, calls, rows_by_lane, n=256):
     assert data.actions.shape == (n, buf.action_dim) and data.rewards.shape == (n, 1)
     assert data.dones.shape == (n, 1) and data.weights.shape == (n, 1)
     for k in range(n):
+        if int(data.index[k]) == -1:  # a step the store cannot serve yet, dealt from RAM
+            recent = [(c[0][e], c[1][e], c[2][e], c[3][e]) for c in calls[-2:]
+                      for e in range(len(c[0]))]
+            assert any(np.allclose(data.observations[k].numpy(), o)
+                       and np.allclose(data.next_observations[k].numpy(), nx)
+                       and np.array_equal(data.actions[k].numpy(), np.ravel(a))
+                       and data.rewards[k, 0].item() == pytest.approx(float(r))
+                       for o, nx, a, r in recent)
+            assert data.dones[k, 0].item() == 0.0 and int(data.step_id[k]) == -1
+            continue
         lane, step = divmod(int(data.index[k]), L)[0], int(data.step_id[k])
         e = rows_by_lane[lane][step]
         assert not e.get("final")
@@ -138,17 +148,19 @@ def test_dqn_cartpole_buffer_holds_what_sb3_added(tmp_path):
     model.save(tmp_path / "model")
     loaded = DQN.load(tmp_path / "model")
     assert loaded.replay_buffer._store is None
+    model.replay_buffer.flush()  # steps staged in RAM reach the store
     assert model.replay_buffer.writer.held[0] is not None  # an episode is open
     # a second learn() resets the env mid-episode: the cut step must end truncated
     model.learn(500, reset_num_timesteps=True)
     buf = model.replay_buffer
+    buf.flush()
     calls = buf.calls
     assert len(calls) >= 3000
     assert buf.writer.breaks >= 1
     rows = expected_rows(calls, 0, written(buf))  # the newest step may still be held
     check_lane(buf.store, 0, rows)
     check_samples(buf, calls, {0: rows})
-    assert buf.size() == written(buf)
+    assert buf.size() == len(calls)  # the newest step (held for the store) included
     n_rows = len(buf.store)
 
     # save/load through SB3: the held step is written (truncated), rows flushed
@@ -174,6 +186,7 @@ def test_two_envs_one_lane_each_with_wraparound(tmp_path):
                                       "mirror": False})
     model.learn(2400)
     buf = model.replay_buffer
+    buf.flush()  # steps staged in RAM reach the store
     assert buf.store.lanes == 2 and buf.n_envs == 2
     # 1.5 x buffer_size rows (+16 per lane), rounded up to whole shards: 1536 + 32 -> 1664
     assert buf.store.capacity == 1664 and buf.full
@@ -208,6 +221,7 @@ def test_timeouts_bootstrap_and_handle_timeout_false_means_done(tmp_path):
             buf.add(obs, real, act, rew, done, infos)
             obs = nxt
         assert timeouts > 3
+        buf.flush()  # steps staged in RAM reach the store
         b = buf.store.sample(300, rng=np.random.default_rng(0))
         trunc = b["truncated"]
         assert trunc.any() == handle
@@ -227,6 +241,7 @@ def test_sac_stores_scaled_actions(tmp_path):
                 policy_kwargs={"net_arch": [32, 32]})
     model.learn(300)
     buf = model.replay_buffer
+    buf.flush()  # steps staged in RAM reach the store
     rows = expected_rows(buf.calls, 0, written(buf))
     check_lane(buf.store, 0, rows)
     data = check_samples(buf, buf.calls, {0: rows}, n=64)
@@ -241,10 +256,12 @@ def test_prioritized_dqn_feeds_td_errors_back(tmp_path):
     model = PrioritizedDQN("MlpPolicy", "CartPole-v1", buffer_size=5000, learning_starts=300,
                            train_freq=8, seed=0, beta_final=1.0,
                            replay_buffer_kwargs={"url": str(tmp_path / "per.zarr"),
-                                                 "alpha": 0.6, "beta": 0.4, "mirror": False})
+                                                 "alpha": 0.6, "beta": 0.4, "mirror": False,
+                                                 "prefetch": False})
     assert isinstance(model.replay_buffer, PrioritizedExpstoreReplayBuffer)
     model.learn(1500)
     buf = model.replay_buffer
+    buf.flush()  # steps staged in RAM reach the store
     prio = buf.sampler.priorities
     rows = np.flatnonzero(buf.store.index.flags[:len(buf.store)] & FLAG_LAST == 0)[:-1]
     p = prio.tree.get(rows)
@@ -256,9 +273,10 @@ def test_prioritized_dqn_feeds_td_errors_back(tmp_path):
     assert buf.sampler.beta == 1.0
     beta = buf.sampler.beta
     data = buf.sample(64)
+    stored = data.index >= 0  # -1: the newest step, dealt from RAM
     w = data.weights.numpy().ravel()
-    want = (prio.tree.get(data.index) / prio.tree.min) ** -beta  # (N P(i))^-beta / max w
-    np.testing.assert_allclose(w, want, rtol=1e-5)
+    want = (prio.tree.get(data.index[stored]) / prio.tree.min) ** -beta  # (N P(i))^-beta
+    np.testing.assert_allclose(w[stored], want, rtol=1e-5)
     assert w.max() <= 1.0 and w.min() < w.max()
     # priorities follow |TD error|: a row given a huge error is then drawn far more often
     target = int(rows[10])
@@ -279,6 +297,7 @@ def test_pickle_writes_held_steps_and_reopens(tmp_path):
     o = np.zeros((1, 3), np.float32)
     for t in range(10):
         buf.add(o + t, o + t + 1, np.array([t % 2]), np.array([1.0]), np.array([False]), [{}])
+    buf.flush()  # steps staged in RAM reach the store
     assert len(buf.store) == 9 and buf.writer.held[0] is not None
     blob = pickle.dumps(buf)
     assert len(blob) < 20_000
@@ -417,6 +436,7 @@ def test_dict_and_discrete_spaces_match_sb3_dict_buffer(tmp_path, mirror):
         row += 1 + int(done[0])
         o = n
     steps = np.arange(0, 110, 7)
+    buf.flush()  # steps staged in RAM reach the store
     want = ref._get_samples(steps)
     got = buf._get_samples(steps if mirror else np.array(row_of_step)[steps])
     for k in ("pos", "room"):
@@ -454,6 +474,7 @@ def test_n_step_matches_sb3_nstep_buffer(tmp_path, mirror):
         row += 1 + end
         o = n if not end else np.full((1, 2), -(t + 1), np.float32)
     steps = np.arange(0, 140)
+    buf.flush()  # steps staged in RAM reach the store
     want = ref._get_samples(steps)
     got = buf._get_samples(steps if mirror else np.array(row_of_step)[steps])
     for f in ("observations", "next_observations", "actions", "dones"):

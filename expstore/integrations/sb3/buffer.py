@@ -2,13 +2,15 @@
 
 ``DQN(..., replay_buffer_class=ExpstoreReplayBuffer, replay_buffer_kwargs={"url": path})``
 works for DQN, SAC, TD3 (and CleanRL-style scripts that build SB3's buffer themselves).
-Each env of the VecEnv writes one lane. For small fields (vector observations; up to
-1 GiB of RAM) the newest ``buffer_size`` steps per env are also kept in RAM in SB3's own
-layout (:mod:`.mirror`): ``add`` and ``sample`` cost about what SB3's do, ``size()``,
-``pos`` and ``full`` follow SB3's rules, and with ``seed=None`` the batches are the ones
-SB3's buffer would draw; the store is written behind it by a background thread
-(:mod:`.sync`) and is complete after :meth:`~ExpstoreReplayBuffer.flush`. Larger fields
-(images) are sampled from the store. Compared with SB3's own buffer:
+Each env of the VecEnv writes one lane. When it fits in 1 GiB of RAM the newest
+``buffer_size`` steps per env are also kept in RAM in SB3's own layout (:mod:`.mirror`;
+frame stacks as single frames, :mod:`.frames`): ``add`` and ``sample`` cost about what
+SB3's do, ``size()``, ``pos`` and ``full`` follow SB3's rules, and with ``seed=None`` the
+batches are the ones SB3's buffer would draw; the store is written behind it by a
+background thread (:mod:`.sync`) and is complete after
+:meth:`~ExpstoreReplayBuffer.flush`. Larger buffers stage adds in a small ring written by
+that thread and sample from the store (:mod:`.store_batches`). Compared with SB3's own
+buffer:
 
 - observations are stored once (like ``optimize_memory_usage=True``), and that works with
   ``handle_timeout_termination=True`` too; ``frame_stack=k`` stores one frame per row;
@@ -25,11 +27,7 @@ SB3's buffer would draw; the store is written behind it by a background thread
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import weakref
-from pathlib import Path
+import threading
 from typing import Any
 
 import numpy as np
@@ -40,19 +38,21 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from ...errors import SpecError, ValidationError
 from ...rows import FLAG_LAST
 from ...store import Store
-from ..step_writer import StepWriter, open_or_create
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
-from .mirror import RamMirror
+from .lifecycle import StoreLifecycle
+from .mirror import RamMirror, _numpy
+from .store_batches import BatchPrefetcher, deal_staged, staged_pending
 from .sync import StoreSync
 from .views import DoneMarks, SB3ArrayViews
 
 #: RAM a mirror may take before ``mirror=None`` (auto) leaves sampling to the store (bytes)
 MIRROR_AUTO_BYTES = 1 << 30
-#: steps copied for the store and not yet written, at most (bytes; at least one buffer)
-SYNC_QUEUE_BYTES = 64 << 20
+#: steps (all envs together) a buffer sampling from its store stages in RAM: adds land
+#: there and reach the store on the writer thread
+STAGING_STEPS = 1024
 
 
-class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
+class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, StoreLifecycle, ReplayBuffer):
     """SB3 replay buffer whose transitions live in an expstore store at ``url``.
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
@@ -68,6 +68,11 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
     ``fsync=False``: commits are atomic but not forced to disk (a training buffer).
     ``seed``: sampling seed; ``None`` (default) draws from ``np.random`` (which SB3 seeds)
     with the same calls as SB3's ``ReplayBuffer``, so the same seed gives the same batches.
+    Sampling from the store (no mirror): each env's newest step, which the store writes
+    only when the next one arrives, is dealt into batches from RAM (sampleable as soon as
+    it is added; ``index``/``step_id`` -1); ``prefetch=True`` draws the next batch from the
+    store on a background thread while the learner uses the current one (a batch then
+    misses only the steps added while it was drawn ahead, apart from the newest ones).
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
@@ -78,7 +83,7 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
                  shard_rows: int | None = None, overwrite: bool = False,
                  storage_options: dict[str, Any] | None = None, fsync: bool = False,
                  seed: int | None = None, mirror: bool | None = None,
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, prefetch: bool = True) -> None:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device,
                             n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
@@ -102,20 +107,30 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
             None if seed is None else np.random.default_rng(seed))
         self._store: Any = None
         self._sync: StoreSync | None = None
+        self.prefetch = bool(prefetch)
+        self._prefetcher: BatchPrefetcher | None = None
+        self._lock = threading.Lock()  # the store, between adds and batches drawn ahead
         self.last_batch: dict[str, np.ndarray] | None = None
         if url is not None and not isinstance(url, Store) and not overwrite:
             self._check_existing(url)
         self._mirror = self._make_mirror(mirror)
-        self._chunk = max(1, min(int(chunk or max(4096 // n_envs, 64)), self.buffer_size))
+        #: where adds land: the mirror, or (sampling from the store) a small staging ring
+        self._ram = self._mirror if self._mirror is not None else self._make_staging()
+        # at most half the ring: the writer thread has the other half as slack before the
+        # adding thread must wait for it (``_make_room``)
+        ram_size = self._ram.size if self._ram is not None else self.buffer_size
+        default = max(4096 // n_envs, 64) if self._mirror is not None else ram_size // 4
+        self._chunk = max(1, min(int(chunk or default), ram_size // 2))
         self._submitted = 0  # adds handed to the store so far
         self._bind_mirror()
-        if self._mirror is not None:
+        if self._ram is not None:
             # the store opens at the first chunk, inside the training loop: import its
             # libraries now (about a second) rather than then
             import zarr  # noqa: F401
         if self._mirror is not None and url is not None and not overwrite:
             if self._store_exists(url):
                 self._fill_mirror()
+        self._room = self._submitted + ram_size  # adds that overwrite nothing unwritten
 
     def _make_mirror(self, mirror: bool | None) -> RamMirror | None:
         single_action = self.spec.structure["action"]["kind"] == "single"
@@ -127,242 +142,51 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
                             "space; use mirror=False")
         return RamMirror(self.spec, self.buffer_size, self.n_envs) if mirror else None
 
+    def _make_staging(self) -> RamMirror:
+        size = max(STAGING_STEPS // self.n_envs, 8 * self.n_steps, 64)
+        return RamMirror(self.spec, size, self.n_envs)
+
     @property
     def mirrored(self) -> bool:
         """Whether batches come from the RAM mirror (else from the store)."""
         return self._mirror is not None
 
-    # -- store lifecycle -------------------------------------------------------------------
-    # The store opens on first use, not here: SB3's ``load()`` rebuilds the buffer from the
-    # saved kwargs, and a model loaded only to act must not take the store's write lease.
-    @property
-    def store(self) -> Any:
-        """The :class:`~expstore.Store` (opened for writing on first use). With a mirror,
-        steps reach it in chunks: call :meth:`flush` first to see all of them."""
-        if self._store is None:
-            self._open()
-        return self._store
-
-    @property
-    def writer(self) -> StepWriter:
-        self.store  # noqa: B018  (opens)
-        return self._writer
-
-    @property
-    def sampler(self) -> Any:
-        self.store  # noqa: B018  (opens)
-        return self._sampler
-
-    def _store_exists(self, url: Any) -> bool:
-        if isinstance(url, Store):
-            return True
-        from ...storage.backends import backend_for
-        from ...storage.layout import read_layout
-
-        try:
-            read_layout(backend_for(os.fspath(url), self._options["storage_options"]))
-        except FileNotFoundError:
-            return False
-        return True
-
-    def _check_existing(self, url: Any) -> None:
-        """Fail now, naming the differences, if a store at ``url`` cannot serve this buffer."""
-        from ...storage.backends import backend_for
-        from ...storage.layout import read_layout
-
-        try:
-            layout = read_layout(backend_for(os.fspath(url), self._options["storage_options"]))
-        except FileNotFoundError:
-            return
-        if not layout.spec.same_as(self.spec):
-            raise SpecError(f"{url}: store spec differs from the one these spaces need: "
-                            + "; ".join(layout.spec.diff(self.spec)))
-        if layout.lanes != self.n_envs:
-            raise SpecError(f"{url}: store has {layout.lanes} lane(s) but n_envs="
-                            f"{self.n_envs} (one lane per env); use another url or "
-                            "overwrite=True")
-
-    def _open(self) -> None:
-        url = self._url_arg
-        if url is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="expstore-sb3-")
-            url = self._url_arg = self.url = str(Path(self._tmpdir) / "replay.zarr")
-        self._store = open_or_create(url, self.spec, overwrite=self._overwrite, **self._options)
-        self._overwrite = False
-        self._writer = StepWriter(self._store)
-        if self._mirror is not None:
-            step_bytes = max(self._mirror.nbytes // self._mirror.size, 1)
-            self._sync = StoreSync(self._writer, self.n_envs,
-                                   max(self._mirror.size, SYNC_QUEUE_BYTES // step_bytes))
-        self._finalizer = weakref.finalize(self, _close, self._writer, self._store,
-                                           self._tmpdir, self._sync)
-        self._sampler = None if self._mirror is not None else self._make_sampler(
-            self._seed if self._seed is not None else int(np.random.randint(2**31 - 1)))
-
-    def _make_sampler(self, seed: int) -> Any:
-        from ...sampling.uniform import UniformSampler
-
-        return UniformSampler(self.store, n_step=self.n_steps, gamma=self.gamma, seed=seed)
-
-    def _fill_mirror(self) -> None:
-        """Load the newest transitions of the store at ``url`` into the mirror (the same
-        number from every lane, at most ``buffer_size``)."""
-        store, m = self.store, self._mirror
-        assert m is not None
-        idx = store.index
-        per_lane = []
-        for lane in range(store.lanes):
-            lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
-            rows = idx.lane_rows(lane, np.arange(lo, hi))
-            per_lane.append(rows[idx.valid(rows, store.history, 1)])
-        k = min(min(len(r) for r in per_lane), self.buffer_size)
-        if k == 0:
-            return
-        got = [store.transitions(r[len(r) - k:]) for r in per_lane]
-        for t in range(k):
-            step = {}
-            for name in list(m.arrays):
-                key = "next_obs" + name[8:] if name.startswith("next_") else name
-                if key not in got[0]:
-                    continue
-                step[name] = np.stack([g[key][t] for g in got])
-            m.put(step)
-        self._submitted = m.adds  # already in the store
-        self.pos, self.full = m.pos, m.full
-
-    def _submit(self) -> None:
-        """Hand the steps added since the last chunk to the background writer."""
-        m = self._mirror
-        assert m is not None
-        if m.adds > self._submitted:
-            self.store  # noqa: B018  (opens; starts the writer thread)
-            assert self._sync is not None
-            self._sync.submit(m.window(max(self._submitted, m.adds - m.size), m.adds))
-            self._submitted = m.adds
-
-    def flush(self) -> None:
-        """Commit written rows to storage (the newest step per env stays held)."""
-        if self._mirror is not None and self._mirror.adds > self._submitted:
-            self._submit()
-        if self._store is not None:
-            if self._sync is not None:
-                self._sync.wait()
-            self._store.flush()
-
-    def close(self) -> None:
-        """Write held steps (unfinished episodes end truncated), flush, release the store
-        (and its write lease). Using the buffer again reopens it."""
-        if self._mirror is not None and self._mirror.adds > self._submitted:
-            self._submit()
-        if self._store is not None:
-            self._finalizer()
-            self._store, self._sync = None, None
-
-    def reset(self) -> None:
-        """Empty the buffer: the store at ``url`` is recreated (on next use)."""
-        if self._store is not None:
-            self._finalizer.detach()
-            if self._sync is not None:
-                self._sync.stop()
-            if getattr(self._sampler, "close", None):
-                self._sampler.close()
-            _close(None, self._store, None, None)
-            self._store, self._sync = None, None
-        if self._mirror is not None:
-            per = getattr(self._mirror, "tree", None) is not None
-            self._mirror = RamMirror(self.spec, self.buffer_size, self.n_envs)
-            self._bind_mirror()
-            if per:
-                self._enable_priorities()
-        self._submitted = 0
-        self._overwrite = True
-        self.pos, self.full = 0, False
-
     def _enable_priorities(self) -> None:
         pass
-
-    # -- pickling and copies ---------------------------------------------------------------
-    _TRANSIENT = ("_store", "_writer", "_sampler", "_finalizer", "_sync", "last_batch",
-                  "_mirror_arrays", "_a_terminated", "_a_truncated", "dones")
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle (``save_replay_buffer``). Every added step is written to the store first
-        and flushed (held steps end truncated). The pickle carries the url and, with a RAM
-        mirror, the mirror itself; a buffer on a temporary store (``url=None``) needs the
-        mirror, because its store goes with it."""
-        if self._store is not None or (self._mirror is not None
-                                       and self._mirror.adds > self._submitted):
-            self.flush()
-            self._writer.end()
-            self._store.flush()
-        if self._tmpdir is not None and self._mirror is None:
-            raise ValidationError(
-                "cannot pickle a buffer on a temporary store (url=None) without a RAM "
-                "mirror: the store is removed with the buffer; give url= a lasting path")
-        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
-        state["_url_arg"] = self.url
-        state["_owned"] = self._tmpdir is not None or self.url is None
-        state["_tmpdir"] = None  # a temporary store stays owned by the buffer that made it
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        owned = state.pop("_owned", False)
-        self.__dict__.update(state)
-        self._store, self._sync, self.last_batch = None, None, None
-        self._bind_mirror()
-        if owned:  # a fresh temporary store, written from the mirror
-            self._url_arg = self.url = None
-            self._overwrite = False
-            self._submitted = max(0, self._mirror.adds - self._mirror.size)
-        elif not self._store_exists(self._url_arg):
-            raise FileNotFoundError(
-                f"{self._url_arg}: the replay buffer's store is missing (moved or deleted "
-                f"since the buffer was saved); put it back at that path, or build a new "
-                f"buffer on the store's new url")
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ExpstoreReplayBuffer:
-        """A copy writes its own temporary store (from the mirror); two buffers never write
-        one store. Without a mirror there is nothing in RAM to copy from: refused."""
-        if self._mirror is None:
-            raise TypeError("cannot copy an ExpstoreReplayBuffer that samples from its store "
-                            "(mirror=False): two buffers would write one store; build a "
-                            "second buffer on another url")
-        import copy
-
-        state = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__.update(copy.deepcopy(state, memo))
-        new.__setstate__({**new.__dict__, "_owned": True, "_tmpdir": None})
-        return new
 
     # -- SB3 contract ----------------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: Any) -> None:
         """One step of every env (leading axis ``n_envs``); ``next_obs`` is the real next
         (terminal) observation, as ``OffPolicyAlgorithm._store_transition`` passes it."""
-        m = self._mirror
-        if m is None:
-            return self._add_to_store(obs, next_obs, action, reward, done, infos)
+        m = self._ram
         if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
             timeout = np.array([i.get("TimeLimit.truncated", False) for i in infos], bool)
         else:
             timeout = False
+        if m.adds >= self._room:
+            self._make_room()
         pos = m.adds % m.size
         a = self._mirror_arrays
         term, trunc = self._a_terminated, self._a_truncated
+        ring = self._ring
+        if ring is not None:  # frame stacks: one new frame each of obs and next_obs
+            ring.put(m.adds, obs, next_obs)
         try:  # SB3's shapes: plain assignments, as SB3's own add does
-            if not self._plain_obs:
-                raise ValueError
-            a["obs"][pos] = obs
-            a["next_obs"][pos] = next_obs
+            if ring is None:
+                if not self._plain_obs:
+                    raise ValueError
+                a["obs"][pos] = obs
+                a["next_obs"][pos] = next_obs
             a["action"][pos] = action
             a["reward"][pos] = reward
             term[pos] = done
         except (ValueError, TypeError):  # other shapes: reshaped, or refused naming the field
-            for name, value in self._flat_obs(obs, "").items():
-                self._put(name, pos, value)
-            for name, value in self._flat_obs(next_obs, "next_").items():
-                self._put(name, pos, value)
+            if ring is None:
+                for name, value in self._flat_obs(obs, "").items():
+                    self._put(name, pos, value)
+                for name, value in self._flat_obs(next_obs, "next_").items():
+                    self._put(name, pos, value)
             self._put("action", pos, action)
             self._put("reward", pos, reward)
             self._put("terminated", pos, done)
@@ -371,12 +195,10 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
             term[pos] &= ~trunc[pos]
         else:
             trunc[pos] = False
-        if self.frame_stack:
-            self._check_frames(obs, next_obs)
         m.step_at[pos] = m.adds
         m.adds += 1
-        self.pos = m.adds % m.size
-        self.full = m.adds >= m.size
+        self.pos = m.adds % self.buffer_size
+        self.full = self.full or m.adds >= self.buffer_size
         if m.adds - self._submitted >= self._chunk:
             self._submit()
 
@@ -396,9 +218,10 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
                     f"{np.shape(value)} ({np.asarray(value).dtype}): {e}") from None
 
     def _bind_mirror(self) -> None:
-        """Cache the mirror's arrays for :meth:`add` (after it is made or replaced)."""
-        m = self._mirror
-        self.dones = DoneMarks(m)
+        """Cache the ring's arrays for :meth:`add` (after it is made or replaced)."""
+        m = self._ram
+        self.dones = DoneMarks(m, self.buffer_size, mirrored=m is self._mirror)
+        self._ring = None if m is None else m.rings.get("obs")
         if m is None:
             return
         self._mirror_arrays = m.arrays
@@ -411,32 +234,11 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
                     for k, v in obs.items()}
         return {pre + "obs": np.asarray(obs).reshape(self.n_envs, *self._field("obs", obs))}
 
-    def _add_to_store(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
-                      done: np.ndarray, infos: Any) -> None:
-        n = self.n_envs
-        done = np.asarray(done).reshape(n).astype(bool)
-        timeout = np.zeros(n, bool)
-        if self.handle_timeout_termination and isinstance(infos, (list, tuple)):
-            timeout = np.array([bool(np.all(i.get("TimeLimit.truncated", False)))
-                                for i in infos])
-        obs, next_obs = self._shape_obs(obs), self._shape_obs(next_obs)
-        action = self._shape_action(action)
-        if self.frame_stack:
-            self._check_frames(obs, next_obs)
-        steps = self.writer.coerce(obs, action, np.asarray(reward).reshape(n), next_obs,
-                                   done & ~timeout, timeout, lead=(n,))
-        for lane in range(n):
-            self.writer.extend(lane, {k: v[lane:lane + 1] for k, v in steps.items()})
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
-            self.pos = 0
-
     def sample(self, batch_size: int, env: Any = None) -> ExpstoreSamples:
         """``batch_size`` transitions as torch tensors on ``self.device``."""
         m = self._mirror
         if m is None:
-            batch = self.sampler.sample(batch_size)
+            batch = self._store_batch(batch_size)
             self.last_batch = batch
             return self._to_samples(batch, env)
         if m.tree is not None:
@@ -454,6 +256,37 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
             envs = self._draw_envs(batch_size)
             weights = None
         return self._mirror_samples(inds, envs, weights, env)
+
+    def _store_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+        """A batch from the store (drawn ahead with ``prefetch``), with the staged steps
+        the store cannot serve yet dealt in from RAM."""
+        from ...errors import NotEnoughData
+        from ...sampling.plans import IN_PROCESS
+
+        sampler = self.sampler
+        try:
+            if self.prefetch:
+                if self._prefetcher is None:
+                    self._prefetcher = BatchPrefetcher(sampler.sample, self._lock)
+                batch = self._prefetcher.get(batch_size)
+            else:
+                with self._lock:
+                    batch = sampler.sample(batch_size)
+        except NotEnoughData:
+            batch = None
+        ram = self._ram
+        with self._lock:  # a consistent view of what the writer thread has written
+            stored = int(sampler.index.present(sampler.guard_for(IN_PROCESS)).sum())
+            held = np.array([h is not None for h in self.writer.held])
+            adds, envs = staged_pending(ram, self._written(), held, self.n_steps)
+        if batch is None and not len(adds):
+            raise ValidationError("sample: the buffer is empty; add transitions first")
+        return deal_staged(batch, batch_size, ram, adds, envs, stored, self._deal_rng,
+                           self.n_steps, self.gamma)
+
+    def _written(self) -> int:
+        """Adds of the ring handed to the store's writer so far."""
+        return self._sync.written if self._sync is not None else 0
 
     def _draw_envs(self, n: int) -> np.ndarray:
         if self._rng is None:
@@ -476,7 +309,15 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
             if m.tree is not None:
                 m.update_priorities(index, td_error, step_id)
         elif getattr(self.sampler, "prioritized", False):
-            self.sampler.update_priorities(index, td_error, step_id)
+            index = np.asarray(_numpy(index), np.int64).ravel()
+            keep = index >= 0  # -1: a newest step dealt from RAM (enters at top priority)
+            td = np.asarray(_numpy(td_error)).ravel()
+            if td.size != index.size:
+                raise ValidationError(f"td_error: expected {index.size} values (one per "
+                                      f"index), got {td.size}")
+            sid = None if step_id is None else np.asarray(_numpy(step_id)).ravel()[keep]
+            with self._lock:
+                self.sampler.update_priorities(index[keep], td[keep], sid)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ExpstoreSamples:
         """Transitions at ``batch_inds``: buffer positions (random envs) with a mirror,
@@ -490,25 +331,18 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, ReplayBuffer):
 
     def size(self) -> int:
         """Transitions held per env: every added step (the newest included), at most
-        ``buffer_size``; without a mirror, the store's (final rows of episodes not counted)."""
+        ``buffer_size``; without a mirror, the store's (final rows of episodes not
+        counted) and the steps still in RAM on their way to it."""
         if self._mirror is not None:
             return self._mirror.filled()
-        idx = self.store.index
-        total = 0
-        for lane in range(self.store.lanes):
-            lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
-            rows = idx.lane_rows(lane, np.arange(lo, hi))
-            total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
+        store = self.store
+        with self._lock:  # a consistent view of what the writer thread has written
+            idx = store.index
+            total = sum(h is not None for h in self.writer.held)  # written when the next comes
+            if self._ram is not None:  # staged, not yet handed to the store
+                total += (self._ram.adds - self._written()) * self.n_envs
+            for lane in range(store.lanes):
+                lo, hi = int(idx.lower_bound()[lane]), int(idx.count[lane])
+                rows = idx.lane_rows(lane, np.arange(lo, hi))
+                total += int(np.count_nonzero((idx.flags[rows] & FLAG_LAST) == 0))
         return min(total // self.n_envs, self.buffer_size)
-
-def _close(writer: StepWriter | None, store: Any, tmpdir: str | None,
-           sync: StoreSync | None) -> None:
-    try:
-        if sync is not None:
-            sync.stop()
-        if writer is not None and tmpdir is None:
-            writer.end()
-    finally:
-        store.close()
-        if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)

@@ -17,6 +17,7 @@ from ...errors import ValidationError
 from ...index.sumtree import PriorityTree
 from ...sampling.by_priority import BetaSchedule
 from ...spec import Spec
+from .frames import FrameRing, ring_range
 
 Gathered = dict[str, np.ndarray]
 
@@ -31,12 +32,19 @@ class RamMirror:
         self.obs_names = list(spec.obs_names)
         shapes = {n: ((f.stack,) if f.stack else ()) + tuple(f.shape)
                   for n, f in spec.fields.items()}
+        #: frame-stacked observation fields, kept as single frames
+        self.rings = {name: FrameRing(name, self.size, self.n_envs, f.stack, f.shape, f.dtype)
+                      for name, f in spec.fields.items()
+                      if name in self.obs_names and f.stack}
         self.arrays: dict[str, np.ndarray] = {}
         for name, f in spec.fields.items():
+            if name in self.rings:
+                continue
             dtype = np.float32 if name == "reward" else f.dtype
             self.arrays[name] = np.zeros((self.size, self.n_envs, *shapes[name]), dtype)
         for name in self.obs_names:
-            self.arrays["next_" + name] = np.zeros_like(self.arrays[name])
+            if name not in self.rings:
+                self.arrays["next_" + name] = np.zeros_like(self.arrays[name])
         for name in ("terminated", "truncated"):
             self.arrays[name] = np.zeros((self.size, self.n_envs), bool)
         #: lane step (adds before this one) that wrote slot ``pos``; -1 where empty
@@ -47,18 +55,23 @@ class RamMirror:
     # -- size ------------------------------------------------------------------------------
     @staticmethod
     def nbytes_for(spec: Spec, size: int, n_envs: int) -> int:
-        """Bytes a mirror of ``size`` steps x ``n_envs`` would hold (observations twice)."""
-        per = 2  # terminated, truncated
+        """Bytes a mirror of ``size`` steps x ``n_envs`` would hold (observations twice;
+        a frame-stacked one as two frames)."""
+        per, rings = 2, 0  # terminated, truncated
         for name, f in spec.fields.items():
             item = 4 if name == "reward" else f.dtype.itemsize
-            n = int(np.prod(f.shape, dtype=np.int64)) * (f.stack or 1) * item
-            per += n * (2 if name in spec.obs_names else 1)
-        return per * int(size) * int(n_envs) + 8 * int(size)
+            n = int(np.prod(f.shape, dtype=np.int64)) * item
+            if name in spec.obs_names and f.stack:
+                rings += FrameRing.nbytes_for(size, n_envs, f.stack, n)
+            else:
+                per += n * (2 if name in spec.obs_names else 1)
+        return per * int(size) * int(n_envs) + 8 * int(size) + rings
 
     @property
     def nbytes(self) -> int:
         """Bytes the mirror's arrays hold."""
-        return sum(a.nbytes for a in self.arrays.values()) + self.step_at.nbytes
+        return (sum(a.nbytes for a in self.arrays.values()) + self.step_at.nbytes
+                + sum(r.nbytes for r in self.rings.values()))
 
     @property
     def pos(self) -> int:
@@ -77,7 +90,11 @@ class RamMirror:
         """Store one step of every env (flat names, leading axis ``n_envs``) at ``pos``."""
         pos = self.adds % self.size
         arrays = self.arrays
+        for name, ring in self.rings.items():
+            ring.put(self.adds, step[name], step["next_" + name])
         for name, value in step.items():
+            if name in self.rings or (name.startswith("next_") and name[5:] in self.rings):
+                continue
             try:
                 arrays[name][pos] = value
             except (ValueError, TypeError) as e:
@@ -96,10 +113,13 @@ class RamMirror:
         a["truncated"][pos] |= ~a["terminated"][pos]
 
     def window(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Copies of the steps with add counts ``start..stop-1`` (``stop - start <= size``),
-        leading axes ``(steps, n_envs)``."""
-        idx = np.arange(start, stop) % self.size
-        return {k: v[idx] for k, v in self.arrays.items()}
+        """The steps with add counts ``start..stop-1`` (``stop - start <= size``), leading
+        axes ``(steps, n_envs)``: views into the ring where the range does not wrap (valid
+        until those slots are overwritten), else copies."""
+        out = {k: ring_range(v, start, stop, self.size) for k, v in self.arrays.items()}
+        for name, ring in self.rings.items():  # one frame per step, as the store keeps them
+            out[name], out["next_" + name] = ring.window(start, stop)
+        return out
 
     # -- sampling --------------------------------------------------------------------------
     def gather(self, inds: np.ndarray, envs: np.ndarray, n_steps: int = 1,
@@ -109,7 +129,11 @@ class RamMirror:
         ``NStepReplayBuffer`` (stops at termination, truncation and the newest step).
         ``reward_fn`` normalizes rewards before they are summed (SB3's order)."""
         a = self.arrays
-        out = {name: a[name][inds, envs] for name in self.obs_names}
+        out = {name: a[name][inds, envs] for name in self.obs_names if name not in self.rings}
+        stacked = {name: ring.stacks(self.step_at[inds], inds, envs)
+                   for name, ring in self.rings.items()}
+        for name, (obs, _) in stacked.items():
+            out[name] = obs
         for name in self.spec.action_names:
             out[name] = a[name][inds, envs]
         if n_steps <= 1:
@@ -125,6 +149,10 @@ class RamMirror:
             newest = (self.adds - 1) % self.size
             stop |= seq == newest  # nothing after the newest step is this stream
             for name in self.obs_names:
+                if name in self.rings:  # the ring knows where its streams break
+                    ring = self.rings[name]
+                    stop[:, :-1] |= ring.back[seq[:, 1:], env2] == 0
+                    continue
                 # a stream that broke without a done flag (env reset between learn() calls)
                 nxt, following = a["next_" + name][seq[:, :-1], env2], a[name][seq[:, 1:], env2]
                 same = (nxt == following).reshape(len(inds), n_steps - 1, -1).all(axis=2)
@@ -139,7 +167,14 @@ class RamMirror:
             last = seq[np.arange(len(inds)), first]
             out["horizon"] = first + 1
         for name in self.obs_names:
-            out["next_" + name] = a["next_" + name][last, envs]
+            if name in self.rings:
+                if last is inds:
+                    out["next_" + name] = stacked[name][1]
+                else:
+                    out["next_" + name] = self.rings[name].stacks(
+                        self.step_at[last], last, envs, obs=False)[1]
+            else:
+                out["next_" + name] = a["next_" + name][last, envs]
         out["terminated"] = a["terminated"][last, envs]
         out["index"] = inds * self.n_envs + envs
         out["step_id"] = self.step_at[inds]

@@ -36,7 +36,26 @@ class SB3ArrayViews:
         if isinstance(self.obs_shape, dict):
             return {k: a[f"{prefix}obs.{k}"].reshape(*lead, *shape)
                     for k, shape in self.obs_shape.items()}
+        ring = self._mirror.rings.get("obs")
+        if ring is not None:
+            return self._stacks(ring, next_obs=bool(prefix))
         return a[prefix + "obs"].reshape(*lead, *self.obs_shape)
+
+    def _stacks(self, ring: Any, next_obs: bool) -> np.ndarray:
+        """Frame-stacked observations are kept as single frames: their stacks rebuilt for
+        every slot (a copy, not a view; zeros where nothing was added yet)."""
+        m = self._mirror
+        size, n = m.size, self.n_envs
+        pos = np.repeat(np.arange(size), n)
+        envs = np.tile(np.arange(n), size)
+        adds = m.step_at[pos]
+        live = adds >= 0
+        out = np.zeros((size * n, *self.obs_shape), ring.dtype)
+        if live.any():
+            obs, nxt = ring.stacks(adds[live], pos[live], envs[live], obs=not next_obs)
+            got = nxt if next_obs else obs
+            out[live] = got.reshape(len(got), *self.obs_shape)
+        return out.reshape(size, n, *self.obs_shape)
 
     @property
     def observations(self) -> Any:
@@ -72,12 +91,19 @@ class DoneMarks:
     ``dones[pos] = True`` to cut the last episode before a new ``learn()``. The RAM mirror
     marks that step truncated (it bootstraps); the store detects the break itself."""
 
-    def __init__(self, mirror: RamMirror | None = None) -> None:
-        self.mirror = mirror
+    def __init__(self, ram: RamMirror | None = None, buffer_size: int = 0,
+                 mirrored: bool = True) -> None:
+        self.ram, self.buffer_size = ram, buffer_size
+        #: the buffer's whole RAM mirror (readable as SB3's array), not a staging ring
+        self.mirror = ram if mirrored else None
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self.mirror is not None and bool(np.all(value)):
-            self.mirror.cut(int(np.asarray(key).ravel()[0]))
+        m = self.ram
+        if m is not None and bool(np.all(value)):
+            # SB3 marks its newest step; a staging ring (smaller than the buffer) finds it
+            # by its own count
+            m.cut(int(np.asarray(key).ravel()[0]) if self.mirror is not None
+                  else m.adds - 1)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """SB3's ``dones`` (``(buffer_size, n_envs)`` float32): 1 where the step ended its
