@@ -38,6 +38,7 @@ if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
     "gymnasium==0.29.1"
   "$V029/bin/python" -c "import gymnasium; assert gymnasium.__version__ == '0.29.1', gymnasium.__version__"
   "$V029/bin/python" -m pytest -q -p no:cacheprovider tests/test_sb3.py tests/test_sb3_contract.py \
-    tests/test_torchrl_bridge.py
+    tests/test_sb3_arrays.py tests/test_sb3_frames.py tests/test_sb3_store_path.py \
+    tests/test_sb3_sync.py tests/test_torchrl_bridge.py
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"
