@@ -178,6 +178,34 @@ static void unshuffle(size_t typesize, size_t n, const uint8_t *src, uint8_t *ds
     memcpy(dst + n - rem, src + n - rem, rem);
 }
 
+/* LZ4-decode block `j` of a blosc1 frame (its `nsplits` streams, still byte-shuffled if the
+   frame is) into `out`: `bsize` bytes. A STATUS_* code. */
+static int blosc_block(const uint8_t *src, size_t n, unsigned flags, size_t typesize,
+                       size_t blocksize, size_t j, size_t bsize, int last, uint8_t *out) {
+    const uint8_t *end = src + n;
+    size_t start = le32(src + BLOSC_HEADER + 4 * j);
+    if (start >= n) return STATUS_CORRUPT;
+    const uint8_t *p = src + start;
+    size_t nsplits = 1;
+    if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 && !last)
+        nsplits = typesize;
+    size_t neblock = bsize / nsplits;
+    for (size_t k = 0; k < nsplits; k++) {
+        if (end - p < 4) return STATUS_CORRUPT;
+        size_t cb = le32(p);
+        p += 4;
+        if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
+        if (cb == neblock) {
+            memcpy(out, p, neblock);
+        } else if (lz4_block(p, cb, out, neblock) != 0) {
+            return STATUS_CORRUPT;
+        }
+        p += cb;
+        out += neblock;
+    }
+    return STATUS_OK;
+}
+
 /* Decode one blosc1 frame into exactly `dstlen` bytes: a STATUS_* code. */
 static int blosc_frame(const uint8_t *src, size_t n, uint8_t *dst, size_t dstlen,
                        scratch_t *tmp) {
@@ -200,32 +228,12 @@ static int blosc_frame(const uint8_t *src, size_t n, uint8_t *dst, size_t dstlen
     size_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
     if (leftover) nblocks++;
     if (BLOSC_HEADER + 4 * nblocks > n) return STATUS_CORRUPT;
-    const uint8_t *end = src + n;
     for (size_t j = 0; j < nblocks; j++) {
         int last = leftover && j == nblocks - 1;
         size_t bsize = last ? leftover : blocksize;
-        size_t start = le32(src + BLOSC_HEADER + 4 * j);
-        if (start >= n) return STATUS_CORRUPT;
-        const uint8_t *p = src + start;
-        size_t nsplits = 1;
-        if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 &&
-            !last)
-            nsplits = typesize;
-        size_t neblock = bsize / nsplits;
         uint8_t *out = shuffle ? tmp->buf : dst + j * blocksize;
-        for (size_t k = 0; k < nsplits; k++) {
-            if (end - p < 4) return STATUS_CORRUPT;
-            size_t cb = le32(p);
-            p += 4;
-            if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
-            if (cb == neblock) {
-                memcpy(out, p, neblock);
-            } else if (lz4_block(p, cb, out, neblock) != 0) {
-                return STATUS_CORRUPT;
-            }
-            p += cb;
-            out += neblock;
-        }
+        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, out);
+        if (st != STATUS_OK) return st;
         if (shuffle) unshuffle(typesize, bsize, tmp->buf, dst + j * blocksize);
     }
     return STATUS_OK;
@@ -256,32 +264,11 @@ static int blosc_range(const uint8_t *src, size_t n, size_t dstlen, size_t lo, s
     size_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
     if (leftover) nblocks++;
     if (BLOSC_HEADER + 4 * nblocks > n) return STATUS_CORRUPT;
-    const uint8_t *end = src + n;
     for (size_t j = lo / blocksize; j < nblocks && j * blocksize < hi; j++) {
         int last = leftover && j == nblocks - 1;
         size_t bsize = last ? leftover : blocksize;
-        size_t start = le32(src + BLOSC_HEADER + 4 * j);
-        if (start >= n) return STATUS_CORRUPT;
-        const uint8_t *p = src + start;
-        size_t nsplits = 1;
-        if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 &&
-            !last)
-            nsplits = typesize;
-        size_t neblock = bsize / nsplits;
-        uint8_t *b = tmp->buf;
-        for (size_t k = 0; k < nsplits; k++) {
-            if (end - p < 4) return STATUS_CORRUPT;
-            size_t cb = le32(p);
-            p += 4;
-            if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
-            if (cb == neblock) {
-                memcpy(b, p, neblock);
-            } else if (lz4_block(p, cb, b, neblock) != 0) {
-                return STATUS_CORRUPT;
-            }
-            p += cb;
-            b += neblock;
-        }
+        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, tmp->buf);
+        if (st != STATUS_OK) return st;
         size_t a = lo > j * blocksize ? lo - j * blocksize : 0;      /* in this block */
         size_t z = hi - j * blocksize < bsize ? hi - j * blocksize : bsize;
         uint8_t *o = out + (j * blocksize + a - lo);
