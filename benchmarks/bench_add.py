@@ -27,6 +27,10 @@ Cases, each on the same steps given the same way (building the inputs is not tim
 * ``shard_add_p50/p99``: the adds that completed a shard (it goes to a background
   writer), read from the store's writers between timed calls.
 * ``add+flush``: ``store.add`` then ``store.flush()`` every step, ``fsync=False``.
+* ``paced``: the single-lane case with ``--pace-us`` (100 by default) slept between adds,
+  as an env step would take: the background writer keeps up, so the shard-completing adds
+  show the hand-off alone. Unpaced, an Atari store takes ~300k steps/s, faster than any
+  writer compresses 7 KB frames, and those adds also wait for a free buffer (back-pressure).
 
 Writes section "Online write path" of benchmarks/RESULTS.md and results/add.json.
 """
@@ -147,8 +151,11 @@ def torchrl_td(step: tuple):
 
 
 # -- timing ------------------------------------------------------------------------------------
-def per_call(fn, args: list[tuple], shards=None) -> dict[str, float]:
+def per_call(fn, args: list[tuple], shards=None, pace_s: float = 0.0) -> dict[str, float]:
     """Call ``fn(*a)`` for every ``a``; mean / p50 / p99 microseconds per call.
+
+    ``pace_s``: seconds slept between calls (not timed), as an env step would take; the
+    sleep releases the GIL, as an emulator or a torch step does.
 
     ``shards``: a function giving the shards handed to the background writer so far, read
     between calls (not timed); then ``shard_p50_us`` / ``shard_p99_us`` are the p50 / p99
@@ -161,7 +168,10 @@ def per_call(fn, args: list[tuple], shards=None) -> dict[str, float]:
         handed = np.zeros(len(args), np.int64)
         clock = time.perf_counter
         before = shards() if shards else 0
+        sleep = time.sleep
         for i, a in enumerate(args):
+            if pace_s:
+                sleep(pace_s)
             t0 = clock()
             fn(*a)
             t[i] = clock() - t0
@@ -189,7 +199,7 @@ def shards_handed(store) -> Any:
 
 
 def expstore_single(kind: str, steps: list[tuple], tmp: str, i: int, fsync: bool = True,
-                    flush: bool = False) -> dict[str, float]:
+                    flush: bool = False, pace_s: float = 0.0) -> dict[str, float]:
     store = es.create(f"{tmp}/{kind}-{i}-{int(flush)}.zarr", spec_for(kind),
                       capacity=max(4 * len(steps), 65_536), overwrite=True, fsync=fsync)
     add = store.add
@@ -200,7 +210,7 @@ def expstore_single(kind: str, steps: list[tuple], tmp: str, i: int, fsync: bool
     else:
         fn = add
     try:
-        return per_call(fn, steps, None if flush else shards_handed(store))
+        return per_call(fn, steps, None if flush else shards_handed(store), pace_s)
     finally:
         store.close()
 
@@ -229,6 +239,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20_000, help="env steps per case")
     p.add_argument("--repeats", type=int, default=3, help="runs per case (medians reported)")
+    p.add_argument("--pace-us", type=float, default=100.0,
+                   help="microseconds slept between adds in the paced case")
     p.add_argument("--no-write", action="store_true", help="don't update RESULTS.md")
     a = p.parse_args()
     cases: dict[str, list[tuple]] = {"atari": atari_steps(a.steps),
@@ -250,6 +262,8 @@ def main() -> None:
                 run(f"{kind} torchrl", per_call, rb.add, tds)
                 del rb, tds
                 run(f"{kind} expstore", expstore_single, kind, steps, tmp, i)
+                run(f"{kind} expstore paced", expstore_single, kind, steps, tmp, i,
+                    pace_s=a.pace_us / 1e6)
                 n_flush = min(len(steps), 3_000)
                 run(f"{kind} expstore add+flush (fsync off)", expstore_single,
                     kind, steps[:n_flush], tmp, i, fsync=False, flush=True)
@@ -273,6 +287,14 @@ def main() -> None:
                      "x_ring": ours["mean_us"] / ring["mean_us"],
                      "x_torchrl": ours["mean_us"] / trl["mean_us"],
                      "steps_per_s": 1e6 / ours["mean_us"]})
+        pc = med[f"{kind} expstore paced"]
+        rows.append({"case": f"{kind}: one step per add, paced {a.pace_us:g} us",
+                     "expstore_us": pc["mean_us"], "expstore_p50_us": pc["p50_us"],
+                     "expstore_p99_us": pc["p99_us"], "expstore_max_us": pc["max_us"],
+                     "shard_add_p50_us": pc["shard_p50_us"],
+                     "shard_add_p99_us": pc["shard_p99_us"], "ring_us": ring["mean_us"],
+                     "torchrl_us": trl["mean_us"], "x_ring": pc["mean_us"] / ring["mean_us"],
+                     "x_torchrl": pc["mean_us"] / trl["mean_us"], "steps_per_s": None})
         for lanes in (8, 64):
             r, o = med[f"{kind} ring x{lanes}"], med[f"{kind} expstore x{lanes}"]
             rows.append({"case": f"{kind}: {lanes} lanes per add", "expstore_us": o["mean_us"],
@@ -291,14 +313,15 @@ def main() -> None:
     body += (f"\n\n{a.steps:,} env steps per case (add+flush: 3,000), medians of {a.repeats} "
              "runs; microseconds per `add` call: mean (amortized, shard writes included), "
              "p50, p99, max; shard_add_p50/p99: p50 / p99 of the adds that completed a "
-             "shard (handed to a background writer). x_ring / x_torchrl: expstore's mean over "
-             "the baseline's mean (lower is better). Ring: obs, next_obs, action, reward, "
-             "done arrays in RAM; "
+             "shard (handed to a background writer); paced: the same with "
+             f"{a.pace_us:g} us slept between adds (not timed; the writer keeps up). "
+             "x_ring / x_torchrl: expstore's mean over the baseline's mean (lower is better). "
+             "Ring: obs, next_obs, action, reward, done arrays in RAM; "
              "TorchRL: `ReplayBuffer(LazyMemmapStorage).add` of a prebuilt TensorDict. "
              "steps_per_s: env steps stored per second by expstore.")
     print(body)
-    save_json("add", {"rows": rows, "runs": runs, "steps": a.steps})
     if not a.no_write:
+        save_json("add", {"rows": rows, "runs": runs, "steps": a.steps})
         write_section("Online write path", body, command=command_line(),
                       source=f"ALE Pong frames and CartPole-v1 steps, {a.steps} each")
 
