@@ -83,7 +83,8 @@ class Appender:
             idx = self.index
             self._plan = build_plan(self.spec, self._table(), self.open_step, self.held_ok,
                                     self.held_vals[self.obs_names[0]], idx.episode_step,
-                                    idx.flags, idx.count, idx.lane_capacity,
+                                    idx.flags, idx.count, idx.valid_from, idx.committed,
+                                    idx.lane_capacity,
                                     (FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED))
         return self._plan
 
@@ -137,7 +138,8 @@ class Appender:
 
     def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
         """Open the lane's next shard (``enter``) or hand its full one to the background
-        writer, then bring the table and the index up to date (as :meth:`_row` does)."""
+        writer, then bring the table and the index up to date (as :meth:`_row` does), in
+        one C call (``plan.load``: no numpy call here, this runs inside an add)."""
         w = self.writers[lane]
         try:
             if enter:
@@ -145,12 +147,8 @@ class Appender:
             else:
                 w._hand_off()
         finally:
-            table._load(lane)
+            self._plan.load(lane)
             table.stale.discard(lane)
-            idx = self.index
-            if w.valid_from > idx.valid_from[lane]:
-                idx.set_valid_from(lane, w.valid_from)
-            idx.committed[lane] = w.committed.count
 
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                 terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:

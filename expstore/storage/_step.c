@@ -63,7 +63,7 @@ typedef struct {
     PyObject_HEAD
     vfield v[NV];
     Py_ssize_t F, f_step, f_ep, f_flags, L, S, lane_cap;
-    int64_t *base, *n, *first, *pub, *open_step, *count;
+    int64_t *base, *n, *first, *pub, *open_step, *count, *valid_from, *committed;
     uint8_t *held_ok, *held, *flags_idx, *entered;
     int32_t *ep_idx;
     Py_ssize_t held_bytes;
@@ -75,7 +75,8 @@ typedef struct {
     Py_ssize_t last_lane; /* the index's newest lane after the last call that wrote */
 } Plan;
 
-static PyObject *s_pending, *s_n, *s_count, *s_episodes;
+static PyObject *s_pending, *s_n, *s_count, *s_episodes, *s_cur, *s_first_step, *s_entered,
+    *s_addresses, *s_valid_from, *s_committed;
 
 /* ---- values ------------------------------------------------------------------------ */
 
@@ -274,7 +275,8 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
 /* StepPlan(arrays, fields, consts, writers, curs)
    arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
             held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
-            entered uint8 (L): the lane's current shard was opened)
+            entered uint8 (L): the lane's current shard was opened, then the index's
+            valid_from and committed int64 (L))
    fields: per value field (obs, action, reward, terminated, truncated): (field index,
            type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
            alo, ahi) with alo/ahi float64 arrays of one row's elements or None
@@ -287,7 +289,7 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
                           &PyTuple_Type, &fields, &F, &fs, &fe, &ff, &L, &S, &cap, &f1, &f2,
                           &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs))
         return -1;
-    if (PyTuple_GET_SIZE(arrays) != 11 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
+    if (PyTuple_GET_SIZE(arrays) != 13 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
         S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L) {
         PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
         return -1;
@@ -307,7 +309,9 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
         !(self->held = array_ptr(A(7), NPY_UINT8, L, "held")) ||
         !(self->ep_idx = array_ptr(A(8), NPY_INT32, L * cap, "episode_step")) ||
         !(self->flags_idx = array_ptr(A(9), NPY_UINT8, L * cap, "flags")) ||
-        !(self->entered = array_ptr(A(10), NPY_UINT8, L, "entered")))
+        !(self->entered = array_ptr(A(10), NPY_UINT8, L, "entered")) ||
+        !(self->valid_from = array_ptr(A(11), NPY_INT64, L, "valid_from")) ||
+        !(self->committed = array_ptr(A(12), NPY_INT64, L, "committed")))
         return -1;
     self->held_bytes = PyArray_SIZE((PyArrayObject *)A(7)) / L;
 #undef A
@@ -586,6 +590,58 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(iNN)", 2, full_o, left_o);
 }
 
+/* attribute ``name`` of ``o`` as an int64 (-1 and an exception set on failure) */
+static int get_int(PyObject *o, PyObject *name, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+/* load(lane): re-read lane ``lane`` after its writer moved to another shard buffer (handed a
+   full one to the background writer, or opened the next): the writer's ``cur`` (its rows,
+   first step, whether it was opened, its buffers' addresses) into the plan's table, and
+   the writer's ``valid_from`` and committed count into the index (as
+   ``RowIndex.set_valid_from`` does where no listener hears dropped rows: the plan is used
+   only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call. */
+static PyObject *Plan_load(Plan *self, PyObject *arg) {
+    Py_ssize_t j = PyLong_AsSsize_t(arg);
+    if (j == -1 && PyErr_Occurred()) return NULL;
+    if (j < 0 || j >= self->L || PyTuple_GET_ITEM(self->writers, j) == Py_None) {
+        PyErr_Format(PyExc_ValueError, "StepPlan.load: lane %zd is not written here", j);
+        return NULL;
+    }
+    PyObject *w = PyTuple_GET_ITEM(self->writers, j);
+    PyObject *c = PyObject_GetAttr(w, s_cur);
+    if (c == NULL) return NULL;
+    int64_t n, first, entered, vf, done;
+    PyObject *at = NULL, *st = NULL;
+    if (get_int(c, s_n, &n) || get_int(c, s_first_step, &first) ||
+        get_int(c, s_entered, &entered) || get_int(w, s_valid_from, &vf) ||
+        !(at = PyObject_GetAttr(c, s_addresses)) || !(st = PyObject_GetAttr(w, s_committed)) ||
+        get_int(st, s_count, &done))
+        goto fail;
+    const int64_t *a = array_ptr(at, NPY_INT64, self->F + 1, "addresses");
+    if (a == NULL) goto fail;
+    for (Py_ssize_t f = 0; f < self->F; f++) self->base[f * self->L + j] = a[f];
+    self->pub[j] = a[self->F];
+    self->n[j] = n, self->first[j] = first, self->entered[j] = entered != 0;
+    if (vf > self->valid_from[j]) self->valid_from[j] = vf;
+    self->committed[j] = done;
+    Py_DECREF(at);
+    Py_DECREF(st);
+    PyList_SetItem(self->curs, j, c); /* (steals the reference) */
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(c);
+    Py_XDECREF(at);
+    Py_XDECREF(st);
+    return NULL;
+}
+
 /* addresses(arrays, out): out[i] = the data address of numpy array arrays[i] (a few
    nanoseconds each, where ``arr.ctypes.data`` takes microseconds) */
 static PyObject *addresses(PyObject *self, PyObject *args) {
@@ -615,6 +671,8 @@ static PyMethodDef Plan_methods[] = {
      "add(lane, obs, action, reward, next_obs, terminated, truncated): stage one step "
      "(lane -1: one per lane); None: written, False: nothing written (general path), a "
      "list: lanes left to the caller, the others written."},
+    {"load", (PyCFunction)Plan_load, METH_O,
+     "load(lane): re-read the lane's open shard and index bounds after its writer moved"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -650,7 +708,15 @@ PyMODINIT_FUNC PyInit__step(void) {
     s_n = PyUnicode_InternFromString("n");
     s_count = PyUnicode_InternFromString("count");
     s_episodes = PyUnicode_InternFromString("episodes");
-    if (!s_pending || !s_n || !s_count || !s_episodes) return NULL;
+    s_cur = PyUnicode_InternFromString("cur");
+    s_first_step = PyUnicode_InternFromString("first_step");
+    s_entered = PyUnicode_InternFromString("entered");
+    s_addresses = PyUnicode_InternFromString("addresses");
+    s_valid_from = PyUnicode_InternFromString("valid_from");
+    s_committed = PyUnicode_InternFromString("committed");
+    if (!s_pending || !s_n || !s_count || !s_episodes || !s_cur || !s_first_step ||
+        !s_entered || !s_addresses || !s_valid_from || !s_committed)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&PlanType);

@@ -78,12 +78,13 @@ def _field(name: str, f: Any, index: int, reject_nonfinite: bool) -> tuple | Non
 
 def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.ndarray,
                held_obs: np.ndarray, episode_step: np.ndarray, flags: np.ndarray,
-               count: np.ndarray, lane_capacity: int, flag_bits: tuple[int, int, int, int]
-               ) -> Any:
+               count: np.ndarray, valid_from: np.ndarray, committed: np.ndarray,
+               lane_capacity: int, flag_bits: tuple[int, int, int, int]) -> Any:
     """A ``StepPlan`` of the store (see the module docstring), or ``None``.
 
     ``held_obs``: the held ``next_obs`` rows, ``(lanes, *obs shape)`` of the obs dtype;
-    ``episode_step`` / ``flags`` / ``count``: the index's arrays; ``flag_bits``: FIRST, LAST,
+    ``episode_step`` / ``flags`` / ``count`` / ``valid_from`` / ``committed``: the index's
+    arrays; ``flag_bits``: FIRST, LAST,
     TERMINATED, TRUNCATED.
     """
     if native is None:
@@ -108,7 +109,7 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     L = len(table.writers)
     held = held_obs.view(np.uint8).reshape(L, -1)
     arrays = (table.base, table.n, table.first, table.pub, open_step, count,
-              held_ok, held, episode_step, flags, table.entered)
+              held_ok, held, episode_step, flags, table.entered, valid_from, committed)
     consts = (len(names), names.index("_step_id"), names.index("_episode_step"),
               names.index("_flags"), L, table.shard_rows, lane_capacity,
               *(int(b) for b in flag_bits))
