@@ -25,6 +25,7 @@ if numpy is not None:
         Extension(
             "expstore.storage._step",
             ["expstore/storage/_step.c"],
+            depends=["expstore/storage/step_values.h", "expstore/storage/step_shards.h"],
             include_dirs=[numpy.get_include()],
             extra_compile_args=["-O3", "-std=c99"],
             optional=True,

@@ -278,6 +278,90 @@ def test_a_failed_shard_write_is_retried_before_the_kernel_stages_more(tmp_path)
     store.close()
 
 
+def count_calls(monkeypatch, cls, name: str) -> list:
+    """Calls of ``cls.name`` (still made), one entry each."""
+    calls, real = [], getattr(cls, name)
+
+    def spy(self, *a, **kw):
+        calls.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_shards_are_handed_over_and_opened_inside_the_kernel(tmp_path, monkeypatch, lanes):
+    """The adds that complete a shard or open the next run no Python code of the writer:
+    the kernel hands the full shard to the background thread and opens the next buffer
+    itself (``hand_off`` / ``enter`` in ``_step.c``), and the shards are written."""
+    from expstore.storage.writer import LaneWriter
+
+    store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64 * lanes,
+                      lanes=lanes, shard_rows=16, fsync=False)
+    steps = cartpole_steps(16 * 6, seed=3, breaks=False, missing=False)
+    obs = np.stack([np.asarray(steps[0][0])] * lanes)
+    store.add(obs, np.zeros(lanes, np.int64), np.zeros(lanes, np.float32), obs,
+              np.zeros(lanes, bool), np.zeros(lanes, bool)) if lanes > 1 else \
+        store.add(steps[0][0], 0, 0.0, steps[0][0], False, False)  # (the first opens)
+    handed = count_calls(monkeypatch, LaneWriter, "_hand_off")
+    entered = count_calls(monkeypatch, LaneWriter, "_enter_shard")
+    taken = spy(store)
+    for o, a, r, nxt, term, trunc in steps:
+        if lanes == 1:
+            store.add(o, a, r, nxt, term, trunc)
+        else:
+            store.add(np.stack([o] * lanes), np.full(lanes, a), np.full(lanes, r, np.float32),
+                      np.stack([nxt] * lanes), np.full(lanes, term), np.full(lanes, trunc))
+    w = store.writers[0]
+    assert all(taken) and w.count > 5 * 16  # every add through the kernel, 5+ shards full
+    assert handed == [] and entered == []
+    for lane in store.writers.values():
+        lane.wait()  # every full shard written by the background thread, before a flush
+        assert lane.committed.count == 16 * (lane.count // 16)
+    store.flush()
+    other = es.open(store.url)
+    assert np.array_equal(other.index.count, store.index.count)
+    for lane in range(lanes):
+        lo, hi = int(store.index.lower_bound()[lane]), int(store.index.count[lane])
+        rows = store.index.lane_rows(lane, np.arange(lo, hi))
+        for name in ("obs", "action", "reward", "_step_id"):
+            assert np.array_equal(other.read(name, rows), store.read(name, rows)), name
+    other.close()
+    store.close()
+
+
+def test_a_sleeping_writer_thread_is_woken_by_the_python_hand_off(tmp_path, monkeypatch):
+    """The kernel leaves the hand-off to the writer's Python code when the background
+    thread sleeps (idle): it must be woken, else the full shard would wait unwritten."""
+    import time
+
+    from expstore.storage.background import Background
+    from expstore.storage.writer import LaneWriter
+
+    monkeypatch.setattr(Background, "IDLE", 0.02)
+    store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64,
+                      shard_rows=16, fsync=False)
+    obs = np.ones(4, np.float32)
+    store.add(obs, 0, 1.0, obs, False, False)
+    w = store.writers[0]
+    deadline = time.monotonic() + 10
+    while not w._worker.state["sleeping"]:
+        assert time.monotonic() < deadline, "the writer thread never went to sleep"
+        time.sleep(0.01)
+    handed = count_calls(monkeypatch, LaneWriter, "_hand_off")
+    while w.count < 16:
+        store.add(obs, 0, 1.0, obs, False, False)
+    assert handed == [1]
+    deadline = time.monotonic() + 10
+    while not w.queued[0].done if w.queued else False:
+        assert time.monotonic() < deadline, "the full shard was never written"
+        time.sleep(0.01)
+    w.poll()
+    assert w.committed.count == 16
+    store.close()
+
+
 def test_rows_are_announced_to_listeners_through_the_python_path(tmp_path):
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64,
                       shard_rows=16, fsync=False)

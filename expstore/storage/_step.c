@@ -27,7 +27,8 @@
  * it (``LaneWriter._enter_shard``) and calls again. ``(2, full, left)``: rows written
  * except in the lanes ``left`` (vector only: their final row would open the next shard;
  * the caller stages them through the Python path); the lanes ``full`` now hold a full
- * shard, which the caller hands to the background writer.
+ * shard, which the caller hands to the background writer. (A lane whose shard fills is
+ * handed over here, in C, in the common case (``hand_off``); ``full`` lists the others.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -72,165 +73,16 @@ typedef struct {
     PyObject *writers; /* tuple: lane -> LaneWriter or None */
     PyObject *pending; /* tuple: lane -> its writer's list of failed shard writes, or None */
     PyObject *curs;    /* list: lane -> the writer's open shard (kept current by the caller) */
+    PyObject *hands;   /* tuple: lane -> (free buffers list, queued list, its thread's
+                          jobs.append, its thread's state dict), or None */
     Py_ssize_t last_lane; /* the index's newest lane after the last call that wrote */
 } Plan;
 
 static PyObject *s_pending, *s_n, *s_count, *s_episodes, *s_cur, *s_first_step, *s_entered,
-    *s_addresses, *s_valid_from, *s_committed;
+    *s_addresses, *s_valid_from, *s_committed, *s_spares, *s_halted, *s_sleeping,
+    *s_done, *s_slot, *s_clean;
 
-/* ---- values ------------------------------------------------------------------------ */
-
-/* one scalar of a single step: 1 and its bytes in out when accepted as is, else 0 */
-static int scalar_value(const vfield *vf, PyObject *v, uint8_t *out) {
-    if (vf->kind == 'b') {
-        uint8_t b;
-        if (v == Py_True) b = 1;
-        else if (v == Py_False) b = 0;
-        else if (PyArray_IsScalar(v, Bool)) b = PyArrayScalar_VAL(v, Bool) ? 1 : 0;
-        else return 0;
-        out[0] = b;
-        return 1;
-    }
-    if (vf->kind == 'i' || vf->kind == 'u') {
-        long long x;
-        if (PyLong_CheckExact(v)) {
-            int over = 0;
-            x = PyLong_AsLongLongAndOverflow(v, &over);
-            if (over || (x == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                return 0;
-            }
-        }
-#define INT_SCALAR(T) else if (PyArray_IsScalar(v, T)) x = (long long)PyArrayScalar_VAL(v, T);
-        INT_SCALAR(Byte) INT_SCALAR(Short) INT_SCALAR(Int) INT_SCALAR(Long)
-        INT_SCALAR(LongLong) INT_SCALAR(UByte) INT_SCALAR(UShort) INT_SCALAR(UInt)
-#undef INT_SCALAR
-        else if (PyArray_IsScalar(v, ULong)) {
-            unsigned long u = PyArrayScalar_VAL(v, ULong);
-            if (u > (unsigned long)LLONG_MAX) return 0;
-            x = (long long)u;
-        } else if (PyArray_IsScalar(v, ULongLong)) {
-            unsigned long long u = PyArrayScalar_VAL(v, ULongLong);
-            if (u > (unsigned long long)LLONG_MAX) return 0;
-            x = (long long)u;
-        } else return 0;
-        if (x < vf->ilo || x > vf->ihi) return 0;
-        memcpy(out, &x, (size_t)vf->itemsize); /* little-endian: the low bytes */
-        return 1;
-    }
-    if (vf->kind == 'f') {
-        double x;
-        if (PyFloat_CheckExact(v) || PyArray_IsScalar(v, Double)) {
-            x = PyFloat_AS_DOUBLE(v);
-            if (!(-vf->top <= x && x <= vf->top)) return 0;
-        } else if (PyArray_IsScalar(v, Float)) {
-            x = (double)PyArrayScalar_VAL(v, Float);
-            if (!(-vf->top <= x && x <= vf->top)) return 0;
-        } else if (PyLong_CheckExact(v)) {
-            int over = 0;
-            long long i = PyLong_AsLongLongAndOverflow(v, &over);
-            if (over || (i == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                return 0;
-            }
-            if (!(-vf->exact <= (double)i && (double)i <= vf->exact)) return 0;
-            x = (double)i;
-        } else return 0;
-        if (!(vf->flo <= x && x <= vf->fhi)) return 0;
-        if (vf->itemsize == 4) {
-            float f = (float)x;
-            memcpy(out, &f, 4);
-        } else {
-            memcpy(out, &x, 8);
-        }
-        return 1;
-    }
-    return 0;
-}
-
-static double elem(int type_num, const uint8_t *p, Py_ssize_t e) {
-    switch (type_num) {
-    case NPY_FLOAT: return (double)((const float *)p)[e];
-    case NPY_DOUBLE: return ((const double *)p)[e];
-    case NPY_BYTE: return (double)((const int8_t *)p)[e];
-    case NPY_UBYTE: return (double)((const uint8_t *)p)[e];
-    case NPY_SHORT: return (double)((const int16_t *)p)[e];
-    case NPY_USHORT: return (double)((const uint16_t *)p)[e];
-    case NPY_INT: return (double)((const int32_t *)p)[e];
-    case NPY_UINT: return (double)((const uint32_t *)p)[e];
-    case NPY_LONG: return (double)((const long *)p)[e];
-    case NPY_ULONG: return (double)((const unsigned long *)p)[e];
-    case NPY_LONGLONG: return (double)((const long long *)p)[e];
-    case NPY_ULONGLONG: return (double)((const unsigned long long *)p)[e];
-    case NPY_BOOL: return (double)((const uint8_t *)p)[e];
-    default: return NAN; /* (never: the plan has only these types) */
-    }
-}
-
-/* Elements of one row (of type src_type) as the field stores them: finite where required,
-   within bounds. 1: accepted. */
-static int row_ok(const vfield *vf, const uint8_t *p, int src_type, int full_check) {
-    if (!full_check || vf->kind == 'b') return 1;
-    int fin = vf->finite && vf->kind == 'f';
-    if (!fin && vf->alo == NULL && vf->ahi == NULL) return 1;
-    for (Py_ssize_t e = 0; e < vf->elems; e++) {
-        double x = elem(src_type, p, e);
-        if (vf->kind == 'f' && vf->itemsize == 4) x = (double)(float)x; /* as stored */
-        if (fin && !isfinite(x)) return 0;
-        if (vf->alo && x < vf->alo[e]) return 0;
-        if (vf->ahi && x > vf->ahi[e]) return 0;
-    }
-    return 1;
-}
-
-static void put_row(const vfield *vf, const uint8_t *src, int src_type, uint8_t *dst) {
-    if (src_type == vf->type_num) {
-        memcpy(dst, src, (size_t)vf->row_bytes);
-        return;
-    }
-    for (Py_ssize_t e = 0; e < vf->elems; e++) { /* float -> float, as numpy casts */
-        double x = elem(src_type, src, e);
-        if (vf->itemsize == 4) ((float *)dst)[e] = (float)x;
-        else ((double *)dst)[e] = x;
-    }
-}
-
-/* An array value: rows of `lanes` lanes (lanes = 0: one step, no leading axis) of the field's
-   shape, or whole frame stacks (then the newest frame of each). Sets *data to the first
-   row, *stride to the bytes between lanes' rows, *src_type. `cast`: a float array of
-   another float dtype is accepted (cast as numpy casts). 1: usable. */
-static int array_value(const vfield *vf, PyObject *v, Py_ssize_t lanes, int cast,
-                       const uint8_t **data, Py_ssize_t *stride, int *src_type) {
-    if (!PyArray_CheckExact(v)) return 0;
-    PyArrayObject *a = (PyArrayObject *)v;
-    int t = PyArray_TYPE(a);
-    if (!PyArray_ISNOTSWAPPED(a) || !PyArray_IS_C_CONTIGUOUS(a)) return 0;
-    if (t != vf->type_num) {
-        if (!(cast && vf->kind == 'f' && (t == NPY_FLOAT || t == NPY_DOUBLE))) return 0;
-    }
-    int lead = lanes > 0 ? 1 : 0;
-    int nd = PyArray_NDIM(a);
-    npy_intp *dims = PyArray_DIMS(a);
-    if (lead && (nd < 1 || dims[0] != lanes)) return 0;
-    Py_ssize_t isz = PyArray_ITEMSIZE(a);
-    Py_ssize_t row = vf->elems * isz;
-    const uint8_t *p = PyArray_DATA(a);
-    if (nd == lead + vf->ndim) {
-        for (int d = 0; d < vf->ndim; d++)
-            if (dims[lead + d] != vf->shape[d]) return 0;
-        *stride = row;
-    } else if (vf->stack && nd == lead + 1 + vf->ndim && dims[lead] == vf->stack) {
-        for (int d = 0; d < vf->ndim; d++)
-            if (dims[lead + 1 + d] != vf->shape[d]) return 0;
-        p += (vf->stack - 1) * row; /* the newest frame */
-        *stride = vf->stack * row;
-    } else {
-        return 0;
-    }
-    *data = p;
-    *src_type = t;
-    return 1;
-}
+#include "step_values.h"
 
 /* ---- the plan ------------------------------------------------------------------------ */
 
@@ -241,6 +93,7 @@ static int Plan_traverse(Plan *self, visitproc visit, void *arg) {
     Py_VISIT(self->writers);
     Py_VISIT(self->pending);
     Py_VISIT(self->curs);
+    Py_VISIT(self->hands);
     return 0;
 }
 
@@ -249,6 +102,7 @@ static int Plan_clear(Plan *self) {
     Py_CLEAR(self->writers);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->curs);
+    Py_CLEAR(self->hands);
     self->L = 0; /* cleared: every add answers False */
     return 0;
 }
@@ -272,7 +126,7 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
     return PyArray_DATA((PyArrayObject *)o);
 }
 
-/* StepPlan(arrays, fields, consts, writers, curs)
+/* StepPlan(arrays, fields, consts, writers, curs, hands)
    arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
             held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
             entered uint8 (L): the lane's current shard was opened, then the index's
@@ -280,17 +134,20 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
    fields: per value field (obs, action, reward, terminated, truncated): (field index,
            type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
            alo, ahi) with alo/ahi float64 arrays of one row's elements or None
-   consts: (F, f_step, f_ep, f_flags, L, S, lane_cap, FIRST, LAST, TERMINATED, TRUNCATED) */
+   consts: (F, f_step, f_ep, f_flags, L, S, lane_cap, FIRST, LAST, TERMINATED, TRUNCATED)
+   hands: per lane, what handing its full shard over touches (``Plan.hands``), or None */
 static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
-    PyObject *arrays, *fields, *writers, *curs;
+    PyObject *arrays, *fields, *writers, *curs, *hands;
     Py_ssize_t F, fs, fe, ff, L, S, cap;
     int f1, f2, f3, f4;
-    if (!PyArg_ParseTuple(args, "O!O!(nnnnnnniiii)O!O!", &PyTuple_Type, &arrays,
+    if (!PyArg_ParseTuple(args, "O!O!(nnnnnnniiii)O!O!O!", &PyTuple_Type, &arrays,
                           &PyTuple_Type, &fields, &F, &fs, &fe, &ff, &L, &S, &cap, &f1, &f2,
-                          &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs))
+                          &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs,
+                          &PyTuple_Type, &hands))
         return -1;
     if (PyTuple_GET_SIZE(arrays) != 13 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
-        S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L) {
+        S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L ||
+        PyTuple_GET_SIZE(hands) != L) {
         PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
         return -1;
     }
@@ -367,6 +224,18 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->writers, writers);
     Py_INCREF(curs);
     Py_XSETREF(self->curs, curs);
+    for (Py_ssize_t j = 0; j < L; j++) {
+        PyObject *h = PyTuple_GET_ITEM(hands, j);
+        if (h != Py_None && !(PyTuple_Check(h) && PyTuple_GET_SIZE(h) == 4 &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 0)) &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 1)) &&
+                              PyDict_Check(PyTuple_GET_ITEM(h, 3)))) {
+            PyErr_SetString(PyExc_TypeError, "StepPlan: hands: (list, list, append, dict)");
+            return -1;
+        }
+    }
+    Py_INCREF(hands);
+    Py_XSETREF(self->hands, hands);
     return self->keep ? 0 : -1;
 }
 
@@ -407,6 +276,9 @@ static PyObject *lane_list(Plan *self, Py_ssize_t j0, Py_ssize_t k, const uint8_
     }
     return out;
 }
+
+static int hand_off(Plan *self, Py_ssize_t j); /* (below) */
+static int enter(Plan *self, Py_ssize_t j);
 
 /* plan.add(lane, obs, action, reward, next_obs, terminated, truncated) */
 static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -481,7 +353,11 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!vector) Py_RETURN_FALSE;
             attention = 1;
         }
-        if (self->n[j] == 0 && !self->entered[j]) entering = 1;
+        if (self->n[j] == 0 && !self->entered[j]) { /* its next row opens a shard */
+            int e = enter(self, j);
+            if (e < 0) return NULL;
+            if (e == 0) entering = 1; /* (the caller opens it) */
+        }
     }
     if (entering) { /* nothing written: the caller opens these lanes' shards, calls again */
         PyObject *lanes_o = lane_list(self, j0, k, NULL, 1);
@@ -578,8 +454,12 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
         }
     }
     int full = 0;
-    for (Py_ssize_t i = 0; i < k; i++)
-        if (!need[i] && self->n[j0 + i] == self->S) full = 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (need[i] || self->n[j0 + i] != self->S) continue;
+        int h = hand_off(self, j0 + i);
+        if (h < 0) return NULL;
+        if (h == 0) full = 1; /* (the caller hands it over) */
+    }
     if (!attention && !full) Py_RETURN_NONE;
     PyObject *full_o = lane_list(self, j0, k, need, 2);
     PyObject *left_o = full_o ? lane_list(self, j0, k, need, 3) : NULL;
@@ -590,57 +470,7 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(iNN)", 2, full_o, left_o);
 }
 
-/* attribute ``name`` of ``o`` as an int64 (-1 and an exception set on failure) */
-static int get_int(PyObject *o, PyObject *name, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) return -1;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
-/* load(lane): re-read lane ``lane`` after its writer moved to another shard buffer (handed a
-   full one to the background writer, or opened the next): the writer's ``cur`` (its rows,
-   first step, whether it was opened, its buffers' addresses) into the plan's table, and
-   the writer's ``valid_from`` and committed count into the index (as
-   ``RowIndex.set_valid_from`` does where no listener hears dropped rows: the plan is used
-   only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call. */
-static PyObject *Plan_load(Plan *self, PyObject *arg) {
-    Py_ssize_t j = PyLong_AsSsize_t(arg);
-    if (j == -1 && PyErr_Occurred()) return NULL;
-    if (j < 0 || j >= self->L || PyTuple_GET_ITEM(self->writers, j) == Py_None) {
-        PyErr_Format(PyExc_ValueError, "StepPlan.load: lane %zd is not written here", j);
-        return NULL;
-    }
-    PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-    PyObject *c = PyObject_GetAttr(w, s_cur);
-    if (c == NULL) return NULL;
-    int64_t n, first, entered, vf, done;
-    PyObject *at = NULL, *st = NULL;
-    if (get_int(c, s_n, &n) || get_int(c, s_first_step, &first) ||
-        get_int(c, s_entered, &entered) || get_int(w, s_valid_from, &vf) ||
-        !(at = PyObject_GetAttr(c, s_addresses)) || !(st = PyObject_GetAttr(w, s_committed)) ||
-        get_int(st, s_count, &done))
-        goto fail;
-    const int64_t *a = array_ptr(at, NPY_INT64, self->F + 1, "addresses");
-    if (a == NULL) goto fail;
-    for (Py_ssize_t f = 0; f < self->F; f++) self->base[f * self->L + j] = a[f];
-    self->pub[j] = a[self->F];
-    self->n[j] = n, self->first[j] = first, self->entered[j] = entered != 0;
-    if (vf > self->valid_from[j]) self->valid_from[j] = vf;
-    self->committed[j] = done;
-    Py_DECREF(at);
-    Py_DECREF(st);
-    PyList_SetItem(self->curs, j, c); /* (steals the reference) */
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(c);
-    Py_XDECREF(at);
-    Py_XDECREF(st);
-    return NULL;
-}
+#include "step_shards.h"
 
 /* addresses(arrays, out): out[i] = the data address of numpy array arrays[i] (a few
    nanoseconds each, where ``arr.ctypes.data`` takes microseconds) */
@@ -714,8 +544,15 @@ PyMODINIT_FUNC PyInit__step(void) {
     s_addresses = PyUnicode_InternFromString("addresses");
     s_valid_from = PyUnicode_InternFromString("valid_from");
     s_committed = PyUnicode_InternFromString("committed");
+    s_spares = PyUnicode_InternFromString("_spares");
+    s_halted = PyUnicode_InternFromString("_halted");
+    s_sleeping = PyUnicode_InternFromString("sleeping");
+    s_done = PyUnicode_InternFromString("done");
+    s_slot = PyUnicode_InternFromString("slot");
+    s_clean = PyUnicode_InternFromString("clean");
     if (!s_pending || !s_n || !s_count || !s_episodes || !s_cur || !s_first_step ||
-        !s_entered || !s_addresses || !s_valid_from || !s_committed)
+        !s_entered || !s_addresses || !s_valid_from || !s_committed || !s_spares ||
+        !s_halted || !s_sleeping || !s_done || !s_slot || !s_clean)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -113,5 +113,7 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     consts = (len(names), names.index("_step_id"), names.index("_episode_step"),
               names.index("_flags"), L, table.shard_rows, lane_capacity,
               *(int(b) for b in flag_bits))
+    hands = tuple(None if w is None else (w._free, w.queued, w._worker.jobs.append,
+                                          w._worker.state) for w in table.writers)
     return native.StepPlan(arrays, tuple(fields), consts,
-                           tuple(table.writers), table.curs)
+                           tuple(table.writers), table.curs, hands)

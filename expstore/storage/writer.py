@@ -277,6 +277,8 @@ class LaneWriter:
         return start, m
 
     def _enter_shard(self) -> None:
+        """The lane's next row opens a shard in the current buffer. (The step kernel does
+        the common case itself: ``enter`` in ``step_shards.h``; change both together.)"""
         L = self.layout
         if self.cur.slot < 0:
             self._promote()
@@ -292,7 +294,9 @@ class LaneWriter:
 
     def _hand_off(self) -> None:
         """The current shard is full: queue its write (behind a failed one: keep it) and
-        make a free buffer current. (Kept to a few operations: this runs inside an add.)"""
+        make a free buffer current. (Kept to a few operations: this runs inside an add.
+        The step kernel does the common case itself: ``hand_off`` in ``step_shards.h``;
+        change both together.)"""
         if self.forks != FORKS[0]:
             self._check_owner()
         sh = self.cur
