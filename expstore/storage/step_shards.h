@@ -19,33 +19,41 @@ static int get_int(PyObject *o, PyObject *name, int64_t *out) {
    the writer's ``valid_from`` and committed count into the index (as
    ``RowIndex.set_valid_from`` does where no listener hears dropped rows: the plan is used
    only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call. */
-static int load_lane(Plan *self, Py_ssize_t j) {
+static int load_lane_of(Plan *self, Py_ssize_t j, PyObject *c, int handed) {
     PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-    PyObject *c = PyObject_GetAttr(w, s_cur);
-    if (c == NULL) return -1;
-    int64_t n, first, entered, vf, done;
+    int64_t n = 0, first, entered = 0, vf = 0, done;
     PyObject *at = NULL, *st = NULL;
-    if (get_int(c, s_n, &n) || get_int(c, s_first_step, &first) ||
-        get_int(c, s_entered, &entered) || get_int(w, s_valid_from, &vf) ||
-        !(at = PyObject_GetAttr(c, s_addresses)) || !(st = PyObject_GetAttr(w, s_committed)) ||
-        get_int(st, s_count, &done))
+    if ((!handed && (get_int(c, s_n, &n) || get_int(c, s_entered, &entered) ||
+                     get_int(w, s_valid_from, &vf))) ||
+        get_int(c, s_first_step, &first) || !(at = PyObject_GetAttr(c, s_addresses)) ||
+        !(st = PyObject_GetAttr(w, s_committed)) || get_int(st, s_count, &done))
         goto fail;
     const int64_t *a = array_ptr(at, NPY_INT64, self->F + 1, "addresses");
     if (a == NULL) goto fail;
     for (Py_ssize_t f = 0; f < self->F; f++) self->base[f * self->L + j] = a[f];
     self->pub[j] = a[self->F];
     self->n[j] = n, self->first[j] = first, self->entered[j] = entered != 0;
-    if (vf > self->valid_from[j]) self->valid_from[j] = vf;
+    if (!handed && vf > self->valid_from[j]) self->valid_from[j] = vf;
     self->committed[j] = done;
     Py_DECREF(at);
     Py_DECREF(st);
+    Py_INCREF(c);
     PyList_SetItem(self->curs, j, c); /* (steals the reference) */
     return 0;
 fail:
-    Py_DECREF(c);
     Py_XDECREF(at);
     Py_XDECREF(st);
     return -1;
+}
+
+/* ``handed``: just after ``hand_off`` made ``c`` current (no rows, not opened; the writer's
+   ``valid_from`` unchanged): those are not read again. */
+static int load_lane(Plan *self, Py_ssize_t j) {
+    PyObject *c = PyObject_GetAttr(PyTuple_GET_ITEM(self->writers, j), s_cur);
+    if (c == NULL) return -1;
+    int r = load_lane_of(self, j, c, 0);
+    Py_DECREF(c);
+    return r;
 }
 
 static PyObject *Plan_load(Plan *self, PyObject *arg) {
@@ -135,7 +143,7 @@ static int hand_off(Plan *self, Py_ssize_t j) {
     int bad = PyObject_SetAttr(cur, s_n, zero) || PyObject_SetAttr(cur, s_entered, Py_False) ||
               PyObject_SetAttr(w, s_cur, cur);
     Py_DECREF(zero);
-    if (bad || load_lane(self, j)) goto done;
+    if (bad || load_lane_of(self, j, cur, 1)) goto done;
     out = 1;
 done:
     Py_XDECREF(spares), Py_XDECREF(halted), Py_XDECREF(sh), Py_XDECREF(job);
