@@ -144,24 +144,33 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def fill(buf, stream_fn, n, flush):
-    """Add the stream; (us per add, us per add with the final flush)."""
-    t_add = 0.0
+def fill(buf, stream_fn, n, flush, pace_s=0.0):
+    """Add the stream; (us per add, p50 us, the first add in ms, us per add with the final
+    flush). The first add is not in the mean (expstore opens its store there: reported as
+    ``first_add_ms``). ``pace_s``: seconds slept between adds (not timed; GIL released),
+    as an env step and a gradient step would take."""
+    times = []
     for args in stream_fn():
+        if pace_s:
+            time.sleep(pace_s)
         t0 = time.perf_counter()
         buf.add(*args)
-        t_add += time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     if flush:
         buf.flush()
-    return t_add / n * 1e6, (t_add + time.perf_counter() - t0) / n * 1e6
+    t_flush = time.perf_counter() - t0
+    rest = times[1:]
+    return (sum(rest) / len(rest) * 1e6, statistics.median(rest) * 1e6, times[0] * 1e3,
+            (sum(rest) + t_flush) / len(rest) * 1e6)
 
 
-def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
+def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work, pace_s=0.0):
     """Per repeat: fill both buffers (order alternating), then time ``sample(B)`` calls
     interleaved one by one (sb3, expstore, sb3, ...) for about a second per batch size, so
     load from elsewhere on the machine hits both alike."""
-    got = {k: {"add": [], "flush": [], **{b: [] for b in batches}} for k in ("sb3", "expstore")}
+    got = {k: {"add": [], "p50": [], "first": [], "flush": [], **{b: [] for b in batches}}
+           for k in ("sb3", "expstore")}
     nbytes = {}
     for rep in range(repeats):
         bufs = {}
@@ -169,8 +178,11 @@ def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
         for kind in order:
             url = work / f"{name}-{kind}-{rep}.zarr"
             bufs[kind] = (make_sb3 if kind == "sb3" else make_es)(n, url)
-            add_us, flush_us = fill(bufs[kind], stream_fn, n, kind == "expstore")
+            add_us, p50_us, first_ms, flush_us = fill(bufs[kind], stream_fn, n,
+                                                      kind == "expstore", pace_s)
             got[kind]["add"].append(add_us)
+            got[kind]["p50"].append(p50_us)
+            got[kind]["first"].append(first_ms)
             got[kind]["flush"].append(flush_us)
         for b in batches:
             total = {"sb3": 0.0, "expstore": 0.0}
@@ -195,6 +207,8 @@ def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
     for kind in ("sb3", "expstore"):
         g = got[kind]
         row = {"case": name, "buffer": kind, "add_us": statistics.median(g["add"]),
+               "add_p50_us": statistics.median(g["p50"]),
+               "first_add_ms": statistics.median(g["first"]),
                "add_flush_us": statistics.median(g["flush"]),
                "bytes_per_transition": round(nbytes[kind])}
         for b in batches:
@@ -202,6 +216,7 @@ def run_case(name, make_sb3, make_es, stream_fn, n, repeats, batches, work):
         rows.append(row)
     base, new = rows
     new["add_ratio"] = ratio(new["add_us"], base["add_us"])
+    new["add_p50_ratio"] = ratio(new["add_p50_us"], base["add_p50_us"])
     new["add_flush_ratio"] = ratio(new["add_flush_us"], base["add_flush_us"])
     for b in batches:
         new[f"sample{b}_ratio"] = ratio(new[f"sample{b}_us"], base[f"sample{b}_us"])
@@ -216,6 +231,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=10_000)
     ap.add_argument("--sac-steps", type=int, default=1_500)
+    ap.add_argument("--pace-us", type=float, default=100.0,
+                    help="microseconds slept between adds in the paced pong-store case (0: "
+                         "no such case)")
+    ap.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
@@ -268,6 +287,17 @@ def main() -> None:
             lambda n, url: ExpstoreReplayBuffer(n, obs_space, act_space, device="cpu",
                                                 url=url, frame_stack=4, seed=0, mirror=False),
             lambda: pong_stream(data, n), n, args.repeats, (32, 256), work)
+        if args.pace_us:  # the same with an env step's time between adds
+            results += run_case(
+                f"pong-store paced {args.pace_us:g} us",
+                lambda n, url: ReplayBuffer(n + 1, obs_space, act_space, device="cpu",
+                                            optimize_memory_usage=True,
+                                            handle_timeout_termination=False),
+                lambda n, url: ExpstoreReplayBuffer(n, obs_space, act_space, device="cpu",
+                                                    url=url, frame_stack=4, seed=0,
+                                                    mirror=False),
+                lambda: pong_stream(data, n), n, args.repeats, (32,), work,
+                pace_s=args.pace_us / 1e6)
         source = f"CartPole-v1 random policy ({args.cartpole} steps); {data['source']} " \
                  f"Pong frames ({n} transitions)"
     else:
@@ -276,14 +306,17 @@ def main() -> None:
         print(r)
     train = train_pairs(args.train_steps, args.sac_steps, args.repeats) if args.train_steps \
         else []
-    body = markdown_table(results, ["case", "buffer", "add_us", "add_ratio", "add_flush_us",
+    body = markdown_table(results, ["case", "buffer", "add_us", "add_ratio", "add_p50_us",
+                                    "add_p50_ratio", "first_add_ms", "add_flush_us",
                                     "add_flush_ratio", "sample64_us",
                                     "sample32_us", "sample256_us", "sample64_ratio",
                                     "sample32_ratio", "sample256_ratio",
                                     "bytes_per_transition", "bytes_ratio"])
     body += ("\n\nMedians of repeats (fresh buffers each; sample calls interleaved one by "
              "one between the two buffers); ratios are expstore / sb3 from this run. "
-             "add_us: one `add` call (1 env); sampleB_us: one `sample(B)` call "
+             "add_us: one `add` call (1 env), mean over the adds after the first; "
+             "add_p50_us: their median; first_add_ms: the first add (expstore opens its "
+             "store there); sampleB_us: one `sample(B)` call "
              "(torch tensors, CPU). bytes: sb3 = its numpy arrays; expstore = files of the "
              "store after flush (fsync off, the buffer default). CartPole: SB3 defaults. "
              "Pong: SB3 `optimize_memory_usage=True, handle_timeout_termination=False` vs "
@@ -291,7 +324,10 @@ def main() -> None:
              "at 10,000 steps the RAM mirror, 0.56 GB, is under its 1 GiB default and "
              "serves the samples); pong-store: the same with `mirror=False`, every add "
              "written to the store and batches read from it (drawn ahead on a thread, "
-             "`prefetch=True`), as buffers over 1 GiB do; CartPole: RAM mirror (default). "
+             "`prefetch=True`), as buffers over 1 GiB do; pong-store paced: the same with "
+             f"{args.pace_us:g} us slept between adds (not timed; the GIL released, as an "
+             "env step and a gradient step release it), so the store's writer threads keep "
+             "up; CartPole: RAM mirror (default). "
              "cartpole-per: PrioritizedExpstoreReplayBuffer against SB3's uniform buffer. "
              "torch threads 1.")
     if train:
@@ -302,6 +338,9 @@ def main() -> None:
                  "alternating, same seed); cpu_sps_ratio: the same with process CPU time "
                  "(all threads) instead of wall time, robust to other load on the machine. "
                  "expstore buffer with its defaults (RAM mirror, temporary store).")
+    print(body)
+    if args.no_write:
+        return
     write_section("SB3 buffer", body, source=source,
                   extra={"load average (1 min) start/end":
                          f"{load0:.1f} / {os.getloadavg()[0]:.1f}"})

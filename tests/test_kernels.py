@@ -156,3 +156,28 @@ def test_copy_rows_gathers_and_scatters_with_bounds_checks() -> None:
     with pytest.raises(IndexError):
         K.copy_rows(src, np.array([0], np.int64), out, np.array([4], np.int64), 48)
     assert not dst[1:5].any()
+
+
+def test_same_bytes_and_copy_into_with_and_without_the_step_kernel(monkeypatch) -> None:
+    """``kernels.same_bytes`` / ``copy_into`` (one memcmp / memcpy holding the GIL in the step
+    kernel) agree with numpy, for contiguous arrays and, through numpy, for others."""
+    from expstore.storage import kernels
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 255, (4, 84, 84), np.uint8)
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(kernels, "_same_bytes", None)
+            monkeypatch.setattr(kernels, "_copy_bytes", None)
+        b = a.copy()
+        assert kernels.same_bytes(a[1:], b[1:]) and kernels.same_bytes(a, b)
+        b[3, 83, 83] ^= 1
+        assert not kernels.same_bytes(a, b) and kernels.same_bytes(a[:3], b[:3])
+        assert not kernels.same_bytes(a[1:], a[:-1])
+        assert kernels.same_bytes(a[:, ::2], a.copy()[:, ::2])  # not contiguous: numpy
+        dst = np.zeros_like(a)
+        kernels.copy_into(dst[1:], a[:-1])
+        assert np.array_equal(dst[1:], a[:-1]) and not dst[0].any()
+        half = np.zeros((4, 84, 42), np.uint8)
+        kernels.copy_into(half, a[:, :, ::2])  # a strided source: numpy
+        assert np.array_equal(half, a[:, :, ::2])

@@ -127,6 +127,32 @@ def test_pickle_and_copy_keep_the_frames(tmp_path):
     buf.close()
 
 
+def test_a_ring_pickled_with_its_last_stacks_as_bytes_continues_its_streams(tmp_path):
+    """Buffers pickled before the ring kept the newest ``next_obs`` stacks as an array
+    (then: a list of ``bytes`` per env) load and continue their streams."""
+    buf = make(25, 2)
+    added = []
+    stream = stacked_stream(2, 41, seed=5, pad="zero")
+    for step in stream:
+        buf.add(*step)
+        added.append(step)
+        if len(added) == 40:
+            break
+    ring = buf._mirror.rings["obs"]
+    state = ring.__getstate__()
+    state["_last_next"] = [ring._last_next[e].tobytes() for e in range(2)]
+    old = type(ring).__new__(type(ring))
+    old.__setstate__(state)
+    buf._mirror.rings["obs"] = buf._ring = old
+    step = next(stream)  # continues the streams (or starts new ones where one ended)
+    buf.add(*step)
+    # an env whose episode went on is seen to continue its stream (compared with the stack
+    # loaded from bytes), one whose episode ended starts a new one
+    assert [old._run[e] > 0 for e in range(2)] == [not d for d in added[-1][4]]
+    check_all_slots(buf, [*added, step])
+    buf.close()
+
+
 def test_a_stack_that_does_not_shift_is_refused_and_nothing_changes(tmp_path):
     buf = make(10, 1, url=tmp_path / "b.zarr")
     added = []

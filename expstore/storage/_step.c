@@ -491,8 +491,52 @@ static PyObject *addresses(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* same_bytes(a, b): whether two C-contiguous buffers hold the same bytes (one memcmp, where
+   ``a.tobytes() == b.tobytes()`` copies both) */
+static PyObject *same_bytes(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    Py_buffer x, y;
+    if (PyObject_GetBuffer(a, &x, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(b, &y, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    int same = x.len == y.len && memcmp(x.buf, y.buf, (size_t)x.len) == 0;
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    return PyBool_FromLong(same);
+}
+
+/* copy_bytes(dst, src): memcpy of one C-contiguous buffer into another of the same size,
+   holding the GIL (numpy releases it for copies this size, and a background thread that
+   takes it then keeps the adding thread waiting for up to the switch interval) */
+static PyObject *copy_bytes(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    Py_buffer dst, src;
+    if (PyObject_GetBuffer(a, &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(b, &src, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    int ok = dst.len == src.len;
+    if (ok) memmove(dst.buf, src.buf, (size_t)src.len);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "copy_bytes: buffers of different sizes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"addresses", addresses, METH_VARARGS, "addresses(arrays, out): data addresses"},
+    {"same_bytes", same_bytes, METH_VARARGS,
+     "same_bytes(a, b): whether two C-contiguous buffers hold the same bytes"},
+    {"copy_bytes", copy_bytes, METH_VARARGS,
+     "copy_bytes(dst, src): copy a C-contiguous buffer into one of the same size (GIL held)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,30 @@ try:
     from . import _kernels as native
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     native = None
+try:
+    from ._step import copy_bytes as _copy_bytes
+    from ._step import same_bytes as _same_bytes
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _same_bytes = _copy_bytes = None
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether C-contiguous arrays ``a`` and ``b`` hold the same bytes (one ``memcmp``
+    where the step kernel is built; else through copies)."""
+    if _same_bytes is not None and a.flags.c_contiguous and b.flags.c_contiguous:
+        return _same_bytes(a, b)
+    return a.nbytes == b.nbytes and a.tobytes() == b.tobytes()
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for arrays of one dtype and shape, with one ``memcpy`` that keeps
+    the GIL where the step kernel is built: numpy lets it go for copies of this size, and a
+    background thread (a shard writer) that takes it then holds up the adding thread."""
+    if (_copy_bytes is not None and dst.dtype == src.dtype and dst.shape == src.shape
+            and dst.flags.c_contiguous and src.flags.c_contiguous):
+        _copy_bytes(dst, src)
+    else:
+        dst[...] = src
 
 
 def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray,

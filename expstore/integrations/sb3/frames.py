@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ValidationError
+from ...storage.kernels import copy_into, same_bytes
 
 
 class FrameRing:
@@ -39,9 +40,9 @@ class FrameRing:
         self.older: dict[tuple[int, int], np.ndarray] = {}
         self._want = (self.n_envs, self.stack, *self.shape)
         self._frame_bytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        #: the newest step's ``next_obs`` stacks (bytes, per env), its add count, and how
-        #: many steps before it are in its stack (per env)
-        self._last_next: list[bytes | None] = [None] * self.n_envs
+        #: the newest step's ``next_obs`` stacks (per env), its add count, and how many
+        #: steps before it are in its stack (per env)
+        self._last_next = np.zeros(self._want, self.dtype)
         self._last_add = -2
         self._run = [0] * self.n_envs
 
@@ -57,6 +58,11 @@ class FrameRing:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        if isinstance(self._last_next, list):  # (pickled by 0.1.0: stacks as bytes)
+            self._last_next = np.stack([
+                np.zeros(self._want[1:], self.dtype) if b is None
+                else np.frombuffer(b, self.dtype).reshape(self._want[1:])
+                for b in self._last_next])
         self._views()
 
     @property
@@ -89,27 +95,26 @@ class FrameRing:
         if type(next_obs) is not np.ndarray or next_obs.shape != self._want \
                 or next_obs.dtype != self.dtype:
             next_obs = self._stacks(next_obs, "next_" + self.name)
-        k, fb, run, last_next = self.stack, self._frame_bytes, self._run, self._last_next
+        k, run, last_next = self.stack, self._run, self._last_next
         follows = adds == self._last_add + 1
-        news = []
         for e in range(self.n_envs):
-            ob, nb = obs[e].tobytes(), next_obs[e].tobytes()
-            if ob[fb:] != nb[:-fb]:
+            ob, nb = obs[e], next_obs[e]
+            if not same_bytes(ob[1:], nb[:-1]):
                 raise ValidationError(
                     f"{self.name}: frame_stack={k} expects next_obs[:, :-1] == obs[:, 1:] (a "
                     "channel-first stack, newest frame last); got stacks that do not shift by "
                     "one frame")
-            news.append(nb)
-            if follows and ob == last_next[e]:
+            if follows and same_bytes(ob, last_next[e]):
                 run[e] = min(run[e] + 1, k - 1)
             else:
                 run[e] = 0
                 self._start(adds, e, obs[e, :-1])
-        self._last_next, self._last_add = news, adds
+        copy_into(last_next, next_obs)
+        self._last_add = adds
         pos = adds % self.size
         self.back[pos] = run
-        self.frames[adds % self.span] = obs[:, -1]
-        self.next_frames[pos] = next_obs[:, -1]
+        copy_into(self.frames[adds % self.span], obs[:, -1])
+        copy_into(self.next_frames[pos], next_obs[:, -1])
 
     def _start(self, adds: int, env: int, older: np.ndarray) -> None:
         key = (adds, env)
