@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--learning-starts", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter with gymnasium 0.29.x, torch, stable-baselines3")
     args = ap.parse_args()
@@ -174,6 +175,9 @@ def main() -> None:
              "machine). identical_curves: runs whose "
              "episodic returns (step and value of every episode) equal the sb3 run with the "
              "same seed (the buffer draws its batches with np.random like SB3's).")
+    print(body)
+    if args.no_write:
+        return
     write_section(f"CleanRL {args.script}.py: SB3 buffer vs expstore", body,
                   source=f"{CLEANRL} wheel from PyPI; gymnasium {version}",
                   extra={"load average (1 min) start/end":

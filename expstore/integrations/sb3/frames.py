@@ -102,8 +102,11 @@ class FrameRing:
             if not same_bytes(ob[1:], nb[:-1]):
                 raise ValidationError(
                     f"{self.name}: frame_stack={k} expects next_obs[:, :-1] == obs[:, 1:] (a "
-                    "channel-first stack, newest frame last); got stacks that do not shift by "
-                    "one frame")
+                    f"channel-first stack, newest frame last); env {e} gave stacks that do not "
+                    "shift by one frame. A loop that passes the reset observation as the "
+                    "next_obs of a terminated step (CleanRL replaces only truncated ones with "
+                    "final_observation; SB3 replaces both) cannot use frame_stack: leave it "
+                    "unset")
             if follows and same_bytes(ob, last_next[e]):
                 run[e] = min(run[e] + 1, k - 1)
             else:
