@@ -320,8 +320,8 @@ def main() -> None:
              "TorchRL: `ReplayBuffer(LazyMemmapStorage).add` of a prebuilt TensorDict. "
              "steps_per_s: env steps stored per second by expstore.")
     print(body)
+    save_json("add", {"rows": rows, "runs": runs, "steps": a.steps})
     if not a.no_write:
-        save_json("add", {"rows": rows, "runs": runs, "steps": a.steps})
         write_section("Online write path", body, command=command_line(),
                       source=f"ALE Pong frames and CartPole-v1 steps, {a.steps} each")
 

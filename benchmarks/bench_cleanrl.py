@@ -176,13 +176,13 @@ def main() -> None:
              "episodic returns (step and value of every episode) equal the sb3 run with the "
              "same seed (the buffer draws its batches with np.random like SB3's).")
     print(body)
+    save_json(f"cleanrl_{args.script}", rows)
     if args.no_write:
         return
     write_section(f"CleanRL {args.script}.py: SB3 buffer vs expstore", body,
                   source=f"{CLEANRL} wheel from PyPI; gymnasium {version}",
                   extra={"load average (1 min) start/end":
                          f"{load0:.1f} / {os.getloadavg()[0]:.1f}"})
-    save_json(f"cleanrl_{args.script}", rows)
 
 
 if __name__ == "__main__":

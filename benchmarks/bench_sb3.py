@@ -339,12 +339,12 @@ def main() -> None:
                  "(all threads) instead of wall time, robust to other load on the machine. "
                  "expstore buffer with its defaults (RAM mirror, temporary store).")
     print(body)
+    save_json("sb3", {"buffers": results, "training": train})
     if args.no_write:
         return
     write_section("SB3 buffer", body, source=source,
                   extra={"load average (1 min) start/end":
                          f"{load0:.1f} / {os.getloadavg()[0]:.1f}"})
-    save_json("sb3", {"buffers": results, "training": train})
 
 
 if __name__ == "__main__":
