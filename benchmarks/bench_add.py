@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import tempfile
@@ -243,6 +244,7 @@ def main() -> None:
                    help="microseconds slept between adds in the paced case")
     p.add_argument("--no-write", action="store_true", help="don't update RESULTS.md")
     a = p.parse_args()
+    load0 = os.getloadavg()[0]
     cases: dict[str, list[tuple]] = {"atari": atari_steps(a.steps),
                                      "cartpole": cartpole_steps(a.steps)}
     runs: dict[str, dict[str, list[dict]]] = {}
@@ -323,7 +325,9 @@ def main() -> None:
     save_json("add", {"rows": rows, "runs": runs, "steps": a.steps})
     if not a.no_write:
         write_section("Online write path", body, command=command_line(),
-                      source=f"ALE Pong frames and CartPole-v1 steps, {a.steps} each")
+                      source=f"ALE Pong frames and CartPole-v1 steps, {a.steps} each",
+                      extra={"load average (1 min) start/end":
+                             f"{load0:.2f} / {os.getloadavg()[0]:.2f}"})
 
 
 if __name__ == "__main__":

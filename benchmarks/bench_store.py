@@ -16,6 +16,7 @@ their ratios (section "In-process sample", results/store_sample.json).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,7 @@ def sample_only(a: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    load0 = os.getloadavg()[0]
     data = load_atari_frames(a.n, game=a.game)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=".") as tmp:
@@ -171,7 +173,9 @@ def sample_only(a: argparse.Namespace) -> None:
                                "source": data["source"]})
     if not a.no_write:
         write_section("In-process sample", body, command=command_line(),
-                      source=f"{data['source']} {a.game}, {a.n} frames")
+                      source=f"{data['source']} {a.game}, {a.n} frames",
+                      extra={"load average (1 min) start/end":
+                             f"{load0:.2f} / {os.getloadavg()[0]:.2f}"})
 
 
 def main() -> None:
