@@ -294,16 +294,19 @@ def count_calls(monkeypatch, cls, name: str) -> list:
 def test_shards_are_handed_over_and_opened_inside_the_kernel(tmp_path, monkeypatch, lanes):
     """The adds that complete a shard or open the next run no Python code of the writer:
     the kernel hands the full shard to the background thread and opens the next buffer
-    itself (``hand_off`` / ``enter`` in ``_step.c``), and the shards are written."""
+    itself (``hand_off`` / ``enter`` in ``step_shards.h``), and the shards are written."""
     from expstore.storage.writer import LaneWriter
 
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64 * lanes,
                       lanes=lanes, shard_rows=16, fsync=False)
     steps = cartpole_steps(16 * 6, seed=3, breaks=False, missing=False)
-    obs = np.stack([np.asarray(steps[0][0])] * lanes)
-    store.add(obs, np.zeros(lanes, np.int64), np.zeros(lanes, np.float32), obs,
-              np.zeros(lanes, bool), np.zeros(lanes, bool)) if lanes > 1 else \
-        store.add(steps[0][0], 0, 0.0, steps[0][0], False, False)  # (the first opens)
+    first = steps[0][0]  # a first add (it builds the plan), continued by the steps
+    if lanes == 1:
+        store.add(first, 0, 0.0, first, False, False)
+    else:
+        obs = np.stack([first] * lanes)
+        store.add(obs, np.zeros(lanes, np.int64), np.zeros(lanes, np.float32), obs,
+                  np.zeros(lanes, bool), np.zeros(lanes, bool))
     handed = count_calls(monkeypatch, LaneWriter, "_hand_off")
     entered = count_calls(monkeypatch, LaneWriter, "_enter_shard")
     taken = spy(store)

@@ -84,8 +84,9 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
 
     ``held_obs``: the held ``next_obs`` rows, ``(lanes, *obs shape)`` of the obs dtype;
     ``episode_step`` / ``flags`` / ``count`` / ``valid_from`` / ``committed``: the index's
-    arrays; ``flag_bits``: FIRST, LAST,
-    TERMINATED, TRUNCATED.
+    arrays; ``flag_bits``: FIRST, LAST, TERMINATED, TRUNCATED. The plan also keeps, per
+    lane, what handing a full shard over touches (the writer's free and queued buffers,
+    its thread's job queue and state), for ``hand_off`` in ``step_shards.h``.
     """
     if native is None:
         return None

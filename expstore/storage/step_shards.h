@@ -18,7 +18,9 @@ static int get_int(PyObject *o, PyObject *name, int64_t *out) {
    first step, whether it was opened, its buffers' addresses) into the plan's table, and
    the writer's ``valid_from`` and committed count into the index (as
    ``RowIndex.set_valid_from`` does where no listener hears dropped rows: the plan is used
-   only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call. */
+   only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call.
+   ``load_lane_of(c, handed)``: from buffer ``c``; ``handed``: just after ``hand_off`` made
+   it current (no rows, not opened, the writer's ``valid_from`` unchanged: not read again). */
 static int load_lane_of(Plan *self, Py_ssize_t j, PyObject *c, int handed) {
     PyObject *w = PyTuple_GET_ITEM(self->writers, j);
     int64_t n = 0, first, entered = 0, vf = 0, done;
@@ -46,8 +48,6 @@ fail:
     return -1;
 }
 
-/* ``handed``: just after ``hand_off`` made ``c`` current (no rows, not opened; the writer's
-   ``valid_from`` unchanged): those are not read again. */
 static int load_lane(Plan *self, Py_ssize_t j) {
     PyObject *c = PyObject_GetAttr(PyTuple_GET_ITEM(self->writers, j), s_cur);
     if (c == NULL) return -1;
