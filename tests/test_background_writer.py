@@ -496,3 +496,48 @@ def test_shard_buffers_per_lane_follow_the_staging_budget():
     assert pool_size(14 << 20, 1) == 4  # 2048 Atari frames: 4 x 14 MiB within 64 MiB
     assert pool_size(2 << 20, 64) == 3  # many lanes: at least 3 each
     assert pool_size(POOL_BYTES + 1, 1) == 2  # one shard beyond the budget: 2
+
+
+def test_an_idle_writer_thread_looks_for_work_less_and_less_often():
+    """After a write the thread looks again in ``POLL`` seconds, then twice as long after
+    each look that finds nothing, up to ``MAX_POLL`` (each look takes the GIL from the
+    training loop); a hurry or a new write brings it back to ``POLL``."""
+    from collections import deque
+
+    from expstore.storage.background import _run, _stop
+
+    class Wake(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.timeouts: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.timeouts.append(timeout)
+            return super().wait(timeout)
+
+    class Writer:
+        written = 0
+
+        def _background_write(self, shard: object) -> None:
+            Writer.written += 1
+
+    poll, most = 0.002, 0.016
+    jobs: deque = deque([(Writer(), "shard")])
+    wake = Wake()
+    thread = threading.Thread(target=_run, args=(jobs, wake, {"sleeping": False},
+                                                 {"news": False}, (poll, most), 60.0))
+    thread.start()
+    try:
+        time.sleep(0.2)  # ~0.03 s of backing off, then looks every 0.016 s
+        looks = list(wake.timeouts)
+        assert Writer.written == 1
+        assert looks[:4] == [poll, 2 * poll, 4 * poll, most]
+        assert set(looks[4:]) == {most} and 8 <= len(looks) <= 20  # (at 2 ms: ~100)
+        wake.set()  # a hurry: the next look comes soon again
+        time.sleep(0.05)
+        after = wake.timeouts[len(looks):]
+        assert after[:2] == [most, poll] or after[:1] == [poll]
+    finally:
+        _stop(jobs, wake)
+        thread.join(5)
+    assert not thread.is_alive()
