@@ -50,8 +50,9 @@ def test_batches_are_read_without_holding_any_shard_index(tmp_path, name) -> Non
     """Frames and (beyond the decoded-values budget) scalars come from the kernel: the
     reader opens no shard version of its own (no chunk index parsed or kept)."""
     store, rows, steps = _filled(tmp_path)
+    # (a budget of its own: the default one shrinks with the readers other tests left)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
-                         values_budget=0)
+                         values_budget=0, max_fds=1024)
     general = _general(store)
     f = store.layout.fields[name]
     rng = np.random.default_rng(0)
@@ -264,7 +265,8 @@ def test_index_entries_read_once_per_open_shard(tmp_path) -> None:
     """A chunk's index entry is read once while its shard stays open (two reads per frame
     the first time, one after), and never used through another descriptor."""
     store, rows, steps = _filled(tmp_path)
-    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         max_fds=1024)
     out = np.zeros((len(rows), *FRAME), np.uint8)
     assert reader.read("obs", rows, steps, out).all()
     fds = reader.tables["obs"].fds
@@ -321,3 +323,22 @@ def test_a_process_out_of_descriptors_closes_the_oldest(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     opened, held = (int(x) for x in out.stdout.split()[1::2])
     assert opened >= len(np.unique(rows // 16)) and held < opened  # older ones closed
+
+
+def test_closing_a_store_gives_its_descriptor_share_back(tmp_path) -> None:
+    """A reader's share of the process's descriptor budget comes back when its store is
+    closed, not only when the reader is collected: a process that opened and closed many
+    stores (a notebook, a test suite) still gives a new reader its full share."""
+    from expstore.storage import reader as reader_mod
+
+    store, rows, steps = _filled(tmp_path)
+    before = reader_mod._fds_taken[0]
+    other = es.open(store.url)
+    out = np.zeros((32, *FRAME), np.uint8)
+    assert other.source.read("obs", rows[:32], steps[:32], out).all()
+    taken = reader_mod._fds_taken[0] - before
+    assert taken > 0  # its reader took a share
+    keep = other  # (still referenced: only close() can give the share back)
+    keep.close()
+    assert reader_mod._fds_taken[0] == before
+    store.close()

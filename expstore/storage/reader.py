@@ -130,13 +130,15 @@ class ShardReader:
         self.kernel_ok = {n: native is not None and self._kernel_codec(n)
                           for n in layout.fields}
         root = getattr(backend, "root", None)
+        self._fd_share: weakref.finalize | None = None
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
             multi = {n: _row_bytes(f) for n, f in layout.spec.fields.items()  # what batches read
                      if layout.chunk_rows(n) > 1}
             fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
             _fds_taken[0] += fds
-            weakref.finalize(self, _give_back_fds, fds)
+            # given back when the reader is closed, or collected if never closed
+            self._fd_share = weakref.finalize(self, _give_back_fds, fds)
             per_field = max(2, (fds - 16 * (len(layout.fields) - len(layout.spec.fields)))
                             // max(1, len(layout.spec.fields)))
             for n, f in layout.fields.items():
@@ -198,6 +200,10 @@ class ShardReader:
         return entry
 
     def close(self) -> None:
+        """Close every shard held and give back this reader's share of the process's
+        descriptor budget (readers made later get it)."""
+        if self._fd_share is not None:
+            self._fd_share()  # (runs once)
         for h, _ in self.heads.values():
             self.backend.close_object(h)
         self.heads.clear()
