@@ -1,8 +1,9 @@
 """Build hook for the optional C kernels; all other metadata lives in pyproject.toml.
 
 ``expstore.storage._kernels`` decodes whole batches of chunks without Python per row;
-``expstore.storage._step`` stages one env step (every lane of a vector env) with one call.
-Both are optional: without a C compiler (or numpy's headers, for ``_step``) the install
+``expstore.storage._step`` stages one env step (every lane of a vector env) with one call;
+``expstore.index._rows`` answers a sampler's questions of the row index for a whole batch.
+All are optional: without a C compiler (or numpy's headers, for ``_step``) the install
 still succeeds and the same work is done in Python (slower, same results).
 """
 
@@ -12,9 +13,16 @@ ext_modules = [
     Extension(
         "expstore.storage._kernels",
         ["expstore/storage/_kernels.c"],
+        depends=["expstore/storage/batch_lookup.h"],
         extra_compile_args=["-O3", "-std=c99"],
         optional=True,
-    )
+    ),
+    Extension(
+        "expstore.index._rows",
+        ["expstore/index/_rows.c"],
+        extra_compile_args=["-O3", "-std=c99"],
+        optional=True,
+    ),
 ]
 try:
     import numpy

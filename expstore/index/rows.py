@@ -23,6 +23,13 @@ import numpy as np
 
 from ..rows import FLAG_BAD, FLAG_FIRST, FLAG_LAST, NO_ANCHOR
 
+try:  # the batch questions in one C loop each (``_rows.c``); else the numpy code below
+    from . import _rows as native
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    native = None
+
+_BITS = (int(NO_ANCHOR), int(FLAG_FIRST), int(FLAG_LAST))  # what ``_rows.c`` tests
+
 Listener = Callable[[str, np.ndarray], None]  # ("added" | "dropped", global rows)
 
 
@@ -191,9 +198,15 @@ class RowIndex:
         episode's final row) are intact, in its lane and episode, and outside the guard.
         """
         rows = np.asarray(rows, np.int64)
+        lower, upper = self.lower_bound(guard), self.upper_bound(committed_only)
+        if native is not None and rows.size:
+            ok = np.empty(rows.shape, bool)
+            if native.valid(np.ascontiguousarray(rows).ravel(), self.count, lower, upper,
+                            self.flags, self.episode_step, self.lane_capacity, int(history),
+                            int(horizon), _BITS, ok.ravel()) is not None:
+                return ok
         steps = self.steps(rows)
-        lo = self.lower_bound(guard)
-        lo = lo[0] if self.lanes == 1 else lo[rows // self.lane_capacity]
+        lo = lower[0] if self.lanes == 1 else lower[rows // self.lane_capacity]
         ok = (self.flags[rows] & NO_ANCHOR) == 0
         ok &= steps >= 0
         if history:
@@ -202,6 +215,72 @@ class RowIndex:
             ok &= steps >= lo
         ok &= self.horizon(rows, horizon, committed_only, steps)[1] > 0
         return ok
+
+    def rows_at(self, draws: np.ndarray, guard: int = 0,
+                committed_only: bool = False) -> np.ndarray:
+        """The rows that uniform draws name: draw ``k`` (``0 <= k < present().sum()``) is
+        the ``k``-th intact row outside the guard band, counting lane by lane."""
+        present = self.present(guard, committed_only)
+        bounds = np.cumsum(present)
+        lane = np.searchsorted(bounds, draws, side="right")
+        offset = draws - (bounds[lane] - present[lane])
+        steps = self.lower_bound(guard)[lane] + offset
+        return lane * self.lane_capacity + steps % self.lane_capacity
+
+    def draw_valid(self, draws: np.ndarray, out: np.ndarray, filled: int, history: int = 0,
+                   horizon: int = 1, guard: int = 0, committed_only: bool = False) -> int:
+        """:meth:`rows_at` of uniform ``draws``, the :meth:`valid` ones appended to ``out``
+        (int64) from position ``filled`` until it is full, in draw order; the new fill."""
+        draws = np.ascontiguousarray(draws, np.int64)
+        if native is not None and out.dtype == np.int64 and out.flags.c_contiguous:
+            return native.uniform(draws, self.count, self.lower_bound(guard),
+                                  self.upper_bound(committed_only), self.flags,
+                                  self.episode_step, self.lane_capacity, int(history),
+                                  int(horizon), _BITS, out, int(filled))
+        rows = self.rows_at(draws, guard, committed_only)
+        got = rows[self.valid(rows, history, horizon, guard, committed_only)]
+        got = got[:len(out) - filled]
+        out[filled:filled + len(got)] = got
+        return filled + len(got)
+
+    def stack(self, rows: np.ndarray, steps: np.ndarray,
+              k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Frame stacks of ``k`` rows ending at ``rows`` (at lane ``steps``), clamped at each
+        row's episode start: ``(rows, pad, steps)``, each ``(n, k)``; ``pad`` marks the
+        positions before the episode start (they repeat its first row)."""
+        rows = np.asarray(rows, np.int64)
+        if k == 1:  # no frame stack: the rows themselves
+            return (rows[:, None], np.zeros((len(rows), 1), bool),
+                    np.asarray(steps, np.int64)[:, None])
+        back = np.arange(k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
+        pos = self.episode_step[rows].astype(np.int64)
+        pad = back[None, :] > pos[:, None]
+        shift = np.minimum(back[None, :], pos[:, None])
+        L = self.lane_capacity
+        lane, slot = np.divmod(rows, L)
+        out = lane[:, None] * L + (slot[:, None] - shift) % L
+        return out, pad, np.asarray(steps, np.int64)[:, None] - shift
+
+    def windows(self, rows: np.ndarray, k: int, n_step: int = 1,
+                committed_only: bool = False) -> tuple[np.ndarray, ...]:
+        """What a read plan needs of anchor ``rows``: ``(steps, m, obs_rows, obs_pad,
+        obs_steps, next_rows, next_pad, next_steps)``: their steps, the :meth:`horizon`
+        ``m`` (up to ``n_step``) and the :meth:`stack` of ``k`` rows ending at each anchor
+        and at ``m`` steps after it."""
+        rows = np.ascontiguousarray(rows, np.int64)
+        n = len(rows)
+        if native is not None and rows.ndim == 1:
+            out = (np.empty(n, np.int64), np.empty(n, np.int64),
+                   np.empty((n, k), np.int64), np.empty((n, k), bool),
+                   np.empty((n, k), np.int64), np.empty((n, k), np.int64),
+                   np.empty((n, k), bool), np.empty((n, k), np.int64))
+            if native.windows(rows, self.count, self.upper_bound(committed_only), self.flags,
+                              self.episode_step, self.lane_capacity, int(k), int(n_step),
+                              _BITS, *out) is not None:
+                return out
+        steps = self.steps(rows)
+        ends, m = self.horizon(rows, n_step, committed_only, steps)
+        return (steps, m, *self.stack(rows, steps, k), *self.stack(ends, steps + m, k))
 
     def horizon(self, rows: np.ndarray, n: int, committed_only: bool = False,
                 steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import StaleBatchError
-from ..storage.kernels import copy_rows
+from ..storage.kernels import copy_rows, unique_first
 from ..storage.layout import Layout
 
 
@@ -80,14 +80,14 @@ def read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
         good = source.read(name, flat_r, flat_s, vals)
         return vals.reshape(*rows.shape, *f.shape), good.reshape(rows.shape)
     key = flat_s * layout.lanes + flat_r // layout.lane_capacity  # (lane, step) <-> (row, step)
-    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    first, inv = unique_first(key)
     held = getattr(source, "read_held", None) if lazy else None
     got = held(name, flat_r[first], flat_s[first]) if held is not None else None
     if got is not None:  # frames left where the reader's cache holds them
         buf, pos, good = got
         good, inv = good[inv], pos[inv]
     else:
-        buf = np.empty((len(uniq), *f.shape), f.dtype)
+        buf = np.empty((len(first), *f.shape), f.dtype)
         good = source.read(name, flat_r[first], flat_s[first], buf)[inv]
     good = good.reshape(rows.shape)
     inv = inv.reshape(rows.shape)

@@ -62,6 +62,13 @@ class Sampler:
         """``n`` candidate rows and their weights (``None`` = all 1)."""
         raise NotImplementedError
 
+    def draw_valid(self, n: int, need: int, view: ReaderView
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Of ``n`` drawn rows, the first ``need`` that pass :meth:`valid` (and weights)."""
+        rows, w = self.draw(n, view)
+        ok = self.valid(rows, view)
+        return rows[ok][:need], None if w is None else w[ok][:need]
+
     # -- shared ----------------------------------------------------------------------------
     def valid(self, rows: np.ndarray, view: ReaderView = IN_PROCESS) -> np.ndarray:
         """Which ``rows`` can start this sampler's need, as a reader with ``view`` sees them."""
@@ -85,12 +92,11 @@ class Sampler:
         w_out: list[np.ndarray] = []
         need = n
         for _ in range(64):
-            rows, w = self.draw(max(need * 2, 16), view)
-            ok = self.valid(rows, view)
-            rows_out.append(rows[ok][:need])
+            rows, w = self.draw_valid(max(need * 2, 16), need, view)
+            rows_out.append(rows)
             if w is not None:
-                w_out.append(w[ok][:need])
-            need -= len(rows_out[-1])
+                w_out.append(w)
+            need -= len(rows)
             if need <= 0:
                 break
         if need > 0:
@@ -98,8 +104,8 @@ class Sampler:
                 f"only {n - need} of {n} sampled rows can start a "
                 f"transition (history={self.history}, n_step={self.n_step}, "
                 f"guard={self.guard_for(view)}); store holds {len(self.store)} rows")
-        rows = np.concatenate(rows_out)
-        weights = np.concatenate(w_out) if w_out else None
+        rows = rows_out[0] if len(rows_out) == 1 else np.concatenate(rows_out)
+        weights = None if not w_out else w_out[0] if len(w_out) == 1 else np.concatenate(w_out)
         return self.with_newest(rows, weights, batch_size + spare, view)
 
     def with_newest(self, rows: np.ndarray, weights: np.ndarray | None, per: int,

@@ -19,12 +19,7 @@ def uniform_rows(sampler: Sampler, n: int, view: ReaderView) -> np.ndarray:
     if total == 0:
         raise NotEnoughData(f"the store holds no sampleable rows yet "
                             f"(rows={len(sampler.store)}, guard={guard})")
-    k = sampler.rng.integers(0, total, size=n)
-    bounds = np.cumsum(present)
-    lane = np.searchsorted(bounds, k, side="right")
-    offset = k - (bounds[lane] - present[lane])
-    steps = idx.lower_bound(guard)[lane] + offset
-    return lane * idx.lane_capacity + steps % idx.lane_capacity
+    return idx.rows_at(sampler.rng.integers(0, total, size=n), guard, view.committed_only)
 
 
 class UniformSampler(Sampler):
@@ -32,3 +27,18 @@ class UniformSampler(Sampler):
 
     def draw(self, n: int, view: ReaderView) -> tuple[np.ndarray, None]:
         return uniform_rows(self, n, view), None
+
+    def draw_valid(self, n: int, need: int, view: ReaderView) -> tuple[np.ndarray, None]:
+        """``draw(n)`` and ``valid`` in one pass over the index (``RowIndex.draw_valid``):
+        the same rows, from the same random numbers."""
+        if type(self).valid is not Sampler.valid or type(self).draw is not UniformSampler.draw:
+            return super().draw_valid(n, need, view)  # (a subclass's own rule)
+        idx = self.index
+        guard = self.guard_for(view)
+        total = int(idx.present(guard, view.committed_only).sum())
+        if total == 0:
+            return uniform_rows(self, n, view), None  # (raises NotEnoughData)
+        out = np.empty(need, np.int64)
+        got = idx.draw_valid(self.rng.integers(0, total, size=n), out, 0, self.history,
+                             self.n_step, guard, view.committed_only)
+        return out[:got], None

@@ -20,17 +20,9 @@ from .plans import ReadPlan
 
 def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
                k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows ``t-k+1 .. t`` of each row's episode, clamped at its first row; pad mask; steps."""
-    rows = np.asarray(rows, np.int64)
-    if k == 1:  # no frame stack: the rows themselves
-        return rows[:, None], np.zeros((len(rows), 1), bool), np.asarray(steps, np.int64)[:, None]
-    back = np.arange(k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
-    pos = index.episode_step[rows].astype(np.int64)
-    pad = back[None, :] > pos[:, None]
-    shift = np.minimum(back[None, :], pos[:, None])
-    lane, slot = np.divmod(rows, index.lane_capacity)
-    out = lane[:, None] * index.lane_capacity + (slot[:, None] - shift) % index.lane_capacity
-    return out, pad, np.asarray(steps, np.int64)[:, None] - shift
+    """Rows ``t-k+1 .. t`` of each row's episode, clamped at its first row; pad mask; steps
+    (``RowIndex.stack``)."""
+    return index.stack(rows, steps, k)
 
 
 def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
@@ -39,11 +31,7 @@ def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = Non
     """Plan for anchors ``rows`` (already checked with ``index.valid``): ``batches``
     consecutive batches of ``len(rows) // batches`` samples (``spare`` of them spares)."""
     rows = np.asarray(rows, np.int64)
-    steps = index.steps(rows)
-    ends, m = index.horizon(rows, n_step, committed_only, steps)
-    k = history + 1
-    obs = stack_rows(index, rows, steps, k)
-    nxt = stack_rows(index, ends, steps + m, k)
+    steps, m, *windows = index.windows(rows, history + 1, n_step, committed_only)
     w = np.ones(len(rows), np.float32) if weight is None else np.asarray(weight, np.float32)
-    return ReadPlan(rows, steps, w, history, *obs, *nxt, m, n_step, float(gamma), spare,
+    return ReadPlan(rows, steps, w, history, *windows, m, n_step, float(gamma), spare,
                     batches)

@@ -21,6 +21,9 @@
  *       the writer's side: one env step of every lane of a vector env into each lane's
  *       staging buffer, one memcpy per lane and field, then each lane's published count.
  *
+ *   first_index / table_rows / place_rows: a batch's lookups around the reads
+ *       (``batch_lookup.h``).
+ *
  *   copy_rows(src, src_rows, dst, dst_rows, row_bytes)
  *       gather/scatter whole rows (frame stacks into a batch) with one memcpy each:
  *       numpy's take moves 84x84 rows at ~2.5 GB/s here, memcpy at ~7.
@@ -971,6 +974,8 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+#include "batch_lookup.h" /* first_index, table_rows, place_rows */
+
 static PyMethodDef methods[] = {
     {"decode_pread", decode_pread, METH_VARARGS,
      "decode_pread(fds, starts, sizes, dst, out, row_bytes, checksum) -> (status, index, "
@@ -1012,6 +1017,16 @@ static PyMethodDef methods[] = {
      "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
      "Runs without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
+    {"first_index", first_index, METH_VARARGS,
+     "first_index(keys, first, inv) -> u\n\nDistinct keys (int64 >= 0) in order of first "
+     "appearance: first[j] their first positions, inv[i] the j of keys[i]."},
+    {"table_rows", table_rows, METH_VARARGS,
+     "table_rows(shards, slots, steps, first, n_rows, trusted, slot, values, shard_rows, "
+     "out) -> bool\n\nRows of cached decoded shards (ShardTable) into out, when every row "
+     "is held and trusted; else False and nothing written."},
+    {"place_rows", place_rows, METH_VARARGS,
+     "place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own) "
+     "-> bool\n\nRowCache.place in one loop; False where scratch is too small."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,6 +38,21 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
 
 
+def unique_first(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``keys`` (int64): ``(first, inv)``, ``keys[first]`` each distinct key once
+    (``first``: the position of its first appearance) and ``keys == keys[first][inv]``.
+    One hashing pass where the C kernels are built (keys in order of appearance), else
+    ``np.unique`` (keys sorted)."""
+    keys = np.ascontiguousarray(keys, np.int64)
+    if native is not None:
+        first, inv = np.empty(len(keys), np.int64), np.empty(len(keys), np.int64)
+        u = native.first_index(keys, first, inv)
+        if u is not None:
+            return first[:u], inv
+    _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
 def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray,
               dst_rows: np.ndarray | None = None) -> None:
     """``dst[dst_rows[i]] = src[src_rows[i]]`` (``dst[i]`` when ``dst_rows`` is None).

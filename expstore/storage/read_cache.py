@@ -305,6 +305,15 @@ class RowCache:
         Slots of ``own`` rows are emptied here: they are refilled by :meth:`keep` once
         their rows are decoded.
         """
+        if native is not None:
+            pos, hit, own = (np.empty(len(rows), np.int64), np.empty(len(rows), bool),
+                             np.empty(len(rows), bool))
+            placed = native.place_rows(
+                np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(steps, np.int64),
+                np.ascontiguousarray(servable, bool),
+                np.ascontiguousarray(servable if cacheable is None else cacheable, bool),
+                self.row, self.step, self.n, self.scratch, pos, hit, own)
+            return (pos, hit, own) if placed else None
         at = rows % self.n
         hit = (self.row[at] == rows) & (self.step[at] == steps) & servable
         own = (servable if cacheable is None else cacheable) & ~hit

@@ -393,8 +393,8 @@ class ShardReader:
         Rows of fields whose decoded shards the batch path holds (scalars, small vectors)
         are located once for all of them; the rest go through :meth:`read`.
         """
-        rows = np.asarray(rows, np.int64)
-        steps = np.asarray(steps, np.int64)
+        rows = np.ascontiguousarray(rows, np.int64)
+        steps = np.ascontiguousarray(steps, np.int64)
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         located = None
         for name in names:
@@ -410,14 +410,19 @@ class ShardReader:
                 located = shards, rows - shards * S
                 self._bump(shards, steps)
             shards, slots = located
-            ready = table.ready(shards, slots, steps)
-            if ready.all():
+            if native is not None and native.table_rows(
+                    shards, slots, steps, table.first, table.n_rows, table.trusted, table.slot,
+                    table.values, self.layout.shard_rows, vals):  # every row held: one loop
+                ready = np.ones(len(rows), bool)
+            else:
+                ready = table.ready(shards, slots, steps)
+                if not ready.all():
+                    out[name] = (vals, self.read(name, rows, steps, vals))
+                    continue
                 vals[...] = table.values[table.slot[shards], slots]
-                self.stats.chunk_cache_hits += len(rows)
-                self.stats.rows += len(rows)
-                out[name] = (vals, ready)
-                continue
-            out[name] = (vals, self.read(name, rows, steps, vals))
+            self.stats.chunk_cache_hits += len(rows)
+            self.stats.rows += len(rows)
+            out[name] = (vals, ready)
         return out
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,

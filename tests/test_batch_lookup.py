@@ -1,0 +1,125 @@
+"""A batch's lookups around the reads in C (``storage/batch_lookup.h``) against numpy.
+
+``first_index`` (distinct frame keys of a batch), ``table_rows`` (scalars from decoded
+shards) and ``place_rows`` (where each frame goes in the frame cache) must give what the
+numpy code they replace gives: same rows, same cache state after.
+``EXPSTORE_REQUIRE_NATIVE=1`` (set by CI) turns a missing kernel into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from expstore.storage import kernels, read_cache
+from expstore.storage.read_cache import RowCache, ShardTable
+
+native = kernels.native
+if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
+    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
+
+
+@pytest.mark.parametrize("n,span", [(1, 1), (7, 3), (256, 40), (256, 100_000), (5000, 900)])
+def test_unique_first_finds_each_key_once_at_its_first_appearance(monkeypatch, n, span):
+    rng = np.random.default_rng(n + span)
+    keys = rng.integers(0, span, n).astype(np.int64)
+    first, inv = kernels.unique_first(keys)
+    assert len(set(keys[first].tolist())) == len(first) == len(np.unique(keys))
+    np.testing.assert_array_equal(keys[first][inv], keys)
+    np.testing.assert_array_equal(first, np.sort(first))  # order of appearance
+    for j, i in enumerate(first):
+        assert not (keys[:i] == keys[i]).any(), j
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "native", None)
+        f2, inv2 = kernels.unique_first(keys)
+    assert sorted(keys[f2].tolist()) == sorted(keys[first].tolist())
+    np.testing.assert_array_equal(keys[f2][inv2], keys)
+
+
+def test_unique_first_takes_negative_keys_the_numpy_way():
+    keys = np.array([3, -1, 3, -1, 0], np.int64)
+    first, inv = kernels.unique_first(keys)
+    np.testing.assert_array_equal(keys[first][inv], keys)
+    assert sorted(keys[first].tolist()) == [-1, 0, 3]
+
+
+def _cache(rng: np.random.Generator, n_rows: int = 64) -> RowCache:
+    cache = RowCache(row_bytes=4, budget=4 * n_rows)
+    held = rng.random(cache.n) < 0.6
+    cache.row[held] = np.flatnonzero(held) + cache.n * rng.integers(0, 3, held.sum())
+    cache.step[held] = rng.integers(0, 4, held.sum())
+    return cache
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_place_rows_matches_the_numpy_placement(monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    a = _cache(rng)
+    b = RowCache(4, 4 * 64)
+    b.row[:], b.step[:] = a.row, a.step
+    k = int(rng.integers(1, 40))
+    # distinct (row, step) pairs, many sharing a slot, many cached already
+    pairs = {(int(r), int(s)) for r, s in zip(rng.integers(0, 3 * a.n, 3 * k),
+                                             rng.integers(0, 4, 3 * k))}
+    pairs |= {(int(a.row[i]), int(a.step[i])) for i in np.flatnonzero(a.row >= 0)[:k]}
+    pairs = sorted(pairs)
+    rng.shuffle(pairs)
+    rows = np.array([p[0] for p in pairs], np.int64)
+    steps = np.array([p[1] for p in pairs], np.int64)
+    servable = rng.random(len(rows)) < 0.8
+    cacheable = None if seed % 3 == 0 else servable | (rng.random(len(rows)) < 0.3)
+    fast = a.place(rows, steps, servable, cacheable)
+    with monkeypatch.context() as m:
+        m.setattr(read_cache, "native", None)
+        slow = b.place(rows, steps, servable, cacheable)
+    assert (fast is None) == (slow is None)
+    np.testing.assert_array_equal(a.row, b.row)  # slots emptied alike (or left alone)
+    if slow is not None:
+        for name, x, y in zip(("pos", "hit", "own"), fast, slow):
+            np.testing.assert_array_equal(x, y, name)
+        assert fast[1].any() and (fast[0] >= a.n).any() or len(rows) < 8
+
+
+def test_place_rows_leaves_the_cache_alone_when_scratch_is_short():
+    cache = RowCache(row_bytes=4, budget=4 * 32)  # 30 slots, 2 of scratch
+    rows = np.array([0, 30, 60, 90], np.int64)  # one slot for all four
+    before = cache.row.copy()
+    assert cache.place(rows, np.zeros(4, np.int64), np.ones(4, bool)) is None
+    np.testing.assert_array_equal(cache.row, before)
+
+
+def _table(rng: np.random.Generator) -> tuple[ShardTable, np.ndarray, np.ndarray, np.ndarray]:
+    """A table of 6 shards of 8 rows (float32 pairs), 4 of them decoded; rows they hold."""
+    t = ShardTable(6, 8, 8, (2,), np.float32, values_budget=1 << 20)
+    for shard in (0, 2, 3, 5):
+        values = rng.random((8, 2)).astype(np.float32)
+        s = t._take_slot(shard)
+        t.values[s] = values
+        t.first[shard], t.n_rows[shard], t.trusted[shard] = shard * 8, 8, shard * 8 + 7
+    rows = np.array([1, 17, 26, 40, 3, 46], np.int64)
+    shards = rows // 8
+    return t, shards, rows - shards * 8, rows  # step == row: first step shard * 8
+
+
+def test_table_rows_gathers_held_rows_and_refuses_any_other():
+    rng = np.random.default_rng(0)
+    t, shards, slots, steps = _table(rng)
+    out = np.full((len(shards), 2), -1, np.float32)
+    assert native.table_rows(shards, slots, steps, t.first, t.n_rows, t.trusted, t.slot,
+                             t.values, 8, out)
+    np.testing.assert_array_equal(out, t.values[t.slot[shards], slots])
+    assert t.ready(shards, slots, steps).all()
+    untrusted = steps.copy()
+    untrusted[-1] = 47  # shard 5's last row: beyond the count its version is trusted for
+    for name, args in (("another version", (shards, slots, steps + 1)),
+                       ("a shard not decoded", (np.where(shards == 5, 4, shards), slots,
+                                                np.where(shards == 5, steps - 8, steps))),
+                       ("not trusted", (shards, untrusted - shards * 8, untrusted))):
+        out = np.full((len(shards), 2), -1, np.float32)
+        assert not native.table_rows(*args, t.first, t.n_rows, t.trusted, t.slot, t.values, 8,
+                                     out), name
+        assert (out == -1).all(), name  # nothing written
+        assert not t.ready(*args).all(), name
