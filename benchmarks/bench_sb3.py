@@ -54,8 +54,9 @@ class _SplitObs(gym.ObservationWrapper):
         return {"x": o[:2], "v": o[2:]}
 
 
-def train_pairs(steps: int, sac_steps: int, repeats: int) -> list[dict]:
-    """steps/s of SB3 learn() with SB3's buffer and with ours, per case."""
+def train_pairs(steps: int, sac_steps: int, repeats: int, only: str = "") -> list[dict]:
+    """steps/s of SB3 learn() with SB3's buffer and with ours, per case (``only``: the cases
+    whose name contains it)."""
     from stable_baselines3 import DQN, SAC, TD3
     from stable_baselines3.common.buffers import NStepReplayBuffer
     from stable_baselines3.common.env_util import make_vec_env
@@ -80,6 +81,8 @@ def train_pairs(steps: int, sac_steps: int, repeats: int) -> list[dict]:
     ]
     rows = []
     for name, algo, policy, make_env, kw, sb3_cls, extra, n in cases:
+        if only not in name:
+            continue
         sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
         cpu_sps: dict[str, list[float]] = {"sb3": [], "expstore": []}
         for rep in range(repeats):
@@ -235,8 +238,16 @@ def main() -> None:
                     help="microseconds slept between adds in the paced pong-store case (0: "
                          "no such case)")
     ap.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
+    ap.add_argument("--train-only", default="",
+                    help="run only the training pairs whose name contains this (e.g. '4 envs'),"
+                         " print their table and leave RESULTS.md alone")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.train_only:
+        train = train_pairs(args.train_steps, args.sac_steps, args.repeats, args.train_only)
+        print(markdown_table(train, ["case", "sb3_sps", "expstore_sps", "sps_ratio",
+                                     "cpu_sps_ratio", "steps", "repeats"]))
+        return
     from stable_baselines3.common.buffers import NStepReplayBuffer, ReplayBuffer
 
     work = Path(tempfile.mkdtemp(prefix="bench-sb3-"))
