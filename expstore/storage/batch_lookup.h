@@ -6,11 +6,13 @@
  *       distinct keys in order of first appearance: key j's first position first[j]
  *       (j < u), and inv[i] = j where keys[i] is key j (``np.unique``'s index and
  *       inverse, in first-appearance order instead of sorted).
- *   table_rows(shards, slots, steps, first, n_rows, trusted, slot, values, out) -> bool
+ *   table_rows(shards, slots, steps, first, n_rows, trusted, slot, values, shard_rows,
+ *              out) -> bool
  *       ``ShardTable``: when every row i is held by a cached, trusted shard version
  *       (first[s] >= 0, first[s] + slots[i] == steps[i], slots[i] < n_rows[s],
  *       steps[i] < trusted[s], slot[s] >= 0 for s = shards[i]), out[i] = row slots[i] of
- *       values[slot[s]], and True; else False and nothing written.
+ *       values[slot[s]] (``shard_rows`` rows per value slot), and True; else False and
+ *       nothing written.
  *   place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own)
  *       -> bool: ``RowCache.place`` (see there); False where more rows need scratch than
  *       ``scratch`` (nothing changed).
