@@ -9,17 +9,23 @@ from .base import Sampler
 from .plans import ReaderView
 
 
-def uniform_rows(sampler: Sampler, n: int, view: ReaderView) -> np.ndarray:
-    """``n`` rows drawn uniformly over the intact rows of all lanes that a reader with
-    ``view`` can read (outside the guard band)."""
-    idx = sampler.index
+def uniform_draws(sampler: Sampler, n: int, view: ReaderView) -> np.ndarray:
+    """``n`` uniform draws over the intact rows of all lanes that a reader with ``view``
+    can read (outside the guard band): draw ``k`` names the ``k``-th such row
+    (``RowIndex.rows_at``). Raises ``NotEnoughData`` when there is none."""
     guard = sampler.guard_for(view)
-    present = idx.present(guard, view.committed_only)
-    total = int(present.sum())
+    total = int(sampler.index.present(guard, view.committed_only).sum())
     if total == 0:
         raise NotEnoughData(f"the store holds no sampleable rows yet "
                             f"(rows={len(sampler.store)}, guard={guard})")
-    return idx.rows_at(sampler.rng.integers(0, total, size=n), guard, view.committed_only)
+    return sampler.rng.integers(0, total, size=n)
+
+
+def uniform_rows(sampler: Sampler, n: int, view: ReaderView) -> np.ndarray:
+    """``n`` rows drawn uniformly over the intact rows of all lanes that a reader with
+    ``view`` can read (outside the guard band)."""
+    return sampler.index.rows_at(uniform_draws(sampler, n, view), sampler.guard_for(view),
+                                 view.committed_only)
 
 
 class UniformSampler(Sampler):
@@ -33,12 +39,7 @@ class UniformSampler(Sampler):
         the same rows, from the same random numbers."""
         if type(self).valid is not Sampler.valid or type(self).draw is not UniformSampler.draw:
             return super().draw_valid(n, need, view)  # (a subclass's own rule)
-        idx = self.index
-        guard = self.guard_for(view)
-        total = int(idx.present(guard, view.committed_only).sum())
-        if total == 0:
-            return uniform_rows(self, n, view), None  # (raises NotEnoughData)
         out = np.empty(need, np.int64)
-        got = idx.draw_valid(self.rng.integers(0, total, size=n), out, 0, self.history,
-                             self.n_step, guard, view.committed_only)
+        got = self.index.draw_valid(uniform_draws(self, n, view), out, 0, self.history,
+                                    self.n_step, self.guard_for(view), view.committed_only)
         return out[:got], None
