@@ -25,7 +25,9 @@ Cases, each on the same steps given the same way (building the inputs is not tim
   ``j`` plays the ``j``-th contiguous part of the steps, as each env of a vector env
   continues its own episode (:func:`vector_steps`).
 * ``shard_add_p50/p99``: the adds that completed a shard (it goes to a background
-  writer), read from the store's writers between timed calls.
+  writer), read from the store's writers between timed calls; ``shard_add_x``: their p50
+  over the p50 of all adds, per run; ``open_add_p50`` / ``open_add_x``: the same for the
+  adds right after them (they open the next shard).
 * ``add+flush``: ``store.add`` then ``store.flush()`` every step, ``fsync=False``.
 * ``paced``: the single-lane case with ``--pace-us`` (100 by default) slept between adds,
   as an env step would take: the background writer keeps up, so the shard-completing adds
@@ -160,7 +162,9 @@ def per_call(fn, args: list[tuple], shards=None, pace_s: float = 0.0) -> dict[st
 
     ``shards``: a function giving the shards handed to the background writer so far, read
     between calls (not timed); then ``shard_p50_us`` / ``shard_p99_us`` are the p50 / p99
-    of the calls that completed a shard (their staging swaps buffers and hands it over).
+    of the calls that completed a shard (their staging swaps buffers and hands it over),
+    ``shard_x`` their p50 over the p50 of all calls, and ``open_p50_us`` / ``open_x`` the
+    same for the calls right after them (which open the next shard).
     """
     gc.collect()
     gc.disable()
@@ -186,9 +190,14 @@ def per_call(fn, args: list[tuple], shards=None, pace_s: float = 0.0) -> dict[st
            "p99_us": float(np.percentile(t, 99)), "max_us": float(t.max())}
     if shards:
         done = t[handed > 0]
+        opened = t[1:][handed[:-1] > 0]
+        nan = float("nan")
         out["shard_adds"] = float(len(done))
-        out["shard_p50_us"] = float(np.median(done)) if len(done) else float("nan")
-        out["shard_p99_us"] = float(np.percentile(done, 99)) if len(done) else float("nan")
+        out["shard_p50_us"] = float(np.median(done)) if len(done) else nan
+        out["shard_p99_us"] = float(np.percentile(done, 99)) if len(done) else nan
+        out["shard_x"] = out["shard_p50_us"] / out["p50_us"]
+        out["open_p50_us"] = float(np.median(opened)) if len(opened) else nan
+        out["open_x"] = out["open_p50_us"] / out["p50_us"]
     return out
 
 
@@ -284,7 +293,8 @@ def main() -> None:
         rows.append({"case": f"{kind}: one step per add", "expstore_us": ours["mean_us"],
                      "expstore_p50_us": ours["p50_us"], "expstore_p99_us": ours["p99_us"],
                      "expstore_max_us": ours["max_us"], "shard_add_p50_us": ours["shard_p50_us"],
-                     "shard_add_p99_us": ours["shard_p99_us"],
+                     "shard_add_p99_us": ours["shard_p99_us"], "shard_add_x": ours["shard_x"],
+                     "open_add_p50_us": ours["open_p50_us"], "open_add_x": ours["open_x"],
                      "ring_us": ring["mean_us"], "torchrl_us": trl["mean_us"],
                      "x_ring": ours["mean_us"] / ring["mean_us"],
                      "x_torchrl": ours["mean_us"] / trl["mean_us"],
@@ -294,7 +304,9 @@ def main() -> None:
                      "expstore_us": pc["mean_us"], "expstore_p50_us": pc["p50_us"],
                      "expstore_p99_us": pc["p99_us"], "expstore_max_us": pc["max_us"],
                      "shard_add_p50_us": pc["shard_p50_us"],
-                     "shard_add_p99_us": pc["shard_p99_us"], "ring_us": ring["mean_us"],
+                     "shard_add_p99_us": pc["shard_p99_us"], "shard_add_x": pc["shard_x"],
+                     "open_add_p50_us": pc["open_p50_us"], "open_add_x": pc["open_x"],
+                     "ring_us": ring["mean_us"],
                      "torchrl_us": trl["mean_us"], "x_ring": pc["mean_us"] / ring["mean_us"],
                      "x_torchrl": pc["mean_us"] / trl["mean_us"], "steps_per_s": None})
         for lanes in (8, 64):
@@ -302,20 +314,25 @@ def main() -> None:
             rows.append({"case": f"{kind}: {lanes} lanes per add", "expstore_us": o["mean_us"],
                          "expstore_p50_us": o["p50_us"], "expstore_p99_us": o["p99_us"],
                          "expstore_max_us": o["max_us"], "shard_add_p50_us": o["shard_p50_us"],
-                         "shard_add_p99_us": o["shard_p99_us"], "ring_us": r["mean_us"],
+                         "shard_add_p99_us": o["shard_p99_us"], "shard_add_x": o["shard_x"],
+                         "open_add_p50_us": o["open_p50_us"], "open_add_x": o["open_x"],
+                         "ring_us": r["mean_us"],
                          "torchrl_us": None, "x_ring": o["mean_us"] / r["mean_us"],
                          "x_torchrl": None, "steps_per_s": lanes * 1e6 / o["mean_us"]})
         rows.append({"case": f"{kind}: add + flush every step (fsync off)",
                      "expstore_us": fl["mean_us"], "expstore_p50_us": fl["p50_us"],
                      "expstore_p99_us": fl["p99_us"], "expstore_max_us": fl["max_us"],
-                     "shard_add_p50_us": None, "shard_add_p99_us": None, "ring_us": None,
+                     "shard_add_p50_us": None, "shard_add_p99_us": None, "shard_add_x": None,
+                     "open_add_p50_us": None, "open_add_x": None, "ring_us": None,
                      "torchrl_us": None, "x_ring": None, "x_torchrl": None,
                      "steps_per_s": 1e6 / fl["mean_us"]})
     body = markdown_table(rows, list(rows[0]))
     body += (f"\n\n{a.steps:,} env steps per case (add+flush: 3,000), medians of {a.repeats} "
              "runs; microseconds per `add` call: mean (amortized, shard writes included), "
              "p50, p99, max; shard_add_p50/p99: p50 / p99 of the adds that completed a "
-             "shard (handed to a background writer); paced: the same with "
+             "shard (handed to a background writer), shard_add_x: that p50 over the p50 of "
+             "all adds (issue 12's target: <= 3); open_add_p50 / open_add_x: the same for "
+             "the adds right after them, which open the next shard; paced: the same with "
              f"{a.pace_us:g} us slept between adds (not timed; the writer keeps up). "
              "x_ring / x_torchrl: expstore's mean over the baseline's mean (lower is better). "
              "Ring: obs, next_obs, action, reward, done arrays in RAM; "

@@ -502,9 +502,8 @@ def test_an_idle_writer_thread_looks_for_work_less_and_less_often():
     """After a write the thread looks again in ``POLL`` seconds, then twice as long after
     each look that finds nothing, up to ``MAX_POLL`` (each look takes the GIL from the
     training loop); a hurry or a new write brings it back to ``POLL``."""
-    from collections import deque
 
-    from expstore.storage.background import _run, _stop
+    from expstore.storage.background import JobRing, _run, _stop
 
     class Wake(threading.Event):
         def __init__(self) -> None:
@@ -522,9 +521,10 @@ def test_an_idle_writer_thread_looks_for_work_less_and_less_often():
             Writer.written += 1
 
     poll, most = 0.002, 0.016
-    jobs: deque = deque([(Writer(), "shard")])
+    jobs = JobRing()
+    jobs.append((Writer(), "shard"))
     wake = Wake()
-    thread = threading.Thread(target=_run, args=(jobs, wake, {"sleeping": False},
+    thread = threading.Thread(target=_run, args=(jobs, wake, np.zeros(1, np.uint8),
                                                  {"news": False}, (poll, most), 60.0))
     thread.start()
     try:

@@ -152,8 +152,9 @@ print((peak - base) // 1024)
 
 
 def test_npz_streams_with_bounded_memory(tmp_path):
-    """~85 MB of frames exported and imported, and a 48 MB D4RL-style npz imported, each by
-    a child whose peak RSS grows < 45 MB (the arrays held whole would take more)."""
+    """~85 MB of frames exported and imported by a child whose peak RSS grows < 45 MB, and
+    a 48 MB D4RL-style npz imported by one whose peak RSS grows < 60 MB (the arrays held
+    whole would take more)."""
     import subprocess
     import sys
 
@@ -189,7 +190,10 @@ def test_npz_streams_with_bounded_memory(tmp_path):
     res = subprocess.run([sys.executable, "-c", CHILD.format(call=call)],
                          capture_output=True, text=True, timeout=300, check=True)
     grew = int(res.stdout.split()[-1])
-    assert grew < 45, f"D4RL-style npz import: peak RSS grew {grew} MB for 48 MB"
+    # 44 MB on this machine (45 once, under a loaded test run: the bound was 45), of which
+    # 16.5 MB are the store's shard buffers; the 48 MB of observations held whole would
+    # come on top of it
+    assert grew < 60, f"D4RL-style npz import: peak RSS grew {grew} MB for 48 MB"
     with es.open(tmp_path / "d.zarr") as d:
         assert d.num_transitions == n and d.num_episodes == n // 3000
         np.testing.assert_array_equal(d.episode(1)["obs"][:-1], d4rl["observations"][3000:6000])

@@ -349,7 +349,7 @@ def test_a_sleeping_writer_thread_is_woken_by_the_python_hand_off(tmp_path, monk
     store.add(obs, 0, 1.0, obs, False, False)
     w = store.writers[0]
     deadline = time.monotonic() + 10
-    while not w._worker.state["sleeping"]:
+    while not w._worker.sleeping[0]:
         assert time.monotonic() < deadline, "the writer thread never went to sleep"
         time.sleep(0.01)
     handed = count_calls(monkeypatch, LaneWriter, "_hand_off")

@@ -42,6 +42,10 @@
 #include <string.h>
 
 enum { V_OBS = 0, V_ACTION, V_REWARD, V_TERM, V_TRUNC, NV };
+/* a shard buffer's record (int64 words; ``shard_buffer.py``, the same order): rows staged,
+   first step, opened, images clean, write done, staging slot, then the field buffers' and
+   the published-count word's addresses */
+enum { R_N = 0, R_FIRST, R_ENTERED, R_CLEAN, R_DONE, R_SLOT, R_ADDRESSES };
 #define MAX_DIMS 8
 
 typedef struct {
@@ -64,7 +68,7 @@ typedef struct {
     PyObject_HEAD
     vfield v[NV];
     Py_ssize_t F, f_step, f_ep, f_flags, L, S, lane_cap;
-    int64_t *base, *n, *first, *pub, *open_step, *count, *valid_from, *committed;
+    int64_t *base, *n, *first, *pub, *open_step, *count, *valid_from, *committed, *rec;
     uint8_t *held_ok, *held, *flags_idx, *entered;
     int32_t *ep_idx;
     Py_ssize_t held_bytes;
@@ -73,14 +77,15 @@ typedef struct {
     PyObject *writers; /* tuple: lane -> LaneWriter or None */
     PyObject *pending; /* tuple: lane -> its writer's list of failed shard writes, or None */
     PyObject *curs;    /* list: lane -> the writer's open shard (kept current by the caller) */
-    PyObject *hands;   /* tuple: lane -> (free buffers list, queued list, its thread's
-                          jobs.append, its thread's state dict), or None */
+    PyObject *hands;   /* tuple: lane -> (free buffers list, queued list, its thread's job
+                          ring: writers list, shards list, ends int64[2] (``JobRing``), its
+                          thread's sleeping byte, the writer's gate byte), or None (the
+                          bytes: one-element uint8 arrays) */
     Py_ssize_t last_lane; /* the index's newest lane after the last call that wrote */
 } Plan;
 
-static PyObject *s_pending, *s_n, *s_count, *s_episodes, *s_cur, *s_first_step, *s_entered,
-    *s_addresses, *s_valid_from, *s_committed, *s_spares, *s_halted, *s_sleeping,
-    *s_done, *s_slot, *s_clean;
+static PyObject *s_pending, *s_n, *s_count, *s_episodes, *s_cur, *s_rec_at, *s_valid_from,
+    *s_committed;
 
 #include "step_values.h"
 
@@ -130,7 +135,8 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
    arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
             held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
             entered uint8 (L): the lane's current shard was opened, then the index's
-            valid_from and committed int64 (L))
+            valid_from and committed int64 (L), then rec int64 (L): the address of the
+            lane's current shard buffer's record, 0: none)
    fields: per value field (obs, action, reward, terminated, truncated): (field index,
            type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
            alo, ahi) with alo/ahi float64 arrays of one row's elements or None
@@ -145,7 +151,7 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
                           &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs,
                           &PyTuple_Type, &hands))
         return -1;
-    if (PyTuple_GET_SIZE(arrays) != 13 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
+    if (PyTuple_GET_SIZE(arrays) != 14 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
         S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L ||
         PyTuple_GET_SIZE(hands) != L) {
         PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
@@ -168,7 +174,8 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
         !(self->flags_idx = array_ptr(A(9), NPY_UINT8, L * cap, "flags")) ||
         !(self->entered = array_ptr(A(10), NPY_UINT8, L, "entered")) ||
         !(self->valid_from = array_ptr(A(11), NPY_INT64, L, "valid_from")) ||
-        !(self->committed = array_ptr(A(12), NPY_INT64, L, "committed")))
+        !(self->committed = array_ptr(A(12), NPY_INT64, L, "committed")) ||
+        !(self->rec = array_ptr(A(13), NPY_INT64, L, "rec")))
         return -1;
     self->held_bytes = PyArray_SIZE((PyArrayObject *)A(7)) / L;
 #undef A
@@ -226,11 +233,17 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->curs, curs);
     for (Py_ssize_t j = 0; j < L; j++) {
         PyObject *h = PyTuple_GET_ITEM(hands, j);
-        if (h != Py_None && !(PyTuple_Check(h) && PyTuple_GET_SIZE(h) == 4 &&
+        if (h != Py_None && !(PyTuple_Check(h) && PyTuple_GET_SIZE(h) == 7 &&
                               PyList_Check(PyTuple_GET_ITEM(h, 0)) &&
                               PyList_Check(PyTuple_GET_ITEM(h, 1)) &&
-                              PyDict_Check(PyTuple_GET_ITEM(h, 3)))) {
-            PyErr_SetString(PyExc_TypeError, "StepPlan: hands: (list, list, append, dict)");
+                              PyList_Check(PyTuple_GET_ITEM(h, 2)) &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 3)) &&
+                              array_ptr(PyTuple_GET_ITEM(h, 4), NPY_INT64, 2, "ends") &&
+                              array_ptr(PyTuple_GET_ITEM(h, 5), NPY_UINT8, 1, "sleeping") &&
+                              array_ptr(PyTuple_GET_ITEM(h, 6), NPY_UINT8, 1, "gate"))) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "StepPlan: hands: (list, list, list, list, "
+                                "int64[2], uint8[1], uint8[1])");
             return -1;
         }
     }
@@ -442,9 +455,9 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
         if (need[i]) continue;
         Py_ssize_t j = j0 + i;
         PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-        if (set_int(PyList_GET_ITEM(self->curs, j), s_n, self->n[j]) ||
-            set_int(w, s_count, self->first[j] + self->n[j]))
-            return NULL;
+        if (self->rec[j]) ((int64_t *)(intptr_t)self->rec[j])[R_N] = self->n[j];
+        else if (set_int(PyList_GET_ITEM(self->curs, j), s_n, self->n[j])) return NULL;
+        if (set_int(w, s_count, self->first[j] + self->n[j])) return NULL;
         if (done_l[i]) {
             PyObject *e = PyObject_GetAttr(w, s_episodes);
             if (e == NULL) return NULL;
@@ -583,23 +596,21 @@ PyMODINIT_FUNC PyInit__step(void) {
     s_count = PyUnicode_InternFromString("count");
     s_episodes = PyUnicode_InternFromString("episodes");
     s_cur = PyUnicode_InternFromString("cur");
-    s_first_step = PyUnicode_InternFromString("first_step");
-    s_entered = PyUnicode_InternFromString("entered");
-    s_addresses = PyUnicode_InternFromString("addresses");
+    s_rec_at = PyUnicode_InternFromString("rec_at");
     s_valid_from = PyUnicode_InternFromString("valid_from");
     s_committed = PyUnicode_InternFromString("committed");
-    s_spares = PyUnicode_InternFromString("_spares");
-    s_halted = PyUnicode_InternFromString("_halted");
-    s_sleeping = PyUnicode_InternFromString("sleeping");
-    s_done = PyUnicode_InternFromString("done");
-    s_slot = PyUnicode_InternFromString("slot");
-    s_clean = PyUnicode_InternFromString("clean");
-    if (!s_pending || !s_n || !s_count || !s_episodes || !s_cur || !s_first_step ||
-        !s_entered || !s_addresses || !s_valid_from || !s_committed || !s_spares ||
-        !s_halted || !s_sleeping || !s_done || !s_slot || !s_clean)
+    if (!s_pending || !s_n || !s_count || !s_episodes || !s_cur || !s_rec_at ||
+        !s_valid_from || !s_committed)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    PyObject *record = Py_BuildValue("(iiiiiii)", R_N, R_FIRST, R_ENTERED, R_CLEAN, R_DONE,
+                                     R_SLOT, R_ADDRESSES);
+    if (record == NULL || PyModule_AddObject(m, "RECORD", record) < 0) {
+        Py_XDECREF(record);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&PlanType);
     if (PyModule_AddObject(m, "StepPlan", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);

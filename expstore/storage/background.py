@@ -17,8 +17,9 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any
+
+import numpy as np
 
 FORKS = [0]  # forks of this process so far, as seen by the child (writers remember theirs)
 
@@ -34,17 +35,64 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-class Worker:
-    """One writing thread: its job queue, its wake-up event, whether it sleeps."""
+class JobRing:
+    """A writing thread's jobs, oldest first: job ``k`` (``taken <= k < added``, with
+    ``ends = [taken, added]``, int64) is ``(writers[k % size], shards[k % size])``; a
+    ``None`` writer stops the thread. Adding a job allocates nothing (the slots are fixed
+    lists): the step kernel adds one inside the add that completes a shard (``hand_off``
+    in ``step_shards.h``; it leaves a full ring to :meth:`append`, which grows it). One
+    thread adds (the store's caller), one takes (the writing thread)."""
 
-    def __init__(self, news: dict, poll: tuple[float, float], idle: float) -> None:
-        self.jobs: deque = deque()
+    def __init__(self, size: int = 16) -> None:
+        self.writers: list = [None] * size
+        self.shards: list = [None] * size
+        self.ends = np.zeros(2, np.int64)
+        self._lock = threading.Lock()  # taking against growing (moves the slots)
+
+    def __len__(self) -> int:
+        return int(self.ends[1] - self.ends[0])
+
+    def append(self, job: tuple[Any, Any] | None) -> None:
+        writer, shard = job if job is not None else (None, None)
+        size = len(self.shards)
+        if self.ends[1] - self.ends[0] >= size:
+            with self._lock:  # full: the jobs in order, in slots twice as many
+                taken, added = (int(e) for e in self.ends)
+                old = [(self.writers[k % size], self.shards[k % size])
+                       for k in range(taken, added)]
+                self.writers[:] = [w for w, _ in old] + [None] * size
+                self.shards[:] = [s for _, s in old] + [None] * size
+                self.ends[:] = (0, len(old))
+                size *= 2
+        k = int(self.ends[1]) % size
+        self.writers[k], self.shards[k] = writer, shard
+        self.ends[1] += 1  # (after the slots: the taker reads them once it sees this)
+
+    def popleft(self) -> tuple[Any, Any] | None:
+        """The oldest job (the ring must not be empty)."""
+        with self._lock:
+            taken = int(self.ends[0])
+            k = taken % len(self.shards)
+            writer, shard = self.writers[k], self.shards[k]
+            self.writers[k] = self.shards[k] = None
+            self.ends[0] = taken + 1
+        return None if writer is None else (writer, shard)
+
+
+class Worker:
+    """One writing thread: its jobs (:class:`JobRing`), its wake-up event, and
+    ``sleeping`` (one byte, 1 while the thread blocks until woken: read by the step
+    kernel, which then leaves the hand-off to the Python path)."""
+
+    def __init__(self, news: dict, poll: tuple[float, float], idle: float,
+                 ring: int = 16) -> None:
+        self.jobs = JobRing(ring)
         self.wake = threading.Event()
-        self.state = {"sleeping": False}
+        self.sleeping = np.zeros(1, np.uint8)
         # the thread holds no reference to this object: collecting it stops the thread
         self.thread = threading.Thread(target=_run, name="expstore-writer", daemon=True,
-                                       args=(self.jobs, self.wake, self.state, news, poll,
-                                             idle))
+                                       args=(self.jobs, self.wake, self.sleeping, news,
+                                             poll, idle))
         self.thread.start()
         weakref.finalize(self, _stop, self.jobs, self.wake)
 
@@ -55,7 +103,7 @@ class Background:
     lane states covering them, stay in order). A thread starts when its first lane's
     writer asks for it (:meth:`worker`, when the writer is made).
 
-    Handing a shard over is a deque append, with no wake-up: waking a thread from inside
+    Handing a shard over is a job in a ring, with no wake-up: waking a thread from inside
     an ``add`` costs a context switch (~30 µs here). A thread looks for work every
     ``POLL`` seconds after a write, twice as long after each look that finds none (up to
     ``MAX_POLL``: each look takes the GIL from the training loop, and a thread polling
@@ -67,6 +115,7 @@ class Background:
     POLL = 0.002
     MAX_POLL = 0.064
     IDLE = 5.0
+    RING = 16  # job slots per thread to begin with (more when a hand-over finds them full)
 
     def __init__(self, threads: int = THREADS) -> None:
         self.threads = max(1, int(threads))
@@ -88,13 +137,13 @@ class Background:
         w = self.workers[k]
         if w is None:
             w = self.workers[k] = Worker(self.state, (self.POLL, self.MAX_POLL),
-                                         self.IDLE)
+                                         self.IDLE, self.RING)
         return w
 
     def submit(self, writer: Any, shard: Any) -> None:
         w = self.worker(writer.lane)
         w.jobs.append((writer, shard))
-        if w.state["sleeping"]:
+        if w.sleeping[0]:
             w.wake.set()
 
     def hurry(self) -> None:
@@ -112,12 +161,12 @@ class Background:
             self.workers[k] = None
 
 
-def _stop(jobs: deque, wake: threading.Event) -> None:
+def _stop(jobs: JobRing, wake: threading.Event) -> None:
     jobs.append(None)
     wake.set()
 
 
-def _run(jobs: deque, wake: threading.Event, state: dict, news: dict,
+def _run(jobs: JobRing, wake: threading.Event, sleeping: np.ndarray, news: dict,
          poll: tuple[float, float], idle: float) -> None:
     last = time.monotonic()
     first, most = poll
@@ -140,10 +189,10 @@ def _run(jobs: deque, wake: threading.Event, state: dict, news: dict,
             else:
                 interval = min(interval * 2, most)
         else:
-            state["sleeping"] = True
+            sleeping[0] = 1
             if not jobs:  # (a hand-over after this check sees ``sleeping`` and wakes us)
                 wake.wait()
-            state["sleeping"] = False
+            sleeping[0] = 0
             last = time.monotonic()
         wake.clear()
 

@@ -8,7 +8,8 @@ call of the C kernel ``stage_lanes`` (a memcpy per lane and field, then every la
 published row count: after the rows, so readers see a row only once all of it is
 written). Without the C kernel, the same rows are written lane by lane with numpy.
 
-The table mirrors each writer's ``cur`` shard (``n``, ``first_step``, buffer addresses).
+The table mirrors each writer's ``cur`` shard (``n``, ``first_step``, buffer addresses,
+its record's address).
 Anything else that stages rows or moves a lane's open shard calls :meth:`LaneRows.touch`
 (the per-step and batch paths of the appender; ``LaneWriter._promote`` through its
 ``on_move`` hook), and the lane is re-read before its next row here.
@@ -66,6 +67,7 @@ class LaneRows:
         self.base = np.zeros((len(self.names), L), np.int64)  # field buffers' addresses
         self.pub = np.zeros(L, np.int64)  # address of its published row count; 0: private
         self.entered = np.zeros(L, np.uint8)  # its current shard was opened
+        self.rec = np.zeros(L, np.int64)  # address of its record (``shard_buffer``); 0: none
         self.curs: list[Any] = [None] * L
         self.stale = {j for j, w in enumerate(writers) if w is not None}
         for w in writers:
@@ -89,9 +91,8 @@ class LaneRows:
         self.n[j] = c.n
         self.first[j] = c.first_step
         self.entered[j] = c.entered
+        self.rec[j] = c.rec_at
         at = c.addresses  # (fixed for the buffer's life: computed once)
-        if at is None:
-            at = c.addresses = shard_addresses(c.staging, self.names, w.shared, c.slot)
         self.base[:, j] = at[:-1]
         self.pub[j] = at[-1]
 

@@ -86,7 +86,8 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     ``episode_step`` / ``flags`` / ``count`` / ``valid_from`` / ``committed``: the index's
     arrays; ``flag_bits``: FIRST, LAST, TERMINATED, TRUNCATED. The plan also keeps, per
     lane, what handing a full shard over touches (the writer's free and queued buffers,
-    its thread's job queue and state), for ``hand_off`` in ``step_shards.h``.
+    its thread's job ring and sleeping byte, the writer's gate byte), for ``hand_off`` in
+    ``step_shards.h``.
     """
     if native is None:
         return None
@@ -110,11 +111,13 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     L = len(table.writers)
     held = held_obs.view(np.uint8).reshape(L, -1)
     arrays = (table.base, table.n, table.first, table.pub, open_step, count,
-              held_ok, held, episode_step, flags, table.entered, valid_from, committed)
+              held_ok, held, episode_step, flags, table.entered, valid_from, committed,
+              table.rec)
     consts = (len(names), names.index("_step_id"), names.index("_episode_step"),
               names.index("_flags"), L, table.shard_rows, lane_capacity,
               *(int(b) for b in flag_bits))
-    hands = tuple(None if w is None else (w._free, w.queued, w._worker.jobs.append,
-                                          w._worker.state) for w in table.writers)
+    hands = tuple(None if w is None else (w._free, w.queued, w._worker.jobs.writers,
+                                          w._worker.jobs.shards, w._worker.jobs.ends,
+                                          w._worker.sleeping, w.gate) for w in table.writers)
     return native.StepPlan(arrays, tuple(fields), consts,
                            tuple(table.writers), table.curs, hands)

@@ -1,6 +1,13 @@
 /* expstore.storage._step: a lane's shard buffers change inside an add (the common cases
  * of ``LaneWriter._hand_off`` and ``LaneWriter._enter_shard``, kept in step with them).
- * Included once, by ``_step.c`` (one translation unit: numpy's C API is imported there). */
+ * Included once, by ``_step.c`` (one translation unit: numpy's C API is imported there).
+ *
+ * These run once in ``shard_rows`` adds, when little of what they touch is still in the
+ * CPU's caches, so they touch few Python objects: a buffer's state is its record (int64
+ * words at ``rec_at``, ``shard_buffer.py``), what a hand-off changes is in ``hands``
+ * (lists and one-element arrays), and the writer's ``cur`` is the plan's ``curs[j]``
+ * (kept equal to it: by ``hand_off`` and ``load`` here, by ``LaneRows._load`` before any
+ * call that stages rows after the Python paths moved it). */
 
 /* attribute ``name`` of ``o`` as an int64 (-1 and an exception set on failure) */
 static int get_int(PyObject *o, PyObject *name, int64_t *out) {
@@ -13,49 +20,21 @@ static int get_int(PyObject *o, PyObject *name, int64_t *out) {
     return 0;
 }
 
-/* load(lane): re-read lane ``lane`` after its writer moved to another shard buffer (handed a
-   full one to the background writer, or opened the next): the writer's ``cur`` (its rows,
-   first step, whether it was opened, its buffers' addresses) into the plan's table, and
-   the writer's ``valid_from`` and committed count into the index (as
-   ``RowIndex.set_valid_from`` does where no listener hears dropped rows: the plan is used
-   only then). What ``LaneRows._load`` and ``Appender._moved`` do, without a numpy call.
-   ``load_lane_of(c, handed)``: from buffer ``c``; ``handed``: just after ``hand_off`` made
-   it current (no rows, not opened, the writer's ``valid_from`` unchanged: not read again). */
-static int load_lane_of(Plan *self, Py_ssize_t j, PyObject *c, int handed) {
-    PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-    int64_t n = 0, first, entered = 0, vf = 0, done;
-    PyObject *at = NULL, *st = NULL;
-    if ((!handed && (get_int(c, s_n, &n) || get_int(c, s_entered, &entered) ||
-                     get_int(w, s_valid_from, &vf))) ||
-        get_int(c, s_first_step, &first) || !(at = PyObject_GetAttr(c, s_addresses)) ||
-        !(st = PyObject_GetAttr(w, s_committed)) || get_int(st, s_count, &done))
-        goto fail;
-    const int64_t *a = array_ptr(at, NPY_INT64, self->F + 1, "addresses");
-    if (a == NULL) goto fail;
+/* the plan's table entry of lane ``j`` from its current buffer's record */
+static void table_from(Plan *self, Py_ssize_t j, const int64_t *rec, int64_t rec_at) {
+    const int64_t *a = rec + R_ADDRESSES;
     for (Py_ssize_t f = 0; f < self->F; f++) self->base[f * self->L + j] = a[f];
     self->pub[j] = a[self->F];
-    self->n[j] = n, self->first[j] = first, self->entered[j] = entered != 0;
-    if (!handed && vf > self->valid_from[j]) self->valid_from[j] = vf;
-    self->committed[j] = done;
-    Py_DECREF(at);
-    Py_DECREF(st);
-    Py_INCREF(c);
-    PyList_SetItem(self->curs, j, c); /* (steals the reference) */
-    return 0;
-fail:
-    Py_XDECREF(at);
-    Py_XDECREF(st);
-    return -1;
+    self->n[j] = rec[R_N], self->first[j] = rec[R_FIRST], self->entered[j] = rec[R_ENTERED] != 0;
+    self->rec[j] = rec_at;
 }
 
-static int load_lane(Plan *self, Py_ssize_t j) {
-    PyObject *c = PyObject_GetAttr(PyTuple_GET_ITEM(self->writers, j), s_cur);
-    if (c == NULL) return -1;
-    int r = load_lane_of(self, j, c, 0);
-    Py_DECREF(c);
-    return r;
-}
-
+/* load(lane): re-read lane ``lane`` after the writer's Python code moved it to another
+   shard buffer (opened the next one, or handed a full one over): the writer's ``cur``
+   into the plan's table and ``curs``, and the writer's ``valid_from`` and committed count
+   into the index (as ``RowIndex.set_valid_from`` does where no listener hears dropped
+   rows: the plan is used only then). What ``LaneRows._load`` and ``Appender._moved`` do,
+   without a numpy call. */
 static PyObject *Plan_load(Plan *self, PyObject *arg) {
     Py_ssize_t j = PyLong_AsSsize_t(arg);
     if (j == -1 && PyErr_Occurred()) return NULL;
@@ -63,35 +42,41 @@ static PyObject *Plan_load(Plan *self, PyObject *arg) {
         PyErr_Format(PyExc_ValueError, "StepPlan.load: lane %zd is not written here", j);
         return NULL;
     }
-    if (load_lane(self, j)) return NULL;
+    PyObject *w = PyTuple_GET_ITEM(self->writers, j), *c = NULL, *st = NULL;
+    int64_t rec_at, vf, done;
+    if (!(c = PyObject_GetAttr(w, s_cur)) || get_int(c, s_rec_at, &rec_at) ||
+        get_int(w, s_valid_from, &vf) || !(st = PyObject_GetAttr(w, s_committed)) ||
+        get_int(st, s_count, &done)) {
+        Py_XDECREF(c);
+        Py_XDECREF(st);
+        return NULL;
+    }
+    Py_DECREF(st);
+    table_from(self, j, (const int64_t *)(intptr_t)rec_at, rec_at);
+    if (vf > self->valid_from[j]) self->valid_from[j] = vf;
+    self->committed[j] = done;
+    PyList_SetItem(self->curs, j, c); /* (steals the reference) */
     Py_RETURN_NONE;
 }
 
 /* Lane ``j``'s next row opens a shard: the common case of ``LaneWriter._enter_shard`` (keep
-   the two in step), then ``load_lane``: the current buffer (a clean one in shared staging)
-   starts at the lane's next step, other processes see it begin with no rows (the buffer's
-   words in shared staging, as ``SharedStaging.begin``: generation odd while they change),
-   and rows of the previous lap in its slots are no longer valid. 1: done; 0: nothing
-   changed, the caller's Python path opens it (a private buffer to promote, or one to
-   reset); -1: an exception. */
+   the two in step): the current buffer (a clean one in shared staging) starts at the
+   lane's next step, other processes see it begin with no rows (the buffer's words in
+   shared staging, as ``SharedStaging.begin``: generation odd while they change), rows of
+   the previous lap in its slots are no longer valid, and the table follows the buffer.
+   (The index's committed count is not re-read: ``Store._poll_writes`` sets it.) 1: done;
+   0: nothing changed, the caller's Python path opens it (a private buffer to promote, or
+   one to reset); -1: an exception. */
 static int enter(Plan *self, Py_ssize_t j) {
-    PyObject *w = PyTuple_GET_ITEM(self->writers, j);
-    PyObject *cur = NULL, *clean = NULL, *at = NULL, *x = NULL;
-    int64_t slot, count, vf;
-    int out = -1;
-    if (!(cur = PyObject_GetAttr(w, s_cur)) || get_int(cur, s_slot, &slot) ||
-        !(clean = PyObject_GetAttr(cur, s_clean)) || !(at = PyObject_GetAttr(cur, s_addresses)))
-        goto done;
-    const int64_t *a = array_ptr(at, NPY_INT64, self->F + 1, "addresses");
-    if (a == NULL) goto done;
-    if (slot < 0 || clean != Py_True || a[self->F] == 0) {
-        out = 0;
-        goto done;
-    }
-    if (get_int(w, s_count, &count) || get_int(w, s_valid_from, &vf)) goto done;
-    if (!(x = PyLong_FromLongLong(count)) || PyObject_SetAttr(cur, s_first_step, x)) goto done;
-    Py_CLEAR(x);
-    int64_t *word = (int64_t *)(intptr_t)a[self->F]; /* its published rows; before: gen, first */
+    PyObject *w = PyTuple_GET_ITEM(self->writers, j), *x = NULL;
+    int64_t rec_at, count, vf;
+    if (get_int(PyList_GET_ITEM(self->curs, j), s_rec_at, &rec_at)) return -1;
+    int64_t *rec = (int64_t *)(intptr_t)rec_at;
+    if (rec[R_SLOT] < 0 || !rec[R_CLEAN] || rec[R_ADDRESSES + self->F] == 0) return 0;
+    if (get_int(w, s_count, &count) || get_int(w, s_valid_from, &vf)) return -1;
+    rec[R_FIRST] = count;
+    int64_t *word = (int64_t *)(intptr_t)rec[R_ADDRESSES + self->F]; /* published rows;
+                                                                         before: gen, first */
     int64_t gen = word[-2];
     __atomic_store_n(&word[-2], gen + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -100,54 +85,63 @@ static int enter(Plan *self, Py_ssize_t j) {
     __atomic_store_n(&word[-2], gen + 2, __ATOMIC_RELEASE);
     int64_t from = count + self->S - self->lane_cap;
     if (from > vf) {
-        if (!(x = PyLong_FromLongLong(from)) || PyObject_SetAttr(w, s_valid_from, x)) goto done;
+        if (!(x = PyLong_FromLongLong(from)) || PyObject_SetAttr(w, s_valid_from, x)) {
+            Py_XDECREF(x);
+            return -1;
+        }
+        Py_DECREF(x);
+        vf = from;
     }
-    if (PyObject_SetAttr(cur, s_entered, Py_True) || load_lane(self, j)) goto done;
-    out = 1;
-done:
-    Py_XDECREF(cur), Py_XDECREF(clean), Py_XDECREF(at), Py_XDECREF(x);
-    return out;
+    rec[R_ENTERED] = 1;
+    table_from(self, j, rec, rec_at);
+    if (vf > self->valid_from[j]) self->valid_from[j] = vf;
+    return 1;
 }
 
 /* Lane ``j``'s shard is full: the common case of ``LaneWriter._hand_off`` (keep the two in
-   step), then ``load_lane``. The shard is queued for its background thread and a free
-   buffer becomes current, all without running Python code: this runs inside the add that
-   completes the shard. 1: done; 0: nothing changed, the caller's Python path hands it over
-   (spare lineages to attach, failed writes pending, a halted writer, no free buffer, or a
-   sleeping thread to wake); -1: an exception. */
+   step). The shard is queued for its background thread and a free buffer becomes current,
+   without running Python code and without allocating. A free buffer already has no rows
+   and is not opened (``LaneWriter._recycle``). 1: done; 0: nothing changed, the caller's
+   Python path hands it over (failed writes pending; the writer's gate set: spare lineages
+   to attach, or writes halted; no free buffer; the thread's job ring full, or the thread
+   asleep, to be woken); -1: an exception. */
 static int hand_off(Plan *self, Py_ssize_t j) {
     PyObject *w = PyTuple_GET_ITEM(self->writers, j), *h = PyTuple_GET_ITEM(self->hands, j);
-    if (h == Py_None || PyList_GET_SIZE(PyTuple_GET_ITEM(self->pending, j)) != 0) return 0;
+    if (h == Py_None || PyList_GET_SIZE(PyTuple_GET_ITEM(self->pending, j)) != 0 ||
+        self->rec[j] == 0)
+        return 0;
     PyObject *free_ = PyTuple_GET_ITEM(h, 0), *queued = PyTuple_GET_ITEM(h, 1);
-    PyObject *append = PyTuple_GET_ITEM(h, 2), *state = PyTuple_GET_ITEM(h, 3);
-    Py_ssize_t last = PyList_GET_SIZE(free_) - 1;
-    if (last < 0) return 0; /* (waiting for a free buffer: the Python path) */
-    PyObject *sleeping = PyDict_GetItemWithError(state, s_sleeping); /* borrowed */
-    if (sleeping != Py_False) return PyErr_Occurred() ? -1 : 0; /* (waking it: Python) */
-    PyObject *spares = NULL, *halted = NULL, *sh = NULL, *job = NULL, *r = NULL, *cur = NULL;
-    int out = -1;
-    if (!(spares = PyObject_GetAttr(w, s_spares)) || !(halted = PyObject_GetAttr(w, s_halted)))
-        goto done;
-    if (!PyDict_Check(spares) || PyDict_GET_SIZE(spares) != 0 || halted != Py_False) {
-        out = 0;
-        goto done;
-    }
-    if (!(sh = PyObject_GetAttr(w, s_cur)) || !(job = PyTuple_Pack(2, w, sh))) goto done;
-    cur = PyList_GET_ITEM(free_, last);
+    PyObject *ring_w = PyTuple_GET_ITEM(h, 2), *ring_s = PyTuple_GET_ITEM(h, 3);
+    int64_t *ends = PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(h, 4)); /* taken, added */
+    const uint8_t *sleeping = PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(h, 5));
+    const uint8_t *gate = PyArray_DATA((PyArrayObject *)PyTuple_GET_ITEM(h, 6));
+    Py_ssize_t last = PyList_GET_SIZE(free_) - 1, size = PyList_GET_SIZE(ring_s);
+    if (last < 0 || *gate || *sleeping || size != PyList_GET_SIZE(ring_w) ||
+        ends[1] - ends[0] >= size)
+        return 0;
+    PyObject *sh = PyList_GET_ITEM(self->curs, j); /* (borrowed: queued and the ring keep it) */
+    PyObject *cur = PyList_GET_ITEM(free_, last);
     Py_INCREF(cur);
-    if (PyObject_SetAttr(sh, s_done, Py_False) || PyList_Append(queued, sh) ||
-        !(r = PyObject_CallOneArg(append, job)) || PyList_SetSlice(free_, last, last + 1, NULL))
-        goto done;
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero == NULL) goto done;
-    int bad = PyObject_SetAttr(cur, s_n, zero) || PyObject_SetAttr(cur, s_entered, Py_False) ||
-              PyObject_SetAttr(w, s_cur, cur);
-    Py_DECREF(zero);
-    if (bad || load_lane_of(self, j, cur, 1)) goto done;
-    out = 1;
-done:
-    Py_XDECREF(spares), Py_XDECREF(halted), Py_XDECREF(sh), Py_XDECREF(job);
-    Py_XDECREF(r), Py_XDECREF(cur);
-    return out;
+    if (PyList_Append(queued, sh) || PyList_SetSlice(free_, last, last + 1, NULL) ||
+        PyObject_SetAttr(w, s_cur, cur)) {
+        Py_DECREF(cur);
+        return -1;
+    }
+    ((int64_t *)(intptr_t)self->rec[j])[R_DONE] = 0;
+    /* the job, in slot ``added % size`` (holding None: the taker clears a slot it takes) */
+    Py_ssize_t k = (Py_ssize_t)(ends[1] % size);
+    PyObject *old_w = PyList_GET_ITEM(ring_w, k), *old_s = PyList_GET_ITEM(ring_s, k);
+    Py_INCREF(w);
+    PyList_SET_ITEM(ring_w, k, w);
+    Py_INCREF(sh);
+    PyList_SET_ITEM(ring_s, k, sh);
+    ends[1] += 1; /* (under the GIL, as the taker reads it) */
+    Py_DECREF(old_w);
+    Py_DECREF(old_s);
+    /* The table keeps the full buffer's addresses and first step: with no rows and not
+       opened, the lane's next row opens the new buffer first (``enter``, which re-reads it
+       all), and nothing is written through them before that. */
+    self->n[j] = 0, self->entered[j] = 0, self->rec[j] = 0;
+    PyList_SetItem(self->curs, j, cur); /* (steals the reference) */
+    return 1;
 }
-

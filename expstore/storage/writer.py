@@ -41,6 +41,7 @@ from .background import FORKS, Background, check_lease
 from .lane_rows import shard_addresses
 from .layout import Layout
 from .shard import ShardImage, encoder, rows_encoder
+from .shard_buffer import ShardBuffer
 from .staging import N_WORD as _N
 from .staging import SharedStaging
 from .state import LaneState, state_key, write_state
@@ -58,25 +59,6 @@ def pool_size(shard_bytes: int, lanes: int) -> int:
         return 2
     share = POOL_BYTES // max(1, lanes)
     return max(3, min(MAX_BUFFERS, share // max(1, shard_bytes)))
-
-
-class _Shard:
-    """One buffer of the pool: a shard's rows (``staging``: field -> ``shard_rows`` rows),
-    its objects as assembled so far (``images``), and where it sits in shared memory."""
-
-    def __init__(self, slot: int, staging: dict[str, np.ndarray],
-                 images: dict[str, ShardImage]) -> None:
-        self.slot = slot  # buffer of the shared staging file, -1: private memory
-        self.staging = staging
-        self.images = images
-        self.first_step = 0
-        self.n = 0
-        self.done = True  # its background write finished (or was skipped)
-        self.clean = True  # ``images`` hold nothing (reset after the shard was written)
-        self.spare_dir: str | None = None  # spare files of its partial flushes (local)
-        self.lineages: list[Lineage] = []  # and their open descriptors
-        self.addresses: np.ndarray | None = None  # its field buffers' and count's (LaneRows)
-        self.entered = False  # opened for its current shard (``LaneWriter._enter_shard``)
 
 
 class LaneWriter:
@@ -123,11 +105,14 @@ class LaneWriter:
         self._size = self.n_buffers
         #: full shards whose write failed, oldest first (changed in place: the step kernel
         #: holds this list)
-        self.pending: list[_Shard] = []
-        self.queued: list[_Shard] = []  # full shards handed to the background thread
+        self.pending: list[ShardBuffer] = []
+        self.queued: list[ShardBuffer] = []  # full shards handed to the background thread
         self._cv = threading.Condition()  # the background thread finished a shard
         self._results: deque = deque()  # (shard, error, state) from the background thread
         self._halted = False  # a background write failed: later ones of the lane wait
+        #: 1 while full shards must be handed over by :meth:`_hand_off` (spare lineages to
+        #: attach, or writes halted), not by the step kernel, which reads this byte
+        self.gate = np.zeros(1, np.uint8)
         self._lost_to = 0  # rows before this step were dropped unwritten (a lap behind)
         self.error: BaseException | None = None  # a background error not yet reported
         self._spares: dict[str, Lineage] = {}  # the open shard's objects (partial flushes)
@@ -145,7 +130,7 @@ class LaneWriter:
             self.shared.begin(self.cur.slot, self.cur.first_step)
             self.shared.set_committed(self.count)
 
-    def _buffer(self, b: int) -> _Shard:
+    def _buffer(self, b: int) -> ShardBuffer:
         L = self.layout
         if self.shared is not None and 0 <= b < self.n_buffers:
             staging = self.shared.buffers[b]
@@ -155,10 +140,9 @@ class LaneWriter:
                        for n, f in L.fields.items()}
         images = {n: ShardImage(L.chunks_per_shard(n), L.chunk_rows(n), self.encoders[n],
                                 -1 if n == "_step_id" else 0, self.many[n]) for n in L.fields}
-        sh = _Shard(b, staging, images)
-        sh.addresses = shard_addresses(staging, list(L.fields), self.shared, b)  # (now, not
-        # inside the add that first stages a row there)
-        return sh
+        # (the addresses now, not inside the add that first stages a row there)
+        return ShardBuffer(b, staging, images,
+                           shard_addresses(staging, list(L.fields), self.shared, b))
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -304,6 +288,7 @@ class LaneWriter:
             sh.spare_dir = self._spare_dir(sh)
             sh.lineages = list(self._spares.values())
             self._spares = {}
+            self._regate()
         if self.pending or self._halted:
             self.wait()  # (skipped behind the failed one: now in ``pending``, in order)
             self._keep(sh)
@@ -312,13 +297,10 @@ class LaneWriter:
             self.queued.append(sh)
             wk = self._worker
             wk.jobs.append((self, sh))
-            if wk.state["sleeping"]:
+            if wk.sleeping[0]:
                 wk.wake.set()
         free = self._free  # (finished writes are applied by the next poll, not here)
-        cur = free.pop() if free else self._take()
-        cur.n = 0
-        cur.entered = False
-        self.cur = cur
+        self.cur = free.pop() if free else self._take()  # (no rows, not opened: _recycle)
 
     def _promote(self) -> None:
         """Move the current shard from a private buffer (taken while writes failed) into a
@@ -341,15 +323,15 @@ class LaneWriter:
         if self.on_move is not None:
             self.on_move(self.lane)
 
-    def _spare_dir(self, sh: _Shard) -> str:
+    def _spare_dir(self, sh: ShardBuffer) -> str:
         return f"{self._spare_root}/{self._session}/{sh.first_step}"
 
-    def _reset(self, sh: _Shard) -> None:
+    def _reset(self, sh: ShardBuffer) -> None:
         for img in sh.images.values():
             img.reset()
         sh.clean = True
 
-    def _keep(self, sh: _Shard) -> None:
+    def _keep(self, sh: ShardBuffer) -> None:
         """Keep a full shard not written in ``pending``; shards a lap older than it are
         overwritten by it and dropped unwritten."""
         L = self.layout
@@ -362,7 +344,7 @@ class LaneWriter:
                 self._recycle(p)
         self.pending[:] = keep + [sh]  # (the same list for the writer's life: see __init__)
 
-    def _take(self) -> _Shard:
+    def _take(self) -> ShardBuffer:
         """A free buffer: waits for the oldest queued write when none is free; grows the
         pool (private memory) when the others all hold shards whose write failed."""
         self.poll()
@@ -374,20 +356,27 @@ class LaneWriter:
             self.poll()
         return self._free.pop()
 
-    def _wait_for(self, sh: _Shard) -> None:
+    def _wait_for(self, sh: ShardBuffer) -> None:
         self.bg.hurry()
         with self._cv:
             while not sh.done:
                 self._cv.wait()
 
-    def _recycle(self, sh: _Shard) -> None:
+    def _recycle(self, sh: ShardBuffer) -> None:
+        """Return ``sh`` to the free buffers, with no rows and not opened (a free buffer
+        is made current as it is, by :meth:`_hand_off` and the step kernel)."""
         if self._size > self.n_buffers and sh.slot < 0:
             self._size -= 1  # an extra buffer: dropped
         else:
+            sh.n = 0
+            sh.entered = False
             self._free.append(sh)
 
+    def _regate(self) -> None:
+        self.gate[0] = 1 if (self._spares or self._halted) else 0
+
     # -- the background thread's side -----------------------------------------------------
-    def _background_write(self, sh: _Shard) -> None:
+    def _background_write(self, sh: ShardBuffer) -> None:
         state = error = None
         try:
             if not self._halted:
@@ -396,6 +385,7 @@ class LaneWriter:
                 self._reset(sh)  # ready for its next shard (here: not inside an add)
         except BaseException as e:  # reported on the caller's thread
             self._halted = True
+            self._regate()
             error = e
         self._results.append((sh, error, state))
         with self._cv:
@@ -456,6 +446,7 @@ class LaneWriter:
             if self.on_shard_written is not None:
                 self.on_shard_written(self.shard_index(sh.first_step))
         self._halted = False
+        self._regate()
         self.error = None  # what failed before is written now
         self._promote()
         if self.count > self._disk.count:
@@ -484,7 +475,7 @@ class LaneWriter:
         if self._local:
             self.backend.remove_tree(f"{self._spare_root}/{self._session}")
 
-    def _commit(self, sh: _Shard, partial: bool, background: bool = False) -> None:
+    def _commit(self, sh: ShardBuffer, partial: bool, background: bool = False) -> None:
         """Write ``sh`` (every field's object) and the lane state covering it (§4)."""
         L = self.layout
         st = self._disk
@@ -552,7 +543,7 @@ class LaneWriter:
             backend.remove_tree(sh.spare_dir)  # the shard's next lap starts from new files
             sh.spare_dir, sh.lineages = None, []
 
-    def _put(self, backend: Any, key: str, name: str, img: ShardImage, sh: _Shard,
+    def _put(self, backend: Any, key: str, name: str, img: ShardImage, sh: ShardBuffer,
              partial: bool) -> None:
         L = self.layout
         if not partial or not self._local:
@@ -565,6 +556,7 @@ class LaneWriter:
         lin = self._spares.get(name)
         if lin is None:
             lin = self._spares[name] = Lineage(f"{self._spare_dir(sh)}/{name.replace('/', '%')}")
+            self._regate()
         img.seal(sh.first_step, sh.n, L.checksum)
         backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
 
