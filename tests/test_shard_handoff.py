@@ -176,3 +176,24 @@ def test_a_full_job_ring_hands_over_through_the_writer_in_order(tmp_path, monkey
     assert np.array_equal(other.read("reward", np.arange(65)), np.arange(65, dtype=np.float32))
     other.close()
     store.close()
+
+
+@kernel
+@pytest.mark.parametrize("record", [(0, 1, 2, 3, 5, 4, 6), None])
+def test_a_step_kernel_built_for_another_record_is_refused_naming_the_fix(monkeypatch,
+                                                                          record):
+    """A stale in-place build (older sources, or a record laid out otherwise) would read and
+    write the wrong words of every buffer: importing refuses it, saying to rebuild."""
+    import importlib.util
+
+    from expstore.storage import _step, shard_buffer
+
+    if record is None:
+        monkeypatch.delattr(_step, "RECORD")
+    else:
+        monkeypatch.setattr(_step, "RECORD", record)
+    spec = importlib.util.spec_from_file_location("expstore.storage._shard_buffer_copy",
+                                                  shard_buffer.__file__)
+    module = importlib.util.module_from_spec(spec)
+    with pytest.raises(ImportError, match="rebuild it"):
+        spec.loader.exec_module(module)

@@ -28,9 +28,11 @@ except ImportError:  # pragma: no cover - exercised where no compiler was availa
 #: shared staging file (-1: private memory); then its field buffers' addresses and its
 #: published-count word's (0: private), as ``lane_rows.shard_addresses`` gives them
 R_N, R_FIRST, R_ENTERED, R_CLEAN, R_DONE, R_SLOT, R_ADDRESSES = range(7)
-if _step is not None:
-    assert _step.RECORD == (R_N, R_FIRST, R_ENTERED, R_CLEAN, R_DONE, R_SLOT, R_ADDRESSES), \
-        "expstore.storage._step was built for another shard record: rebuild it"
+if _step is not None and getattr(_step, "RECORD", None) != (R_N, R_FIRST, R_ENTERED, R_CLEAN,
+                                                          R_DONE, R_SLOT, R_ADDRESSES):
+    raise ImportError("expstore.storage._step was built from older sources (its shard "
+                      "buffer record differs from shard_buffer.py): rebuild it, e.g. "
+                      "`python setup.py build_ext --inplace` or `pip install -e .`")
 
 
 def _count(k: int, doc: str) -> property:
