@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 import pytest
+from _writer_spies import count_calls, disk_full
 
 import expstore as es
 from expstore.storage import background, step_plan
@@ -35,17 +36,6 @@ def add_steps(store: es.Store, k: int, start: int = 0) -> None:
     for i in range(start, start + k):
         obs = np.full(4, i, np.float32)
         store.add(obs, i % 2, float(i), obs + 1, False, False)
-
-
-def count_calls(monkeypatch, cls, name: str) -> list:
-    calls, real = [], getattr(cls, name)
-
-    def spy(self, *a, **kw):
-        calls.append(1)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(cls, name, spy)
-    return calls
 
 
 def test_job_ring_is_first_in_first_out_as_it_grows():
@@ -118,21 +108,10 @@ def test_a_partial_flush_sends_the_next_hand_over_through_the_writer(tmp_path, m
 
 @kernel
 def test_a_halted_writer_closes_its_gate_until_a_flush_writes_again(tmp_path):
-    import errno
-    import os
-
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64, shard_rows=16,
                       fsync=False)
     w = store.writers[0]
-    real = store.backend.put
-    full = [True]
-
-    def put(key, blob):
-        if full[0] and "_state" not in key:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), key)
-        real(key, blob)
-
-    store.backend.put = put
+    full = disk_full(store)
     add_steps(store, 16)  # its background write fails: the writer halts
     w.wait()
     assert w._halted and w.gate[0] == 1

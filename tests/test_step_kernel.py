@@ -10,11 +10,11 @@ is switched off (the Python paths: a build without a C compiler), and compares t
 
 from __future__ import annotations
 
-import errno
 import os
 
 import numpy as np
 import pytest
+from _writer_spies import count_calls, disk_full
 
 import expstore as es
 from expstore.errors import WriteFailedError
@@ -247,15 +247,7 @@ def test_a_failed_shard_write_is_retried_before_the_kernel_stages_more(tmp_path)
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64,
                       shard_rows=16, fsync=False)
     w = store.writers[0]
-    real = store.backend.put
-    full = [True]
-
-    def put(key, blob):
-        if full[0] and "_state" not in key:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), key)
-        real(key, blob)
-
-    store.backend.put = put
+    full = disk_full(store)
     obs = np.ones(4, np.float32)
     while w.count < 16:  # fills the first shard: its background write fails
         store.add(obs, 0, 1.0, obs, False, False)
@@ -276,18 +268,6 @@ def test_a_failed_shard_write_is_retried_before_the_kernel_stages_more(tmp_path)
                           np.ones((len(store), 4), np.float32))
     other.close()
     store.close()
-
-
-def count_calls(monkeypatch, cls, name: str) -> list:
-    """Calls of ``cls.name`` (still made), one entry each."""
-    calls, real = [], getattr(cls, name)
-
-    def spy(self, *a, **kw):
-        calls.append(1)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(cls, name, spy)
-    return calls
 
 
 @pytest.mark.parametrize("lanes", [1, 3])
