@@ -13,7 +13,7 @@ ext_modules = [
     Extension(
         "expstore.storage._kernels",
         ["expstore/storage/_kernels.c"],
-        depends=["expstore/storage/batch_lookup.h"],
+        depends=["expstore/storage/batch_lookup.h", "expstore/storage/shard_reads.h"],
         extra_compile_args=["-O3", "-std=c99"],
         optional=True,
     ),

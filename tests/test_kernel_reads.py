@@ -1,8 +1,8 @@
 """Rows read by the C kernel straight from shard files (``_kernels.read_rows``).
 
-The kernel opens the shards a batch needs, checks their headers, reads each row's 16-byte
-index entry and then its chunk: no shard's chunk index is held in RAM, and at most a
-bounded number of descriptors stay open. These tests read real stores written by
+The kernel opens the shards a batch needs, checks their headers, reads the rows' 16-byte
+index entries and then their chunks, shard by shard: no shard's chunk index is held in
+RAM, and at most a bounded number of descriptors stay open. These tests read real stores written by
 ``Store.add`` and compare with the general path (numcodecs, parsed indexes).
 """
 
@@ -223,9 +223,9 @@ def test_scalar_shards_decoded_by_the_kernel_are_kept_within_the_budget(tmp_path
         again = reader.read_fields(["step"], rows, steps)["step"]
         assert again[1].all() and np.array_equal(again[0], first[0])
         assert (table.fds.opened, reader.stats.chunks) == (opened, chunks)
-    else:  # room for 3 of 32 shards: rows are decoded one by one, nothing kept
-        assert table.max_slots == 3 and not table.fills
-        assert (table.owner >= 0).sum() == 0
+    else:  # decoded, room for 3 of 32 shards: the budget holds compressed chunks instead
+        assert table.max_slots == 0 and not table.fills
+        assert len(table.fds.held) == budget * 8 // 22
     store.close()
 
 
@@ -261,28 +261,38 @@ def test_rows_of_multi_block_chunks_are_decoded_alone(tmp_path) -> None:
     store.close()
 
 
-def test_index_entries_read_once_per_open_shard(tmp_path) -> None:
-    """A chunk's index entry is read once while its shard stays open (two reads per frame
-    the first time, one after), and never used through another descriptor."""
+def test_index_entries_and_chunks_of_a_shard_are_read_together(tmp_path) -> None:
+    """The rows of one call are read shard by shard, whatever their order: a shard's
+    index entries with one read, chunks lying one after another in the file with one
+    more. Entries are remembered while the shard stays open (a chunk costs one read
+    after that) and never used through another descriptor."""
     store, rows, steps = _filled(tmp_path)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
                          max_fds=1024)
+    order = np.random.default_rng(0).permutation(len(rows))
+    rows, steps = rows[order], steps[order]
     out = np.zeros((len(rows), *FRAME), np.uint8)
     assert reader.read("obs", rows, steps, out).all()
+    assert all(np.array_equal(out[i], frame(0, int(s))) for i, s in enumerate(steps))
     fds = reader.tables["obs"].fds
     n_shards = len(np.unique(rows // 16))
-    assert reader.stats.requests == 2 * len(rows) + fds.opened
+    assert reader.stats.requests == 2 * n_shards + fds.opened  # entries, chunks, headers
     before = reader.stats.requests
     again = np.zeros_like(out)
     assert reader.read("obs", rows, steps, again).all()
-    assert reader.stats.requests - before == len(rows)  # chunks only: entries remembered
+    assert reader.stats.requests - before == n_shards  # chunks only: entries remembered
     assert np.array_equal(again, out)
+    gaps = rows % 2 == 0  # every other chunk: one read each, entries still remembered
+    before = reader.stats.requests
+    assert reader.read("obs", rows[gaps], steps[gaps], again[: int(gaps.sum())]).all()
+    assert reader.stats.requests - before == int(gaps.sum())
+    assert np.array_equal(again[: int(gaps.sum())], out[gaps])
     for shard in range(n_shards):  # descriptors closed: entries are read again
         fds.forget(shard)
     before = reader.stats.requests
-    assert reader.read("obs", rows, steps, again).all()
-    assert reader.stats.requests - before == 2 * len(rows) + n_shards
-    assert np.array_equal(again, out)
+    assert reader.read("obs", rows[gaps], steps[gaps], again[: int(gaps.sum())]).all()
+    assert reader.stats.requests - before == int(gaps.sum()) + 2 * n_shards
+    assert np.array_equal(again[: int(gaps.sum())], out[gaps])
     store.close()
 
 
@@ -329,7 +339,7 @@ def test_closing_a_store_gives_its_descriptor_share_back(tmp_path) -> None:
     """A reader's share of the process's descriptor budget comes back when its store is
     closed, not only when the reader is collected: a process that opened and closed many
     stores (a notebook, a test suite) still gives a new reader its full share."""
-    from expstore.storage import reader as reader_mod
+    from expstore.storage import kernel_budget as reader_mod
 
     store, rows, steps = _filled(tmp_path)
     before = reader_mod._fds_taken[0]

@@ -397,126 +397,14 @@ done:
 
 /* ---- rows by shard, opening shards as needed -------------------------------------- */
 
-/* Columns of the per-shard table `tab` (int64, n_shards x TAB_COLS) that read_rows keeps:
-   the descriptor it holds open for the shard (-1: none), the first lane step and row count
-   of that version's header, the committed count that version is trusted for, and the
-   shard's position in `ring` (the open descriptors, closed oldest first beyond its size),
-   and the number of the open (state[2] counts them) that got the descriptor: index entries
-   remembered in `ecache` are used only with the descriptor they were read through. */
-enum {
-    TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_GEN = 5,
-    TAB_COLS = 6
-};
-/* Columns of `ecache` (int64, E x ECACHE_COLS), direct-mapped by chunk (shard * n_chunks +
-   chunk): the chunk's number, the open it was read through, its offset and size. */
-enum { EC_KEY = 0, EC_GEN = 1, EC_OFF = 2, EC_NB = 3, ECACHE_COLS = 4 };
+#include "shard_reads.h" /* open_shard, holds, sort_rows, chunk_entry, held chunks */
 
-#define SHARD_MAGIC "EXPS"
-#define SHARD_HEADER 32
-#define SHARD_FORMAT_VERSION 1
-#define SHARD_CHECKSUMS 1
-
-static int pread_all(int fd, uint8_t *buf, size_t want, int64_t at) {
-    size_t got = 0;
-    while (got < want) {
-        ssize_t r = pread(fd, buf + got, want - got, (off_t)(at + (int64_t)got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-static uint64_t le64(const uint8_t *p) {
-    return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
-}
-
-/* Open shard `shard` (path prefix + number + suffix), read and check its header (magic,
-   format version, crc32c), and record it in row `e` of the table, taking a ring position
-   (closing the oldest descriptor when the ring is full). 0 on success, -1 when the shard
-   is missing or its header does not check (the caller's general path retries and
-   reports). */
-static int open_shard(const char *prefix, const char *suffix, int64_t shard, int64_t hoff,
-                      int64_t trusted, int64_t *tab, int64_t *ring, int64_t ring_n,
-                      int64_t *state) {
-    int64_t *e = tab + shard * TAB_COLS;
-    if (e[TAB_FD] >= 0) {
-        close((int)e[TAB_FD]);
-        e[TAB_FD] = -1;
-    }
-    char path[4096];
-    int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
-    if (len < 0 || (size_t)len >= sizeof path) return -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    /* out of descriptors (the process holds others too): close this table's oldest */
-    for (int tries = 0; fd < 0 && (errno == EMFILE || errno == ENFILE) && tries < 8; tries++) {
-        int closed = 0;
-        for (int64_t k = 0; k < state[0] && !closed; k++) {
-            int64_t at = (state[1] + k) % ring_n, victim = ring[at];
-            if (victim < 0 || victim == shard) continue;
-            int64_t *v = tab + victim * TAB_COLS;
-            if (v[TAB_RINGPOS] == at && v[TAB_FD] >= 0) {
-                close((int)v[TAB_FD]);
-                v[TAB_FD] = -1;
-                closed = 1;
-            }
-        }
-        if (!closed) break;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    }
-    if (fd < 0) return -1;
-    uint8_t h[SHARD_HEADER];
-    if (pread_all(fd, h, SHARD_HEADER, hoff) != 0 || memcmp(h, SHARD_MAGIC, 4) != 0) {
-        close(fd);
-        return -1;
-    }
-    unsigned version = (unsigned)h[4] | ((unsigned)h[5] << 8);
-    unsigned flags = (unsigned)h[6] | ((unsigned)h[7] << 8);
-    uint32_t crc = le32(h + 20);
-    if (version > SHARD_FORMAT_VERSION) {
-        close(fd);
-        return -1;
-    }
-    if ((flags & SHARD_CHECKSUMS) || crc) {
-        uint8_t body[SHARD_HEADER - 4];
-        memcpy(body, h, 20);
-        memcpy(body + 20, h + 24, SHARD_HEADER - 24);
-        if (crc32c(body, sizeof body) != crc) {
-            close(fd);
-            return -1;
-        }
-    }
-    int64_t k = e[TAB_RINGPOS];
-    if (k < 0 || k >= ring_n || ring[k] != shard) { /* a new ring position */
-        if (state[0] < ring_n) {
-            k = state[0]++;
-        } else {
-            k = state[1];
-            state[1] = (state[1] + 1) % ring_n;
-            int64_t victim = ring[k];
-            if (victim >= 0) {
-                int64_t *v = tab + victim * TAB_COLS;
-                if (v[TAB_RINGPOS] == k) {
-                    if (v[TAB_FD] >= 0) close((int)v[TAB_FD]);
-                    v[TAB_FD] = -1;
-                    v[TAB_RINGPOS] = -1;
-                }
-            }
-        }
-        ring[k] = shard;
-        e[TAB_RINGPOS] = k;
-    }
-    e[TAB_FD] = fd;
-    e[TAB_FIRST] = (int64_t)le64(h + 8);
-    e[TAB_NROWS] = (int64_t)(int32_t)le32(h + 16);
-    e[TAB_TRUSTED] = trusted;
-    e[TAB_GEN] = ++state[2];
-    return 0;
-}
-
-static int holds(const int64_t *e, int64_t slot, int64_t step) {
-    return e[TAB_FD] >= 0 && e[TAB_FIRST] + slot == step && slot < e[TAB_NROWS] &&
-           step < e[TAB_TRUSTED];
+/* Decode row `i`'s chunk from `blob` into its place; the STATUS_* of the decode. */
+static int decode_into(const uint8_t *blob, size_t nb, int checksum, size_t chunk_rows,
+                       size_t chunk_bytes, size_t lo, size_t row_bytes, uint8_t *row_dst,
+                       scratch_t *tmp) {
+    if (chunk_rows == 1) return decode_chunk(blob, nb, checksum, row_dst, row_bytes, tmp);
+    return decode_range(blob, nb, checksum, chunk_bytes, lo, lo + row_bytes, row_dst, tmp);
 }
 
 /* read_rows: see the method table. */
@@ -526,14 +414,17 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     int checksum;
     PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
     PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None, *ec_o = Py_None;
-    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOO", &prefix, &suffix, &n_chunks,
+    PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
+    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOOOOO", &prefix, &suffix, &n_chunks,
                           &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
                           &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
-                          &ok_o, &chunks_o, &cdst_o, &ec_o))
+                          &ok_o, &chunks_o, &cdst_o, &ec_o, &arena_o, &htab_o, &hstate_o))
         return NULL;
     held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
-                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0};
+                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0}, ar = {0},
+                ht = {0}, hs = {0};
     PyObject *result = NULL;
+    read_order *ord = NULL;
     if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
         take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
         take(slots_o, &sl, 8, 0, "slots") || take(steps_o, &sp, 8, 0, "steps") ||
@@ -548,6 +439,11 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
                         take(cdst_o, &cd, 8, 0, "chunk_dst")))
         goto done;
+    int hold = arena_o != Py_None;
+    if (hold && (take(arena_o, &ar, 0, 1, "arena") || take(htab_o, &ht, 8 * HELD_COLS, 1,
+                                                          "held_tab") ||
+                 take(hstate_o, &hs, 8, 1, "held_state")))
+        goto done;
     Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
     Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
     if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
@@ -557,10 +453,20 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
                                           "one entry per row; state three; sizes positive");
         goto done;
     }
+    if (hold && (keep_chunks || chunk_rows == 1 || ar.view.len <= 0 || hs.view.len < 8 ||
+                 ht.view.len / (8 * HELD_COLS) != n_shards)) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: held chunks need chunks of more than "
+                                          "one row, no chunk_dst, a non-empty arena and a "
+                                          "held_tab row per shard");
+        goto done;
+    }
     int64_t *tab = tb.view.buf, *ring = rg.view.buf, *state = stt.view.buf;
     const int64_t *shards = sh.view.buf, *slots = sl.view.buf, *steps = sp.view.buf;
     const int64_t *dst = ds.view.buf, *known = kn.view.buf;
     uint8_t *o = out.view.buf, *ok = okb.view.buf;
+    uint8_t *arena = hold ? ar.view.buf : NULL;
+    int64_t *htab = hold ? ht.view.buf : NULL, *hstate = hold ? hs.view.buf : NULL;
+    const int64_t arena_n = hold ? (int64_t)ar.view.len : 0;
     Py_ssize_t out_rows = out.view.len / row_bytes;
     const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
     const int64_t *cdst = keep_chunks ? cd.view.buf : NULL;
@@ -583,21 +489,41 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    ord = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *ord);
+    if (!ord) {
+        PyErr_NoMemory();
+        goto done;
+    }
     const int64_t hoff = 16 * (int64_t)n_chunks + 4;
     /* a blosc frame is at most its data + header + block offsets + split sizes + crc */
     const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
+    /* chunks read with one pread at most: those lying one after another in the file */
+    const uint64_t max_run = max_blob > (1u << 20) ? max_blob : (1u << 20);
     int status = STATUS_OK;
-    Py_ssize_t i = 0, opened = 0, reads = 0;
+    Py_ssize_t opened = 0, reads = 0;
     long long total = 0;
     scratch_t blob = {0}, tmp = {0};
     int64_t last_shard = -1;
     uint64_t last_off = 0, last_nb = 0;
     const uint8_t *last_rows = NULL; /* where the last multi-row chunk was decoded */
     Py_BEGIN_ALLOW_THREADS
-    for (; status == STATUS_OK && i < n; i++) {
-        ok[i] = 0;
+    memset(ok, 0, (size_t)n);
+    sort_rows(ord, shards, slots, n, n_chunks * chunk_rows);
+    for (Py_ssize_t p = 0; status == STATUS_OK && p < n; p++) {
+        Py_ssize_t i = ord[p].i;
         int64_t shard = shards[i], slot = slots[i], step = steps[i];
         int64_t *e = tab + shard * TAB_COLS;
+        uint8_t *row_dst = o + dst[i] * row_bytes;
+        size_t lo = (size_t)(slot % chunk_rows) * (size_t)row_bytes;
+        int64_t *a = hold ? htab + shard * HELD_COLS : NULL;
+        int st;
+        if (a && held_holds(a, hstate, arena_n, slot, step)) { /* compressed chunk in RAM */
+            st = decode_range(arena + a[H_POS] % arena_n, (size_t)a[H_NB] - (checksum ? 4 : 0),
+                              0, chunk_bytes, lo, lo + (size_t)row_bytes, row_dst, &tmp);
+            if (st == STATUS_UNSUPPORTED) status = st;
+            ok[i] = st == STATUS_OK;
+            continue;
+        }
         if (!holds(e, slot, step)) { /* not open, or a version that lacks the step */
             if (open_shard(prefix, suffix, shard, hoff, known[shard / spl], tab, ring, ring_n,
                            state) != 0)
@@ -607,70 +533,101 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             if (!holds(e, slot, step)) continue; /* overwritten: the caller reports it */
         }
         int fd = (int)e[TAB_FD];
-        int64_t c = slot / chunk_rows;
-        int64_t key = shard * (int64_t)n_chunks + c;
-        int64_t *ce = ec ? ec + (key % ec_n) * ECACHE_COLS : NULL;
-        uint64_t off, nb;
-        if (ce && ce[EC_KEY] == key && ce[EC_GEN] == e[TAB_GEN]) {
-            off = (uint64_t)ce[EC_OFF];
-            nb = (uint64_t)ce[EC_NB];
-        } else {
-            uint8_t ent[16];
-            reads++;
-            if (pread_all(fd, ent, 16, 16 * c) != 0) continue;
-            off = le64(ent);
-            nb = le64(ent + 8);
-            if (off == UINT64_MAX || nb == 0 || nb > max_blob ||
-                off < (uint64_t)hoff + SHARD_HEADER)
-                continue; /* a missing chunk or a bad entry: the general path reports it */
-            if (ce) {
-                ce[EC_KEY] = key;
-                ce[EC_GEN] = e[TAB_GEN];
-                ce[EC_OFF] = (int64_t)off;
-                ce[EC_NB] = (int64_t)nb;
-            }
+        int64_t c = slot / chunk_rows, c_last = c;
+        for (Py_ssize_t q = p + 1; q < n && shards[ord[q].i] == shard; q++) {
+            int64_t cq = slots[ord[q].i] / chunk_rows;
+            if (cq - c >= ENTRY_RUN) break;
+            c_last = cq;
         }
-        uint8_t *row_dst = o + dst[i] * row_bytes;
+        uint64_t off, nb;
+        if (chunk_entry(e, shard, c, c_last, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
+                        &reads) != 0)
+            continue;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
-            memcpy(row_dst, last_rows + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
+            memcpy(row_dst, last_rows + lo, (size_t)row_bytes);
             ok[i] = 1;
             continue;
         }
-        if (scratch_reserve(&blob, (size_t)nb) != 0) continue;
-        reads++;
-        if (pread_all(fd, blob.buf, (size_t)nb, (int64_t)off) != 0) continue;
-        total += (long long)nb;
-        int st;
-        if (chunk_rows == 1) {
-            st = decode_chunk(blob.buf, (size_t)nb, checksum, row_dst, (size_t)row_bytes, &tmp);
-        } else if (!cdst || cdst[i] < 0) { /* only the row's bytes */
-            size_t lo = (size_t)(slot % chunk_rows) * (size_t)row_bytes;
-            st = decode_range(blob.buf, (size_t)nb, checksum, chunk_bytes, lo,
+        if (a && nb <= (uint64_t)arena_n) { /* keep the compressed chunk */
+            a[H_POS] = -1;
+            int64_t at = held_reserve(hstate, arena_n, (int64_t)nb);
+            uint8_t *kept = arena + at % arena_n;
+            reads++;
+            if (pread_all(fd, kept, (size_t)nb, (int64_t)off) != 0) continue;
+            total += (long long)nb;
+            st = decode_range(kept, (size_t)nb, checksum, chunk_bytes, lo,
                               lo + (size_t)row_bytes, row_dst, &tmp);
-        } else {
-            last_shard = -1;
-            uint8_t *rows_at = chunks + cdst[i];
-            st = decode_chunk(blob.buf, (size_t)nb, checksum, rows_at, chunk_bytes, &tmp);
             if (st == STATUS_OK) {
-                memcpy(row_dst, rows_at + (slot % chunk_rows) * row_bytes, (size_t)row_bytes);
-                last_rows = rows_at;
-                last_shard = shard;
-                last_off = off;
-                last_nb = nb;
+                a[H_POS] = at;
+                a[H_NB] = (int64_t)nb;
+                a[H_FIRST] = e[TAB_FIRST];
+                a[H_NROWS] = e[TAB_NROWS];
+                a[H_TRUSTED] = e[TAB_TRUSTED];
             }
+            if (st == STATUS_UNSUPPORTED) status = st;
+            ok[i] = st == STATUS_OK;
+            continue;
         }
-        if (st == STATUS_UNSUPPORTED) {
-            status = st;
-            break;
+        /* the rows after this one whose chunks follow it in the file: one read for all */
+        Py_ssize_t q = p;
+        uint64_t end = off + nb, prev = off;
+        while (chunk_rows == 1 && q + 1 < n) {
+            Py_ssize_t j = ord[q + 1].i;
+            const int64_t *ce = shards[j] == shard && holds(e, slots[j], steps[j])
+                                    ? remembered(ec, ec_n, shard, n_chunks, slots[j], e[TAB_GEN])
+                                    : NULL;
+            if (!ce) break;
+            uint64_t oj = (uint64_t)ce[EC_OFF], nj = (uint64_t)ce[EC_NB];
+            if (oj == prev && oj + nj == end) { /* the same chunk again */
+                q++;
+                continue;
+            }
+            if (oj != end || end + nj - off > max_run) break;
+            prev = oj;
+            end = oj + nj;
+            q++;
         }
-        ok[i] = st == STATUS_OK;
+        if (scratch_reserve(&blob, (size_t)(end - off)) != 0) continue;
+        reads++;
+        if (pread_all(fd, blob.buf, (size_t)(end - off), (int64_t)off) != 0) continue;
+        total += (long long)(end - off);
+        for (Py_ssize_t k = p; k <= q && status == STATUS_OK; k++) {
+            Py_ssize_t j = ord[k].i;
+            uint64_t oj = off, nj = nb;
+            if (k > p) {
+                const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, slots[j],
+                                               e[TAB_GEN]);
+                oj = (uint64_t)ce[EC_OFF];
+                nj = (uint64_t)ce[EC_NB];
+            }
+            uint8_t *dst_j = o + dst[j] * row_bytes;
+            if (cdst && cdst[j] >= 0) { /* keep the whole multi-row chunk for the caller */
+                last_shard = -1;
+                uint8_t *rows_at = chunks + cdst[j];
+                st = decode_chunk(blob.buf, (size_t)nj, checksum, rows_at, chunk_bytes, &tmp);
+                if (st == STATUS_OK) {
+                    memcpy(dst_j, rows_at + lo, (size_t)row_bytes);
+                    last_rows = rows_at;
+                    last_shard = shard;
+                    last_off = off;
+                    last_nb = nb;
+                }
+            } else {
+                st = decode_into(blob.buf + (oj - off), (size_t)nj, checksum, (size_t)chunk_rows,
+                                 chunk_bytes, lo, (size_t)row_bytes, dst_j, &tmp);
+            }
+            if (st == STATUS_UNSUPPORTED) status = st;
+            ok[j] = st == STATUS_OK;
+        }
+        p = q;
     }
     Py_END_ALLOW_THREADS
     free(blob.buf);
     free(tmp.buf);
-    for (Py_ssize_t k = i; k < n; k++) ok[k] = 0;
+    if (status != STATUS_OK) memset(ok, 0, (size_t)n);
     result = Py_BuildValue("(iLnn)", status, total, opened, reads);
 done:
+    PyMem_RawFree(ord);
     release(&tb);
     release(&rg);
     release(&stt);
@@ -684,6 +641,9 @@ done:
     release(&ch);
     release(&cd);
     release(&ecb);
+    release(&ar);
+    release(&ht);
+    release(&hs);
     return result;
 }
 
@@ -987,7 +947,7 @@ static PyMethodDef methods[] = {
     {"read_rows", read_rows, METH_VARARGS,
      "read_rows(prefix, suffix, n_chunks, chunk_rows, tab, ring, state, shards, slots, steps, "
      "dst, known, shards_per_lane, out, row_bytes, checksum, ok[, chunks, chunk_dst, "
-     "ecache]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
+     "ecache, arena, held_tab, held_state]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
      "dst[i] of out (row_bytes each), reading the shard's file prefix + shard + suffix: "
      "the descriptor tab holds for the shard when its header holds that step and is "
      "trusted for it, else the shard opened again (header checked, trusted for "
@@ -998,8 +958,12 @@ static PyMethodDef methods[] = {
      "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
      "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
      "so the caller can keep it. Optional ecache: index entries remembered per chunk "
-     "(direct-mapped), used again only through the descriptor they were read with. Runs "
-     "without the GIL."},
+     "(direct-mapped), used again only through the descriptor they were read with; rows "
+     "are taken in (shard, slot) order, a shard's entries read together and chunks that "
+     "follow one another in the file with one read. Optional arena, held_tab, "
+     "held_state (chunks of more than one row, no chunk_dst): each shard's compressed "
+     "chunk read is kept in the arena with its version, and rows of that version are "
+     "decoded from it (shard_reads.h). Runs without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "

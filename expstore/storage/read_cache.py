@@ -106,7 +106,7 @@ class ShardTable:
                 keep = np.zeros(len(self.owner), bool)
                 keep[s[s >= 0]] = True
                 keep[free] = True
-                victims = self._rng.choice(np.flatnonzero(~keep), short, replace=False)
+                victims = _pick(self._rng, np.flatnonzero(~keep), short)
                 gone = self.owner[victims]
                 self.slot[gone] = -1
                 self.first[gone] = -1
@@ -184,19 +184,34 @@ class ShardTable:
 
 
 
+def _pick(rng: np.random.Generator, items: np.ndarray, k: int) -> np.ndarray:
+    """``k`` distinct random entries of ``items`` (``len(items) >= k``), without the
+    permutation of all of them that ``rng.choice(replace=False)`` makes (~50 µs for a
+    few picks among thousands of slots)."""
+    picked = np.unique(rng.integers(len(items), size=k))
+    while len(picked) < k:
+        picked = np.unique(np.concatenate([picked, rng.integers(len(items), size=k)]))[:k]
+    return items[picked]
+
+
 class FdTable:
     """Shard versions of one field held open for the C kernel (see module docstring).
 
     ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
     shard its descriptor (-1: none), the header's first step and rows, and the committed
     count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
-    that the kernel closes the oldest opened. Local stores only.
+    that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
+    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``. Local stores
+    only.
     """
 
     FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
+    #: columns of ``held_tab``: arena position (-1: none), bytes, first step, rows, trusted
+    H_POS, H_NB, H_FIRST, H_NROWS, H_TRUSTED = range(5)
 
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
-                 chunk_rows: int, max_fds: int, max_entries: int = 1 << 19) -> None:
+                 chunk_rows: int, max_fds: int, max_entries: int = 1 << 19,
+                 held_bytes: int = 0) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
         self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
@@ -213,6 +228,12 @@ class FdTable:
         self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
                                -1, np.int64)
         self.opened = 0  # shard versions opened so far
+        #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
+        #: kept in this arena, oldest overwritten first, and later rows of the same
+        #: version decoded from it without a read (pages taken as it fills)
+        self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
+        self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
+        self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Rows an open version holds and is trusted for."""
@@ -232,12 +253,14 @@ class FdTable:
         ok = np.zeros(len(shards), np.uint8)
         extra = ((None, None) if chunks is None else
                  (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
+        held = ((self.held, self.held_tab, self.held_state)
+                if self.held is not None and chunks is None else ())
         status, nbytes, opened, reads = native.read_rows(
             self.prefix, self.suffix, self.n_chunks, self.chunk_rows, self.tab, self.ring,
             self.state, np.ascontiguousarray(shards, np.int64),
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
             np.ascontiguousarray(dst, np.int64), known, shards_per_lane, flat, flat.shape[1],
-            checksum, ok, *extra, self.entries)
+            checksum, ok, *extra, self.entries, *held)
         done = ok.view(bool)
         n = int(done.sum())
         self.opened += opened
@@ -248,15 +271,18 @@ class FdTable:
 
     def forget(self, shard: int) -> None:
         """Close the version of ``shard`` held (e.g. this process rewrote it)."""
+        if len(self.held_tab):
+            self.held_tab[shard, self.H_POS] = -1
         fd = int(self.tab[shard, self.FD])
         if fd >= 0:
             self.tab[shard, self.FD] = -1
             os.close(fd)
 
     def clear(self) -> None:
-        """Close every descriptor held."""
+        """Close every descriptor held and drop the chunks held."""
         for shard in np.flatnonzero(self.tab[:, self.FD] >= 0).tolist():
             self.forget(shard)
+        self.held_tab[:, self.H_POS] = -1
 
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes.

@@ -25,7 +25,6 @@ or any read error or failed check) go through the general path above
 
 from __future__ import annotations
 
-import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import numpy as np
 from ..errors import StoreCorruptError
 from .backends import Backend, Handle
 from .general_read import GeneralReads
+from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
 from .kernels import native
 from .layout import Layout
 from .read_cache import (
@@ -75,38 +75,16 @@ StagedRead = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np
 BATCH_ROWS = 1 << 16
 
 
-def _row_bytes(f) -> int:
-    return f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
-
-
-#: descriptors the kernel may hold for the readers of this process that are alive
-_fds_taken = [0]
-
-
-def kernel_fd_budget(max_open: int) -> int:
-    """File descriptors the kernel may hold open for a new reader, all fields together:
-    half of what the process may still open beyond what other readers' kernels took,
-    ``max_open`` (this reader's general path) and 1024 spare; at least 64, at most 16,384.
-    (When the process runs out anyway, the kernel closes its oldest descriptors.)"""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(64, min(16384, (soft - _fds_taken[0] - max_open - 1024) // 2))
-
-
-def _give_back_fds(n: int) -> None:
-    _fds_taken[0] -= n
-
-
 class ShardReader(GeneralReads):
     """Reads rows of any field; one per process (handles are not shareable).
 
     ``chunk_cache_bytes``: decoded multi-row chunks (LRU); ``row_cache_bytes``: decoded
     single-row chunks (frames), split over the fields stored that way; ``values_budget``:
-    decoded multi-row shards held for the batch path (scalars: 14 B/row for action, reward
-    and flags), split over the fields stored that way. ``max_fds``: descriptors the
-    kernel holds open (default :func:`kernel_fd_budget`), split over the fields of the
-    spec (fields batches read); the store's own metadata fields get 16 each.
+    multi-row shards held for the batch path (scalars: 14 B/row for action, reward and
+    flags decoded), split over the fields stored that way: decoded where that holds at
+    least half of a field's shards, else as compressed chunks. ``max_fds``: descriptors
+    the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames. Both
+    splits: :func:`~expstore.storage.kernel_budget.kernel_shares`.
     """
 
     #: remote stores: (re)open a shard's heads of every field read so far together
@@ -134,23 +112,19 @@ class ShardReader(GeneralReads):
         self._fd_share: weakref.finalize | None = None
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
-            multi = {n: _row_bytes(f) for n, f in layout.spec.fields.items()  # what batches read
-                     if layout.chunk_rows(n) > 1}
             fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
-            _fds_taken[0] += fds
             # given back when the reader is closed, or collected if never closed
-            self._fd_share = weakref.finalize(self, _give_back_fds, fds)
-            per_field = max(2, (fds - 16 * (len(layout.fields) - len(layout.spec.fields)))
-                            // max(1, len(layout.spec.fields)))
+            self._fd_share = take_fds(self, fds)
+            shares = kernel_shares(layout, fds, values_budget)
             for n, f in layout.fields.items():
-                budget = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1)
-                fdt = None
+                share, fdt = shares[n], None
                 if self.kernel_ok[n] and isinstance(root, str):
                     fdt = FdTable(root, lambda s, n=n: layout.shard_key(n, s), n_shards,
                                   layout.chunks_per_shard(n), layout.chunk_rows(n),
-                                  per_field if n in layout.spec.fields else 16)
+                                  share.fds, held_bytes=share.held_bytes)
+                values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
-                                            f.shape, f.dtype, budget, fdt)
+                                            f.shape, f.dtype, values, fdt)
         self.stats = ReadStats()
         # Callers only ask for committed steps, so a lane's largest step asked for so far
         # (+1) is a committed count. A shard version opened after that count was committed
@@ -166,7 +140,7 @@ class ShardReader(GeneralReads):
         self._read_names: set[str] = set()  # fields read through heads so far
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
-        sizes = {n: _row_bytes(f) for n, f in self.layout.fields.items()
+        sizes = {n: row_bytes(f) for n, f in self.layout.fields.items()
                  if self.layout.chunk_rows(n) == 1}
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}

@@ -1,0 +1,178 @@
+"""Scalar chunks held compressed by the kernel, and how a reader's kernel budgets are split.
+
+Where a scalar field's decoded values would hold fewer than half of its shards (a 100M-row
+store: 14 B/row decoded), the reader keeps the field's budget as *held chunks*: each
+shard's compressed chunk, once read, stays in a byte arena (oldest overwritten first) with
+the version it came from, and later rows of that version are decoded from RAM, with no
+descriptor and no read. These tests read real stores written by ``Store.add`` and compare
+every value with the general path (numcodecs, parsed indexes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_batch_path import FRAME, make_store, write
+
+from expstore.storage import ShardReader, backend_for
+from expstore.storage.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
+from expstore.storage.kernels import native
+
+if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
+    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
+
+SCALARS = ["action", "reward", "terminated", "truncated", "step"]
+
+
+def _store(tmp_path, capacity=8192, shard_rows=256, n=7000):
+    store = make_store(tmp_path / "s.zarr", capacity=capacity, shard_rows=shard_rows)
+    write(store, 0, 0, n)
+    store.flush()
+    rows = np.arange(store.capacity)
+    steps = store.index.steps(rows)
+    keep = (steps >= 0) & (steps < store.index.count[0])
+    return store, rows[keep], steps[keep]
+
+
+def _general(store):
+    general = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    general.tables = {}
+    return general
+
+
+def _same_as_general(reader, general, rows, steps) -> None:
+    got = reader.read_fields(SCALARS, rows, steps)
+    for name in SCALARS:
+        f = reader.layout.fields[name]
+        expect = np.zeros((len(rows), *f.shape), f.dtype)
+        assert general.read(name, rows, steps, expect).all()
+        values, ok = got[name]
+        assert ok.all(), name
+        assert np.array_equal(values, expect), name
+
+
+def test_held_chunks_serve_rows_without_reads(tmp_path) -> None:
+    """Decoded values would hold 7 of 32 shards: the budget holds the compressed chunks
+    of all 32 instead, and once each shard was read, rows are served with no descriptor
+    opened and no byte read."""
+    store, rows, steps = _store(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=40_000, max_fds=1000)
+    general = _general(store)
+    table = reader.tables["step"]
+    assert table.max_slots == 0 and not table.fills  # no decoded values kept
+    held = table.fds.held
+    assert held is not None and len(held) == 40_000 * 8 // 22
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        pick = rng.choice(len(rows), 48, replace=False)
+        _same_as_general(reader, general, rows[pick], steps[pick])
+    _same_as_general(reader, general, rows, steps)  # every shard read once at least
+    n_shards = len(np.unique(rows // 256))
+    # `step` and `action` compress well (4-10x): all their chunks fit; `reward` (a float
+    # per step) does not compress, and its arena holds only the newest of its chunks
+    fit = ["step", "action"]
+    for name in fit:
+        fds = reader.tables[name].fds
+        assert (fds.held_tab[:, fds.H_POS] >= 0).sum() == n_shards, name
+        assert fds.held_state[0] <= len(fds.held)  # it all fit: nothing overwritten
+    opened = [reader.tables[n].fds.opened for n in fit]
+    for _ in range(10):
+        pick = rng.choice(len(rows), 48, replace=False)
+        _same_as_general(reader, general, rows[pick], steps[pick])
+    _same_as_general(reader, general, rows, steps)
+    assert [reader.tables[n].fds.opened for n in fit] == opened
+    requests = reader.stats.requests
+    got = reader.read_fields(fit, rows, steps)
+    assert all(got[n][1].all() for n in fit)
+    assert reader.stats.requests == requests  # no byte read
+    assert not reader.heads  # nothing went through the general path
+    store.close()
+
+
+def test_an_arena_smaller_than_the_chunks_overwrites_the_oldest(tmp_path) -> None:
+    """An arena of room for a few chunks: older chunks are overwritten as new ones are
+    read, rows of overwritten chunks are read again, and every value is still right."""
+    store, rows, steps = _store(tmp_path)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=6000, max_fds=1000)
+    general = _general(store)
+    fds = reader.tables["step"].fds
+    one = int(fds.held_state[0])
+    _same_as_general(reader, general, rows[:1], steps[:1])
+    one = int(fds.held_state[0]) - one  # bytes of one compressed chunk of `step`
+    assert 0 < one and 3 * one < len(fds.held) < 10 * one
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        pick = rng.choice(len(rows), 24, replace=False)
+        _same_as_general(reader, general, rows[pick], steps[pick])
+    assert fds.held_state[0] > 4 * len(fds.held)  # the arena went round several times
+    intact = fds.held_tab[:, fds.H_POS] >= fds.held_state[0] - len(fds.held)
+    assert 0 < intact.sum() < 10  # only the newest chunks are still held
+    before = reader.stats.requests
+    _same_as_general(reader, general, rows, steps)
+    assert reader.stats.requests > before  # overwritten chunks were read again
+    store.close()
+
+
+def test_held_chunks_of_an_overwritten_shard_are_not_served(tmp_path) -> None:
+    """A lap of the ring rewrites shards: rows of the new steps come from the new
+    versions, the held chunks of the old ones never stand in for them, and the old steps
+    are no longer delivered."""
+    store, rows, steps = _store(tmp_path, capacity=1024, shard_rows=256, n=900)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=6000, max_fds=1000)
+    general = _general(store)
+    fds = reader.tables["step"].fds
+    assert fds.held is not None
+    _same_as_general(reader, general, rows, steps)
+    assert (fds.held_tab[:, fds.H_POS] >= 0).sum() == 4  # all four shards held
+    write(store, 0, 900, 300)  # a new lap over shards 0 and 1
+    store.flush()
+    new_steps = store.index.steps(rows)
+    moved = new_steps != steps
+    assert moved.any() and (~moved).any()
+    reader.known[:] = store.index.count  # what the sampler would ask for now
+    _same_as_general(reader, general, rows[moved], new_steps[moved])
+    got = reader.read_fields(["step"], rows[moved], steps[moved])["step"]
+    assert not got[1].any()  # old steps of rewritten rows: not delivered
+    store.close()
+
+
+def test_budgets_favour_frames_with_descriptors_and_scalars_with_bytes(tmp_path) -> None:
+    store = make_store(tmp_path / "s.zarr", capacity=8192, shard_rows=256)
+    L = store.layout
+    meta = [n for n in L.fields if n not in L.spec.fields]
+    # room for every shard decoded: values; for a few: held chunks, same bytes
+    for budget, decoded in ((1 << 20, True), (40_000, False)):
+        shares = kernel_shares(L, 1000, budget)
+        assert sum(s.fds for s in shares.values()) <= 1000
+        assert all(shares[n].fds == FDS_METADATA for n in meta)
+        assert all(shares[n].fds == FDS_ONE_CHUNK for n in SCALARS)
+        assert shares["obs"].fds == 1000 - FDS_METADATA * len(meta) - FDS_ONE_CHUNK * 5
+        for n in SCALARS:
+            s = shares[n]
+            assert (s.values_bytes > 0, s.held_bytes > 0) == (decoded, not decoded)
+        assert sum(s.values_bytes + s.held_bytes for s in shares.values()) <= budget
+    # a budget too small for 64 each: an even split, frames first in nothing
+    shares = kernel_shares(L, 8 * len(L.spec.fields) + FDS_METADATA * len(meta), 1 << 20)
+    assert {shares[n].fds for n in L.spec.fields} == {8}
+    store.close()
+
+
+def test_kernel_refuses_held_chunks_for_frames(tmp_path) -> None:
+    store, rows, steps = _store(tmp_path, capacity=1024, shard_rows=256, n=500)
+    fds = ShardReader(backend_for(store.url), store.layout).tables["obs"].fds
+    flat = np.zeros((2, FRAME[0] * FRAME[1]), np.uint8)
+    args = [fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, fds.tab, fds.ring,
+            fds.state, np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64),
+            np.arange(2), np.array([600], np.int64), 4, flat, flat.shape[1], False,
+            np.zeros(2, np.uint8), None, None, fds.entries]
+    held = (np.zeros(64, np.uint8), np.full((len(fds.tab), 5), -1, np.int64),
+            np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="held chunks need chunks of more than one row"):
+        native.read_rows(*args, *held)
+    store.close()
