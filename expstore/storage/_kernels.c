@@ -100,11 +100,14 @@ static uint32_t le32(const uint8_t *p) {
 
 /* ---- LZ4 block format ----------------------------------------------------------- */
 
-/* Decode one LZ4 block of exactly `dstlen` bytes; 0 on success, -1 if corrupt. */
-static int lz4_block(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dstlen) {
+/* Decode one LZ4 block of exactly `dstlen` bytes, or (want < dstlen) only until its first
+   `want` bytes are out; 0 on success, -1 if corrupt. */
+static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dstlen,
+                      size_t want) {
     const uint8_t *iend = ip + srclen;
-    uint8_t *op = dst, *oend = dst + dstlen;
+    uint8_t *op = dst, *oend = dst + dstlen, *owant = dst + (want < dstlen ? want : dstlen);
     for (;;) {
+        if (want < dstlen && op >= owant) return 0;
         if (ip >= iend) return -1;
         unsigned token = *ip++;
         size_t lit = token >> 4;
@@ -121,6 +124,7 @@ static int lz4_block(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dstl
         op += lit;
         ip += lit;
         if (ip == iend) break; /* the last sequence holds literals only */
+        if (want < dstlen && op >= owant) return 0;
         if (iend - ip < 2) return -1;
         size_t off = (size_t)ip[0] | ((size_t)ip[1] << 8);
         ip += 2;
@@ -147,7 +151,7 @@ static int lz4_block(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dstl
         }
         op += mlen;
     }
-    return op == oend ? 0 : -1;
+    return op == oend || (want < dstlen && op >= owant) ? 0 : -1;
 }
 
 /* ---- blosc1 frame --------------------------------------------------------------- */
@@ -182,9 +186,12 @@ static void unshuffle(size_t typesize, size_t n, const uint8_t *src, uint8_t *ds
 }
 
 /* LZ4-decode block `j` of a blosc1 frame (its `nsplits` streams, still byte-shuffled if the
-   frame is) into `out`: `bsize` bytes. A STATUS_* code. */
+   frame is) into `out`: `bsize` bytes, or (upto < bsize) at least what bytes [0, upto)
+   of the unshuffled block need: a prefix of each stream where that is all they need (a
+   single unshuffled stream, or one stream per byte plane). A STATUS_* code. */
 static int blosc_block(const uint8_t *src, size_t n, unsigned flags, size_t typesize,
-                       size_t blocksize, size_t j, size_t bsize, int last, uint8_t *out) {
+                       size_t blocksize, size_t j, size_t bsize, int last, uint8_t *out,
+                       size_t upto) {
     const uint8_t *end = src + n;
     size_t start = le32(src + BLOSC_HEADER + 4 * j);
     if (start >= n) return STATUS_CORRUPT;
@@ -192,15 +199,20 @@ static int blosc_block(const uint8_t *src, size_t n, unsigned flags, size_t type
     size_t nsplits = 1;
     if (!(flags & BLOSC_DONTSPLIT) && typesize <= 16 && blocksize / typesize >= 128 && !last)
         nsplits = typesize;
-    size_t neblock = bsize / nsplits;
+    size_t neblock = bsize / nsplits, want = neblock;
+    int shuffled = (flags & BLOSC_DOSHUFFLE) && typesize > 1;
+    if (upto > 0 && upto < bsize) {
+        if (nsplits == 1 && !shuffled) want = upto;
+        else if (nsplits == typesize && shuffled) want = (upto - 1) / typesize + 1;
+    }
     for (size_t k = 0; k < nsplits; k++) {
         if (end - p < 4) return STATUS_CORRUPT;
         size_t cb = le32(p);
         p += 4;
         if (cb > (size_t)(end - p)) return STATUS_CORRUPT;
         if (cb == neblock) {
-            memcpy(out, p, neblock);
-        } else if (lz4_block(p, cb, out, neblock) != 0) {
+            memcpy(out, p, want);
+        } else if (lz4_prefix(p, cb, out, neblock, want) != 0) {
             return STATUS_CORRUPT;
         }
         p += cb;
@@ -235,7 +247,7 @@ static int blosc_frame(const uint8_t *src, size_t n, uint8_t *dst, size_t dstlen
         int last = leftover && j == nblocks - 1;
         size_t bsize = last ? leftover : blocksize;
         uint8_t *out = shuffle ? tmp->buf : dst + j * blocksize;
-        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, out);
+        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, out, bsize);
         if (st != STATUS_OK) return st;
         if (shuffle) unshuffle(typesize, bsize, tmp->buf, dst + j * blocksize);
     }
@@ -270,10 +282,10 @@ static int blosc_range(const uint8_t *src, size_t n, size_t dstlen, size_t lo, s
     for (size_t j = lo / blocksize; j < nblocks && j * blocksize < hi; j++) {
         int last = leftover && j == nblocks - 1;
         size_t bsize = last ? leftover : blocksize;
-        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, tmp->buf);
-        if (st != STATUS_OK) return st;
         size_t a = lo > j * blocksize ? lo - j * blocksize : 0;      /* in this block */
         size_t z = hi - j * blocksize < bsize ? hi - j * blocksize : bsize;
+        int st = blosc_block(src, n, flags, typesize, blocksize, j, bsize, last, tmp->buf, z);
+        if (st != STATUS_OK) return st;
         uint8_t *o = out + (j * blocksize + a - lo);
         if (!shuffle) {
             memcpy(o, tmp->buf + a, z - a);
