@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pytest
 from test_batch_path import FRAME, make_store, write
+from test_kernel_reads import _filled, _general
 
 from expstore.storage import ShardReader, backend_for
 from expstore.storage.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
@@ -28,19 +29,7 @@ SCALARS = ["action", "reward", "terminated", "truncated", "step"]
 
 
 def _store(tmp_path, capacity=8192, shard_rows=256, n=7000):
-    store = make_store(tmp_path / "s.zarr", capacity=capacity, shard_rows=shard_rows)
-    write(store, 0, 0, n)
-    store.flush()
-    rows = np.arange(store.capacity)
-    steps = store.index.steps(rows)
-    keep = (steps >= 0) & (steps < store.index.count[0])
-    return store, rows[keep], steps[keep]
-
-
-def _general(store):
-    general = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
-    general.tables = {}
-    return general
+    return _filled(tmp_path, capacity=capacity, shard_rows=shard_rows, n=n)
 
 
 def _same_as_general(reader, general, rows, steps) -> None:

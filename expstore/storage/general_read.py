@@ -15,6 +15,8 @@ reader's caches, backend and counters (``self``), and the reader's batch path ca
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import ObjectChanged, StoreCorruptError
@@ -252,3 +254,31 @@ class GeneralReads:
         while self._cached_bytes > self.chunk_cache_bytes and len(self.chunk_cache) > 1:
             _, old = self.chunk_cache.popitem(last=False)
             self._cached_bytes -= old.nbytes
+
+
+def parse_head_retrying(backend: Any, key: str, h: Any, raw: bytes, size: int,
+                        n_chunks: int, stats: Any) -> tuple[Any, bytes, ShardHead]:
+    """Parse the head of shard object ``key`` read through handle ``h``. On local disk a
+    head that fails its checks is read again through a new handle, a few times: a partial
+    shard is rewritten in place while it fills, and a read racing that can see a mix of
+    two versions, which the crc32c checks refuse. Returns the handle, bytes and head
+    used; closes ``h`` when it raises."""
+    where = f"{backend.url}/{key}"
+    tries = 4 if backend.is_local else 1
+    for attempt in range(tries):
+        try:
+            return h, raw, parse_head(raw, n_chunks, where)
+        except StoreCorruptError:
+            backend.close_object(h)
+            if attempt == tries - 1:
+                raise
+        got = backend.open_object(key)
+        if got is None:
+            raise StoreCorruptError(f"{where}: shard vanished while being read")
+        h = got
+        raw = backend.read_ranges([(h, 0, size)], missing_ok=True)[0]
+        stats.requests += 1
+        if raw is None:
+            backend.close_object(h)
+            raise StoreCorruptError(f"{where}: shard vanished while being read")
+    raise AssertionError("unreachable")

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreCorruptError
 from .kernels import copy_rows, native
-from .shard import ShardHead, parse_head
+from .shard import ShardHead
 
 #: columns of FdTable.tab (what the C kernel keeps per shard)
 TAB_COLS = 6 if native is None else native.TAB_COLS
@@ -479,31 +478,3 @@ def serve_held(table: ShardTable, cache: RowCache, ctx: KernelRead, rows: np.nda
         cache.keep(rows[mine], steps[mine])
     stats.rows += int(done.sum())
     return pos, done, kernel
-
-
-def parse_head_retrying(backend: Any, key: str, h: Any, raw: bytes, size: int,
-                        n_chunks: int, stats: Any) -> tuple[Any, bytes, ShardHead]:
-    """Parse the head of shard object ``key`` read through handle ``h``. On local disk a
-    head that fails its checks is read again through a new handle, a few times: a partial
-    shard is rewritten in place while it fills, and a read racing that can see a mix of
-    two versions, which the crc32c checks refuse. Returns the handle, bytes and head
-    used; closes ``h`` when it raises."""
-    where = f"{backend.url}/{key}"
-    tries = 4 if backend.is_local else 1
-    for attempt in range(tries):
-        try:
-            return h, raw, parse_head(raw, n_chunks, where)
-        except StoreCorruptError:
-            backend.close_object(h)
-            if attempt == tries - 1:
-                raise
-        got = backend.open_object(key)
-        if got is None:
-            raise StoreCorruptError(f"{where}: shard vanished while being read")
-        h = got
-        raw = backend.read_ranges([(h, 0, size)], missing_ok=True)[0]
-        stats.requests += 1
-        if raw is None:
-            backend.close_object(h)
-            raise StoreCorruptError(f"{where}: shard vanished while being read")
-    raise AssertionError("unreachable")

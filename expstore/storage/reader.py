@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import StoreCorruptError
 from .backends import Backend, Handle
-from .general_read import GeneralReads
+from .general_read import GeneralReads, parse_head_retrying
 from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
 from .kernels import native
 from .layout import Layout
@@ -43,7 +43,6 @@ from .read_cache import (
     KernelRead,
     RowCache,
     ShardTable,
-    parse_head_retrying,
     serve,
     serve_held,
 )
