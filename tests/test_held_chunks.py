@@ -146,7 +146,7 @@ def test_budgets_favour_frames_with_descriptors_and_scalars_with_bytes(tmp_path)
             s = shares[n]
             assert (s.values_bytes > 0, s.held_bytes > 0) == (decoded, not decoded)
         assert sum(s.values_bytes + s.held_bytes for s in shares.values()) <= budget
-    # a budget too small for 64 each: an even split, frames first in nothing
+    # a budget too small for 64 each: every field of the spec gets an even share
     shares = kernel_shares(L, 8 * len(L.spec.fields) + FDS_METADATA * len(meta), 1 << 20)
     assert {shares[n].fds for n in L.spec.fields} == {8}
     store.close()

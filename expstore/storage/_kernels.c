@@ -545,12 +545,9 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             if (!holds(e, slot, step)) continue; /* overwritten: the caller reports it */
         }
         int fd = (int)e[TAB_FD];
-        int64_t c = slot / chunk_rows, c_last = c;
-        for (Py_ssize_t q = p + 1; q < n && shards[ord[q].i] == shard; q++) {
-            int64_t cq = slots[ord[q].i] / chunk_rows;
-            if (cq - c >= ENTRY_RUN) break;
-            c_last = cq;
-        }
+        int64_t c = slot / chunk_rows;
+        int64_t c_last = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN])
+                             ? c : last_chunk_near(ord, p, n, shards, slots, chunk_rows);
         uint64_t off, nb;
         if (chunk_entry(e, shard, c, c_last, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
                         &reads) != 0)

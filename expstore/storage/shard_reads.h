@@ -178,6 +178,20 @@ static const int64_t *remembered(const int64_t *ec, Py_ssize_t ec_n, int64_t sha
     return ce[EC_KEY] == key && ce[EC_GEN] == gen ? ce : NULL;
 }
 
+/* The last chunk, within ENTRY_RUN of row p's, that rows p+1.. of the same shard need
+   (rows in read_order): the index entries to read with row p's. */
+static int64_t last_chunk_near(const read_order *ord, Py_ssize_t p, Py_ssize_t n,
+                               const int64_t *shards, const int64_t *slots,
+                               int64_t chunk_rows) {
+    int64_t shard = shards[ord[p].i], c = slots[ord[p].i] / chunk_rows, last = c;
+    for (Py_ssize_t q = p + 1; q < n && shards[ord[q].i] == shard; q++) {
+        int64_t cq = slots[ord[q].i] / chunk_rows;
+        if (cq - c >= ENTRY_RUN) break;
+        last = cq;
+    }
+    return last;
+}
+
 /* Offset and size of chunk `c` of the shard open as `e`: remembered, else read from its
    index together with the entries of chunks c+1..c_last (all remembered, when `ec`).
    0 when the entry is there and sane; -1 (a missing chunk, a bad entry, a failed read:
