@@ -64,6 +64,19 @@ def row_bytes(field) -> int:
     return field.dtype.itemsize * int(np.prod(field.shape, dtype=np.int64))
 
 
+def decoded_slots(n_shards: int, shard_bytes: int, budget: int) -> int:
+    """Shards of ``shard_bytes`` decoded bytes each that ``budget`` bytes hold (at most
+    all ``n_shards``)."""
+    return int(min(n_shards, budget // max(1, shard_bytes)))
+
+
+def worth_filling(slots: int, n_shards: int) -> bool:
+    """Whether decoded values for ``slots`` of ``n_shards`` shards are worth filling as
+    rows are read: at least half of them (else most slots are evicted before they are read
+    again, and the same bytes hold more shards as compressed chunks)."""
+    return 2 * slots >= n_shards
+
+
 def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, KernelShare]:
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
@@ -71,9 +84,8 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     one chunk per shard (scalars) keeps it as decoded values where those hold at least
     half its shards, else as held compressed chunks (an Atari action is 8 B decoded,
     about 1 B compressed), and gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an
-    even split of ``fds`` gives fewer). The store's
-    metadata fields get :data:`FDS_METADATA` each; the other fields batches read (frames)
-    share the rest.
+    even split of ``fds`` gives fewer). The store's metadata fields get
+    :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
     """
     n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
@@ -87,10 +99,10 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     shares = {}
     for n, f in layout.fields.items():
         budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
-        if n in one_chunk:
-            per_slot = max(1, layout.shard_rows * row_bytes(f))
-            if 2 * min(n_shards, budget // per_slot) < n_shards:
-                budget, held = 0, budget
+        shard_bytes = layout.shard_rows * row_bytes(f)
+        if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
+                                                n_shards):
+            budget, held = 0, budget
         count = FDS_METADATA if n not in spec else light_fds if n in light else per_field
         shares[n] = KernelShare(count, budget, held)
     return shares

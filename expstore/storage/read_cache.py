@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .kernel_budget import decoded_slots, worth_filling
 from .kernels import copy_rows, native
 from .shard import ShardHead
 
@@ -54,8 +55,9 @@ class ShardTable:
         self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
         self.fds = fds
         self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
-        per_slot = max(1, shard_rows * self.dtype.itemsize * int(np.prod(self.shape)))
-        self.max_slots = 0 if chunk_rows == 1 else int(min(n_shards, values_budget // per_slot))
+        per_slot = shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
+        self.max_slots = 0 if chunk_rows == 1 else decoded_slots(n_shards, per_slot,
+                                                                  values_budget)
         self._rng = np.random.default_rng(0)
         self.opened = 0  # versions bound so far (shard opens of this field)
 
@@ -83,7 +85,8 @@ class ShardTable:
         per shard, and room for the values of at least half the shards (else most
         would be evicted before they are read again: the kernel decodes only the rows
         asked for)."""
-        return self.chunk_rows == self.shard_rows and 2 * self.max_slots >= len(self.slot)
+        return self.chunk_rows == self.shard_rows and worth_filling(self.max_slots,
+                                                                    len(self.slot))
 
     def claim(self, shards: np.ndarray) -> np.ndarray | None:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
