@@ -245,6 +245,24 @@ def expstore_vector(kind: str, vsteps: list[tuple], lanes: int, tmp: str, i: int
         store.close()
 
 
+#: a table row's columns from one expstore timing (``per_call``'s keys)
+TIMING_COLS = {"expstore_us": "mean_us", "expstore_p50_us": "p50_us",
+               "expstore_p99_us": "p99_us", "expstore_max_us": "max_us",
+               "shard_add_p50_us": "shard_p50_us", "shard_add_p99_us": "shard_p99_us",
+               "shard_add_x": "shard_x", "open_add_p50_us": "open_p50_us",
+               "open_add_x": "open_x"}
+
+
+def _row(case: str, timing: dict, shards: bool = True, **rest: float | None) -> dict:
+    """A table row: ``case``, the :data:`TIMING_COLS` of ``timing`` (those of shard
+    hand-offs ``None`` unless ``shards``), then ``rest`` in order."""
+    row: dict = {"case": case}
+    for col, key in TIMING_COLS.items():
+        handoff = col.startswith(("shard_", "open_"))
+        row[col] = timing[key] if shards or not handoff else None
+    return {**row, **rest}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20_000, help="env steps per case")
@@ -289,43 +307,24 @@ def main() -> None:
     rows = []
     for kind in cases:
         ring, trl, ours = (med[f"{kind} {c}"] for c in ("ring", "torchrl", "expstore"))
-        fl = med[f"{kind} expstore add+flush (fsync off)"]
-        rows.append({"case": f"{kind}: one step per add", "expstore_us": ours["mean_us"],
-                     "expstore_p50_us": ours["p50_us"], "expstore_p99_us": ours["p99_us"],
-                     "expstore_max_us": ours["max_us"], "shard_add_p50_us": ours["shard_p50_us"],
-                     "shard_add_p99_us": ours["shard_p99_us"], "shard_add_x": ours["shard_x"],
-                     "open_add_p50_us": ours["open_p50_us"], "open_add_x": ours["open_x"],
-                     "ring_us": ring["mean_us"], "torchrl_us": trl["mean_us"],
-                     "x_ring": ours["mean_us"] / ring["mean_us"],
-                     "x_torchrl": ours["mean_us"] / trl["mean_us"],
-                     "steps_per_s": 1e6 / ours["mean_us"]})
+        rows.append(_row(f"{kind}: one step per add", ours, ring_us=ring["mean_us"],
+                         torchrl_us=trl["mean_us"], x_ring=ours["mean_us"] / ring["mean_us"],
+                         x_torchrl=ours["mean_us"] / trl["mean_us"],
+                         steps_per_s=1e6 / ours["mean_us"]))
         pc = med[f"{kind} expstore paced"]
-        rows.append({"case": f"{kind}: one step per add, paced {a.pace_us:g} us",
-                     "expstore_us": pc["mean_us"], "expstore_p50_us": pc["p50_us"],
-                     "expstore_p99_us": pc["p99_us"], "expstore_max_us": pc["max_us"],
-                     "shard_add_p50_us": pc["shard_p50_us"],
-                     "shard_add_p99_us": pc["shard_p99_us"], "shard_add_x": pc["shard_x"],
-                     "open_add_p50_us": pc["open_p50_us"], "open_add_x": pc["open_x"],
-                     "ring_us": ring["mean_us"],
-                     "torchrl_us": trl["mean_us"], "x_ring": pc["mean_us"] / ring["mean_us"],
-                     "x_torchrl": pc["mean_us"] / trl["mean_us"], "steps_per_s": None})
+        rows.append(_row(f"{kind}: one step per add, paced {a.pace_us:g} us", pc,
+                         ring_us=ring["mean_us"], torchrl_us=trl["mean_us"],
+                         x_ring=pc["mean_us"] / ring["mean_us"],
+                         x_torchrl=pc["mean_us"] / trl["mean_us"], steps_per_s=None))
         for lanes in (8, 64):
             r, o = med[f"{kind} ring x{lanes}"], med[f"{kind} expstore x{lanes}"]
-            rows.append({"case": f"{kind}: {lanes} lanes per add", "expstore_us": o["mean_us"],
-                         "expstore_p50_us": o["p50_us"], "expstore_p99_us": o["p99_us"],
-                         "expstore_max_us": o["max_us"], "shard_add_p50_us": o["shard_p50_us"],
-                         "shard_add_p99_us": o["shard_p99_us"], "shard_add_x": o["shard_x"],
-                         "open_add_p50_us": o["open_p50_us"], "open_add_x": o["open_x"],
-                         "ring_us": r["mean_us"],
-                         "torchrl_us": None, "x_ring": o["mean_us"] / r["mean_us"],
-                         "x_torchrl": None, "steps_per_s": lanes * 1e6 / o["mean_us"]})
-        rows.append({"case": f"{kind}: add + flush every step (fsync off)",
-                     "expstore_us": fl["mean_us"], "expstore_p50_us": fl["p50_us"],
-                     "expstore_p99_us": fl["p99_us"], "expstore_max_us": fl["max_us"],
-                     "shard_add_p50_us": None, "shard_add_p99_us": None, "shard_add_x": None,
-                     "open_add_p50_us": None, "open_add_x": None, "ring_us": None,
-                     "torchrl_us": None, "x_ring": None, "x_torchrl": None,
-                     "steps_per_s": 1e6 / fl["mean_us"]})
+            rows.append(_row(f"{kind}: {lanes} lanes per add", o, ring_us=r["mean_us"],
+                             torchrl_us=None, x_ring=o["mean_us"] / r["mean_us"],
+                             x_torchrl=None, steps_per_s=lanes * 1e6 / o["mean_us"]))
+        fl = med[f"{kind} expstore add+flush (fsync off)"]
+        rows.append(_row(f"{kind}: add + flush every step (fsync off)", fl, shards=False,
+                         ring_us=None, torchrl_us=None, x_ring=None, x_torchrl=None,
+                         steps_per_s=1e6 / fl["mean_us"]))
     body = markdown_table(rows, list(rows[0]))
     body += (f"\n\n{a.steps:,} env steps per case (add+flush: 3,000), medians of {a.repeats} "
              "runs; microseconds per `add` call: mean (amortized, shard writes included), "
