@@ -106,6 +106,8 @@ QUARANTINE_RELOAD = 5.0  # seconds between re-reads of the quarantine on refresh
 #: rows of a lane indexed per block when a store is opened or refreshed (bounds the
 #: temporary arrays of a load: about 40 bytes per row of a block)
 LOAD_BLOCK_ROWS = 1 << 18
+#: reads of a row that its lane state covers, under one state, before it counts as damage
+DAMAGE_READS = 3
 
 
 class Store:
@@ -163,7 +165,7 @@ class Store:
             self._states = read_states(backend, list(range(layout.lanes)))
             for st in list(self._states):
                 if index_all or st.lane in self.write_lanes:
-                    self._load_lane_retrying(st)
+                    self._load_lane(st)
             for i in self.write_lanes:
                 self.writers[i] = self._resume_writer(self._states[i])
             if self.writers:
@@ -304,69 +306,96 @@ class Store:
         return self._reader
 
     def _load_lane(self, st: LaneState) -> None:
-        """Bring the index of one lane up to a committed state (reads metadata shards).
+        """Bring the index of one lane up to a committed state (reads metadata shards) and
+        remember the state it reached (``_states``).
 
         Streams: rows are read and indexed in blocks of :data:`LOAD_BLOCK_ROWS`, so the
         temporary arrays of a load stay a few MB whatever the lane's size (the index
-        itself is 5 bytes per row).
+        itself is 5 bytes per row). The lane's writer may lap this load: rows it drops
+        meanwhile are skipped, never reported as damage (:meth:`_read_block`).
         """
         idx = self.index
         lane = st.lane
+        st = LaneState(**vars(st))  # (its valid_from rises if the writer drops rows)
         old_count = int(idx.count[lane])
         idx.set_valid_from(lane, st.valid_from)
-        start = max(old_count, st.valid_from)
-        if st.count <= start:
-            return
+        a = max(old_count, st.valid_from)
         lost_ranges = self._quarantine.lanes.get(lane, [])
-        a = start
         while a < st.count:  # block ends aligned to LOAD_BLOCK_ROWS: no shard read twice
             b = min(st.count, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
-            self._load_block(lane, a, b, st.count)
+            ep, fl = self._read_block(st, a, b)
+            idx.set_valid_from(lane, st.valid_from)
+            idx.put(lane, a, ep, fl)  # (rows below valid_from are not announced)
             if lost_ranges:
                 idx.mark_lost(lane, lost_ranges, a, b)
-            a = b
+            a = max(b, st.valid_from)  # blocks the writer dropped meanwhile: not read
+        if int(idx.count[lane]) < st.count:  # the writer dropped every row left to read
+            idx.count[lane] = idx.committed[lane] = st.count
+        self._states[lane] = st
 
-    def _load_block(self, lane: int, start: int, stop: int, count: int) -> None:
-        """Index steps ``[start, stop)`` of ``lane`` from its metadata shards."""
+    def _read_block(self, st: LaneState, start: int, stop: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Episode positions and flags of steps ``[start, stop)`` of lane ``st.lane``.
+
+        A row its shard no longer holds was either dropped by the lane's writer since the
+        state was read (the writer commits a state dropping a shard's previous lap before
+        it replaces the shard, §4: a fresh read of the state then starts after the row,
+        and ``st.valid_from`` is raised to it) or was being replaced while read. Rows the
+        fresh state still covers are read again, as often as the writer moves on in
+        between. A row still missed after :data:`DAMAGE_READS` reads under one state (the
+        same generation: no writer moved) is damage (:class:`StoreCorruptError`, naming
+        the shard).
+        """
+        lane = st.lane
         steps = np.arange(start, stop, dtype=np.int64)
+        ep, fl, ok = self._read_metadata(lane, steps)
+        missing = np.flatnonzero(~ok)
+        generation, unchanged = None, 0
+        while len(missing):
+            newer = read_state(self.backend, lane)
+            st.valid_from = max(st.valid_from, min(newer.valid_from, st.count))
+            missing = missing[steps[missing] >= st.valid_from]
+            if not len(missing):
+                break
+            unchanged = unchanged + 1 if newer.generation == generation else 0
+            if unchanged:
+                time.sleep(0.01)  # (a shard being rewritten in place: give it a moment)
+            if unchanged >= DAMAGE_READS - 1:
+                bad = int(steps[missing[0]])
+                shard = int(self.index.lane_rows(lane, np.array([bad]))[0])
+                raise StoreCorruptError(
+                    f"{self.url}/"
+                    f"{self.layout.shard_key('_flags', shard // self.layout.shard_rows)}: "
+                    f"lane {lane} state covers steps {st.valid_from}..{newer.count} but a "
+                    f"shard does not hold step {bad}")
+            generation = newer.generation
+            e, f, again = self._read_metadata(lane, steps[missing])
+            ep[missing], fl[missing] = e, f
+            missing = missing[~again]
+        for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
+            self.reader.drop_chunks(name)
+        return ep, fl
+
+    def _read_metadata(self, lane: int, steps: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_episode_step`` and ``_flags`` of ``steps`` of ``lane`` and which rows were
+        read; quarantined (lost) rows are never read and count as read (zeros)."""
         rows = self.index.lane_rows(lane, steps)
         ep = np.zeros(len(rows), np.int32)
         fl = np.zeros(len(rows), np.uint8)
-        lost = self._quarantine.mask(lane, steps)  # never read lost rows
-        ok = lost.copy()
-        keep = None if not lost.any() else np.flatnonzero(~lost)
-        if keep is None:
+        lost = self._quarantine.mask(lane, steps)
+        if not lost.any():
             ok = self.reader.read("_episode_step", rows, steps, ep)
             ok &= self.reader.read("_flags", rows, steps, fl)
-        elif len(keep):
+            return ep, fl, ok
+        ok = lost.copy()
+        keep = np.flatnonzero(~lost)
+        if len(keep):
             e, f = np.empty(len(keep), np.int32), np.empty(len(keep), np.uint8)
             ok[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
             ok[keep] &= self.reader.read("_flags", rows[keep], steps[keep], f)
             ep[keep], fl[keep] = e, f
-        if not ok.all():
-            bad = int(np.flatnonzero(~ok)[0])
-            raise StoreCorruptError(
-                f"{self.url}/"
-                f"{self.layout.shard_key('_flags', int(rows[bad]) // self.layout.shard_rows)}: "
-                f"lane {lane} state covers steps up to {count} but a shard does not hold "
-                f"step {int(steps[bad])}")
-        for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
-            self.reader.drop_chunks(name)
-        self.index.put(lane, start, ep, fl)
-
-    def _load_lane_retrying(self, st: LaneState) -> None:
-        """:meth:`_load_lane`; if a shard no longer holds rows the state promised, a writer
-        moved on since the state was read: re-read it (its ``valid_from`` drops them)."""
-        for attempt in range(4):
-            try:
-                self._load_lane(st)
-                break
-            except StoreCorruptError:
-                newer = read_state(self.backend, st.lane)
-                if attempt == 3 or newer.generation == st.generation:
-                    raise
-                st = newer
-        self._states[st.lane] = st
+        return ep, fl, ok
 
     def _release_leases(self) -> None:
         _release_all(self.leases.values())
@@ -406,7 +435,7 @@ class Store:
         if time.monotonic() - self._quarantine_read >= QUARANTINE_RELOAD:
             self._reload_quarantine()
         for st in read_states(self.backend, lanes):
-            self._staged.refresh_lane(st, self._load_lane_retrying)
+            self._staged.refresh_lane(st, self._load_lane)
 
     @property
     def publishes_staging(self) -> bool:

@@ -365,9 +365,13 @@ class StoreLoader(DataLoader):
         forget_worker(self.dataset.token)
 
     def _replan(self, attempts: int = 8) -> dict[str, torch.Tensor]:
-        """A whole batch was overwritten in flight (the writer lapped the guard band):
-        plan again and read it here, in the main process."""
+        """A whole batch was overwritten in flight (the writer lapped the guard band, or
+        other processes' writers lapped this process's view of their lanes since its last
+        refresh): refresh the store, plan again and read it here, in the main process."""
+        refresh = getattr(self.plans.sampler, "maybe_refresh", None)
         for _ in range(attempts):
+            if refresh is not None:
+                refresh(now=True)
             got = self.dataset.read(self.plans.item([self.plans.plan()]), pack=False)
             self.stats.stale_replaced += int(got.host[_STATS_KEY][-1])
             self._quarantine(got.host)

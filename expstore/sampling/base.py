@@ -75,9 +75,12 @@ class Sampler:
         return self.index.valid(rows, self.history, self.n_step, self.guard_for(view),
                                 view.committed_only)
 
-    def maybe_refresh(self) -> None:
-        if self.refresh_every is not None and \
-                time.monotonic() - self._last_refresh >= self.refresh_every:
+    def maybe_refresh(self, now: bool = False) -> None:
+        """Re-read what other processes committed, every ``refresh_every`` seconds
+        (``now``: at once, whatever ``refresh_every`` says: the plans this sampler drew
+        were all overwritten before they were read, so its view of the store is stale)."""
+        if now or (self.refresh_every is not None and
+                   time.monotonic() - self._last_refresh >= self.refresh_every):
             self.store.refresh()
             self._last_refresh = time.monotonic()
 
