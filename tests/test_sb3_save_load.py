@@ -202,3 +202,24 @@ def test_reset_empties_the_store_at_once(tmp_path):
     again = pickle.loads(blob)
     assert len(again.store) == 11
     again.close()
+
+
+def test_loading_while_the_trainer_writes_takes_no_write_lease(tmp_path):
+    """Another process loads the model (to evaluate it) while this one still trains on
+    the store: the loaded buffer's mirror is read from the store read-only, so the load
+    does not fail on the trainer's write lease, and the trainer goes on writing."""
+    from stable_baselines3 import DQN
+
+    url = tmp_path / "rb.zarr"
+    model = DQN("MlpPolicy", "CartPole-v1", learning_starts=100, buffer_size=1_000, seed=0,
+                replay_buffer_class=ExpstoreReplayBuffer,
+                replay_buffer_kwargs={"url": str(url), "overwrite": True, "mirror": True})
+    model.learn(600)
+    model.replay_buffer.flush()
+    model.save(tmp_path / "model")
+    out = run("import json; from stable_baselines3 import DQN; m = DQN.load('model'); "
+              "print(json.dumps({'size': m.replay_buffer.size()}))", tmp_path)
+    assert out["size"] > 500  # every step flushed so far (the newest ones still held)
+    model.learn(100)
+    model.replay_buffer.close()
+    assert rows(url) >= 700

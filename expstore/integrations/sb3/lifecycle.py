@@ -110,8 +110,21 @@ class StoreLifecycle:
 
     def _fill_mirror(self) -> None:
         """Load the newest transitions of the store at ``url`` into the mirror (the same
-        number from every lane, at most ``buffer_size``)."""
-        store, m = self.store, self._mirror
+        number from every lane, at most ``buffer_size``), read through a read-only handle:
+        a buffer built by SB3's ``load()`` takes no write lease until it is used."""
+        if self._store is None and not isinstance(self._url_arg, Store):
+            from ...api import open as open_store
+
+            reader = open_store(self._url_arg, storage_options=self._options["storage_options"])
+            try:
+                self._fill_mirror_from(reader)
+            finally:
+                reader.close()
+        else:
+            self._fill_mirror_from(self.store)
+
+    def _fill_mirror_from(self, store: Any) -> None:
+        m = self._mirror
         assert m is not None
         idx = store.index
         per_lane = []
