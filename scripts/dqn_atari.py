@@ -68,8 +68,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads in this process")
     p.add_argument("--url", default=None, help="store path/URL (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the store afterwards")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing store at --url (without it, one is refused)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on writing the store at --url: its rows, and with --prioritized "
+                        "the priorities saved with it")
     p.add_argument("--log-every", type=int, default=10_000, help="env steps between logs")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite: pass one (continue the store, or replace it)")
+    if args.resume and not args.url:
+        p.error("--resume: needs --url (the store to continue)")
+    return args
 
 
 def make_env(env_id: str, seed: int) -> gym.Env:
@@ -125,15 +135,22 @@ def main() -> None:
     n_actions = int(env.action_space.n)
 
     # -- replay: one 84x84 frame per row; stack=4 comes from frame_stack=4 on the (4, 84, 84)
-    # space. fsync=False: a scratch replay need not survive a power cut.
+    # space (open_replay: new, --overwrite or --resume).
     spec = es.Spec.from_spaces(env.observation_space, env.action_space, frame_stack=4)
-    store = es.create(url, spec, capacity=args.buffer, overwrite=True, fsync=False)
+    store = open_replay(url, spec, args)
+    resumed_rows = len(store)
+    # --resume --prioritized: the sampler starts from the priorities saved with the store
+    priorities_resumed = bool(args.resume and args.prioritized
+                              and store.load_priorities("priorities") is not None)
     common = dict(n_step=args.n_step, gamma=args.gamma, seed=args.seed)
-    if args.prioritized:  # persist=False: else every flush also rewrites all priorities
+    # PER priorities are saved with a store that outlives the run (--url), at every flush,
+    # and reloaded by --resume; a temporary store keeps them in RAM (persist=False)
+    if args.prioritized:
         updates = (args.total_steps - args.learning_starts) // args.train_freq
         sampler: es.Sampler = es.PrioritizedSampler(
             store, alpha=args.alpha, beta=args.beta, beta_final=1.0,
-            beta_steps=max(1, updates * args.gradient_steps), persist=False, **common)
+            beta_steps=max(1, updates * args.gradient_steps), persist=bool(args.url),
+            **common)
     else:
         sampler = es.UniformSampler(store, **common)
     # Workers read rows as soon as they are added (a local store's writer publishes its
@@ -184,7 +201,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 store.flush()
                 flush_s += time.perf_counter() - t0
-            if step > args.learning_starts and step % args.train_freq == 0:
+            if step + resumed_rows > args.learning_starts and step % args.train_freq == 0:
                 if loader is None:  # first update: rows exist, start the workers
                     loader = es.make_loader(
                         store, sampler, batch_size=args.batch_size,
@@ -239,13 +256,36 @@ def main() -> None:
         wait_ms_per_batch=round(1e3 * wait_s / grad_steps, 3) if grad_steps else None,
         compute_ms_per_batch=round(1e3 * compute_s / grad_steps, 3) if grad_steps else None,
         env_seconds=round(env_s, 2), flush_seconds=round(flush_s, 2),
-        priority_rows_updated=priority_rows, store_rows=len(store),
+        priority_rows_updated=priority_rows, store_rows=len(store), resumed_rows=resumed_rows,
+        priorities_resumed=priorities_resumed,
         store=url if args.keep or work is None else None,
         loader=loader.stats.as_dict() if loader is not None else None,
     )
     if work is not None and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
+
+
+def open_replay(url: str, spec: es.Spec, args: argparse.Namespace) -> es.Store:
+    """The replay store at ``url``: a new one (an existing store is refused unless
+    ``--overwrite``), or with ``--resume`` the one there, reopened for writing.
+    fsync=False: a scratch replay need not survive a power cut (with fsync every flush
+    would pay ~4 ms per object written)."""
+    prog = Path(__file__).name
+    if args.resume:
+        try:
+            return es.open(url, mode="r+", spec=spec, fsync=False)
+        except FileNotFoundError:
+            raise SystemExit(f"{prog}: error: --resume: no store at {url}; run without "
+                             "--resume to create one") from None
+    try:
+        return es.create(url, spec, capacity=args.buffer, overwrite=args.overwrite,
+                         fsync=False)
+    except FileExistsError as e:
+        if args.overwrite:
+            raise
+        raise SystemExit(f"{prog}: error: {url}: a store exists there; pass --overwrite to "
+                         "replace it or --resume to continue it") from e
 
 
 def update(q: QNetwork, target: QNetwork, opt: torch.optim.Optimizer,

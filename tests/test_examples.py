@@ -116,3 +116,58 @@ def test_dqn_atari_tiny(tmp_path):
         b = store.sample(4)
         assert b["obs"].shape == (4, 4, 84, 84) and str(b["obs"].dtype) == "uint8"
         assert len(store) == res["store_rows"] == steps + res["episodes"]
+    # the same --url again: refused, naming the path and both flags; --resume goes on
+    tiny = ("--learning-starts", str(starts), "--buffer", "3000", "--batch-size", str(batch),
+            "--device", "cpu", "--prioritized", "--keep", "--url", str(url))
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "dqn_atari.py"), "--total-steps",
+                           "100", *tiny], capture_output=True, text=True, timeout=120)
+    err = proc.stderr.strip().splitlines()[-1]  # after ALE's banner
+    assert proc.returncode != 0 and err.startswith("dqn_atari.py: error: ")
+    assert str(url) in err and "--overwrite" in err and "--resume" in err
+    more = run_script("dqn_atari.py", "--total-steps", "100", "--resume", *tiny)
+    assert more["resumed_rows"] == res["store_rows"] and more["priorities_resumed"] is True
+    assert more["gradient_steps"] == 100 // freq  # the store already holds learning_starts
+    with es.open(url) as store:
+        assert len(store) == more["store_rows"] == (res["store_rows"] + 100
+                                                      + more["episodes"])
+
+
+CARTPOLE_SHORT = ("--total-steps", "400", "--learning-starts", "200", "--train-freq", "100",
+                  "--gradient-steps", "10", "--batch-size", "32", "--solve-return", "0",
+                  "--eval-episodes", "1", "--num-workers", "0", "--prioritized", "--keep")
+
+
+def test_dqn_cartpole_refuses_an_existing_store_and_resumes_it(tmp_path):
+    """A second run on the same ``--url`` stops with one line naming the path and both
+    flags, the store untouched; ``--resume`` goes on writing it, from the priorities
+    saved with it; ``--overwrite`` starts over."""
+    url = tmp_path / "replay.zarr"
+    first = run_script("dqn_cartpole.py", *CARTPOLE_SHORT, "--url", str(url))
+    assert first["resumed_rows"] == 0 and first["priority_rows_updated"] > 0
+    with es.open(url) as store:
+        saved = store.load_priorities("priorities")  # persisted with a lasting store
+        assert saved is not None and len(set(saved["leaves"][: len(store)].tolist())) > 1
+
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "dqn_cartpole.py"), *CARTPOLE_SHORT,
+                           "--url", str(url)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stdout == ""
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and str(url) in err[0]
+    assert "--overwrite" in err[0] and "--resume" in err[0]
+    with es.open(url) as store:
+        assert len(store) == first["store_rows"]
+
+    resumed = run_script("dqn_cartpole.py", *CARTPOLE_SHORT, "--url", str(url), "--resume")
+    assert resumed["resumed_rows"] == first["store_rows"]
+    assert resumed["priorities_resumed"] is True
+    # learning starts at once: the store already holds learning_starts rows
+    assert resumed["gradient_steps"] == 400 // 100 * 10
+    assert resumed["store_rows"] == (first["store_rows"] + resumed["env_steps"]
+                                     + resumed["episodes"])
+    with es.open(url) as store:
+        assert len(store) == resumed["store_rows"]
+        assert store.episodes_written == first["episodes"] + resumed["episodes"]
+
+    fresh = run_script("dqn_cartpole.py", *CARTPOLE_SHORT, "--url", str(url), "--overwrite")
+    assert fresh["resumed_rows"] == 0
+    check_store(url, fresh, wrapped=False)

@@ -39,7 +39,7 @@ from ...errors import SpecError, ValidationError
 from ...rows import FLAG_LAST
 from ...store import Store
 from .convert import ExpstoreSamples, SB3Conversions, sb3_spec
-from .lifecycle import StoreLifecycle
+from .lifecycle import StoreLifecycle, sb3_loading
 from .mirror import RamMirror, _numpy
 from .store_batches import BatchPrefetcher, deal_staged, staged_pending
 from .sync import StoreSync
@@ -57,7 +57,10 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, StoreLifecycle, Replay
 
     ``url``: path or fsspec URL (created if absent, with a spec from the spaces; an existing
     store there is reused, its rows included), an open :class:`~expstore.Store`, or ``None``
-    for a temporary directory removed with the buffer. The store's capacity is 1.5 x
+    for a temporary directory removed with the buffer. ``overwrite=True`` replaces a store
+    at ``url`` with an empty one here, in the constructor, once: reopening, pickling,
+    copying and SB3's ``load()`` (which rebuilds the buffer from the saved kwargs) keep
+    its rows (:meth:`reset` empties it on purpose). The store's capacity is 1.5 x
     ``buffer_size`` rows (rounded up), so that final rows of episodes and whole-shard
     eviction still leave ``buffer_size`` transitions in it.
     ``mirror``: keep the newest ``buffer_size`` steps per env in RAM in SB3's layout and
@@ -99,7 +102,10 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, StoreLifecycle, Replay
         self._tmpdir: str | None = None
         self._url_arg = url
         self.url = url.url if isinstance(url, Store) else url
-        self._overwrite = overwrite
+        if overwrite and sb3_loading():
+            # SB3's load() rebuilds the buffer from the kwargs saved with the model: the
+            # store they name holds that model's replay, so it is reattached, never wiped
+            overwrite = False
         self._seed = seed
         # seed=None: uniform draws use np.random exactly as SB3's ReplayBuffer does (same
         # calls, same order), so a seeded run samples the very batches SB3's buffer would
@@ -127,9 +133,11 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, StoreLifecycle, Replay
             # the store opens at the first chunk, inside the training loop: import its
             # libraries now (about a second) rather than then
             import zarr  # noqa: F401
-        if self._mirror is not None and url is not None and not overwrite:
-            if self._store_exists(url):
-                self._fill_mirror()
+        if overwrite and url is not None and not isinstance(url, Store):
+            self._overwrite_now()  # once, here: nothing later (reopen, pickle, load) wipes
+        elif (self._mirror is not None and url is not None and not overwrite
+              and self._store_exists(url)):
+            self._fill_mirror()
         self._room = self._submitted + ram_size  # adds that overwrite nothing unwritten
 
     def _make_mirror(self, mirror: bool | None) -> RamMirror | None:

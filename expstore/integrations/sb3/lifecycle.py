@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import weakref
@@ -83,8 +84,7 @@ class StoreLifecycle:
         if url is None:
             self._tmpdir = tempfile.mkdtemp(prefix="expstore-sb3-")
             url = self._url_arg = self.url = str(Path(self._tmpdir) / "replay.zarr")
-        self._store = open_or_create(url, self.spec, overwrite=self._overwrite, **self._options)
-        self._overwrite = False
+        self._store = open_or_create(url, self.spec, **self._options)
         self._writer = StepWriter(self._store)
         if self._ram is not None:
             self._sync = StoreSync(self._writer, self.n_envs, self._ram.window,
@@ -97,6 +97,12 @@ class StoreLifecycle:
             self._sampler = self._make_sampler(seed)
             self._deal_rng = np.random.default_rng(seed + 1)
 
+    def _overwrite_now(self) -> None:
+        """Replace the store at ``url`` with an empty one now (``overwrite=True``,
+        :meth:`reset`). The only place a buffer wipes its store: no flag is left to be
+        replayed by a later open, a pickle, a copy or SB3's ``load()``."""
+        open_or_create(self._url_arg, self.spec, overwrite=True, **self._options).close()
+
     def _make_sampler(self, seed: int) -> Any:
         from ...sampling.uniform import UniformSampler
 
@@ -104,8 +110,21 @@ class StoreLifecycle:
 
     def _fill_mirror(self) -> None:
         """Load the newest transitions of the store at ``url`` into the mirror (the same
-        number from every lane, at most ``buffer_size``)."""
-        store, m = self.store, self._mirror
+        number from every lane, at most ``buffer_size``), read through a read-only handle:
+        a buffer built by SB3's ``load()`` takes no write lease until it is used."""
+        if self._store is None and not isinstance(self._url_arg, Store):
+            from ...api import open as open_store
+
+            reader = open_store(self._url_arg, storage_options=self._options["storage_options"])
+            try:
+                self._fill_mirror_from(reader)
+            finally:
+                reader.close()
+        else:
+            self._fill_mirror_from(self.store)
+
+    def _fill_mirror_from(self, store: Any) -> None:
+        m = self._mirror
         assert m is not None
         idx = store.index
         per_lane = []
@@ -177,7 +196,7 @@ class StoreLifecycle:
             self._prefetcher = None
 
     def reset(self) -> None:
-        """Empty the buffer: the store at ``url`` is recreated (on next use)."""
+        """Empty the buffer: the store at ``url`` is replaced by an empty one, now."""
         self._stop_prefetch()
         if self._store is not None:
             self._finalizer.detach()
@@ -197,8 +216,9 @@ class StoreLifecycle:
         self._bind_mirror()
         self._submitted = 0
         self._room = self._ram.size if self._ram is not None else 0
-        self._overwrite = True
         self.pos, self.full = 0, False
+        if self._url_arg is not None and not isinstance(self._url_arg, Store):
+            self._overwrite_now()
 
 
     # -- pickling and copies ---------------------------------------------------------------
@@ -231,6 +251,8 @@ class StoreLifecycle:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         owned = state.pop("_owned", False)
+        # pickles made before overwrite became a one-off carry the flag: never replayed
+        state.pop("_overwrite", None)
         self.__dict__.update(state)
         self._store, self._sync, self.last_batch = None, None, None
         self._prefetcher, self._lock = None, threading.Lock()
@@ -240,7 +262,6 @@ class StoreLifecycle:
         self._bind_mirror()
         if owned:  # a fresh temporary store, written from the mirror
             self._url_arg = self.url = None
-            self._overwrite = False
             self._submitted = max(0, self._mirror.adds - self._mirror.size)
             self._room = self._submitted + self._mirror.size
         elif not self._store_exists(self._url_arg):
@@ -263,6 +284,20 @@ class StoreLifecycle:
         new.__dict__.update(copy.deepcopy(state, memo))
         new.__setstate__({**new.__dict__, "_owned": True, "_tmpdir": None})
         return new
+
+
+def sb3_loading() -> bool:
+    """Whether SB3's ``BaseAlgorithm.load`` is running in this thread (it rebuilds the
+    replay buffer from the kwargs saved with the model, ``overwrite`` included)."""
+    from stable_baselines3.common.base_class import BaseAlgorithm
+
+    load = BaseAlgorithm.load.__func__.__code__  # type: ignore[attr-defined]
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is load:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _close(writer: StepWriter | None, store: Any, tmpdir: str | None,
