@@ -295,6 +295,13 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __reduce_ex__(self, protocol: object) -> Any:
+        """A store holds open files, writers and leases: it is never pickled or copied (a
+        copy that reopened it could replay a creation, or take a second lease)."""
+        raise TypeError(f"{self.url}: an open Store does not pickle or copy; pass its URL "
+                        "and call expstore.open(url) where it is needed (make_loader's "
+                        "workers do so themselves)")
+
     # -- opening -------------------------------------------------------------------------
     @property
     def reader(self) -> ShardReader:

@@ -515,3 +515,23 @@ def test_add_refuses_a_next_obs_of_the_wrong_shape_naming_it(tmp_path, kernel):
     store.add(obs, 0, 1.0, obs, True, False)
     assert len(store) == 3
     store.close()
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
+def test_an_open_store_refuses_to_be_pickled_or_copied(tmp_path, how):
+    """A copy that reopened the store could replay its creation (overwrite) or take a second
+    lease: refused with an error naming the store and what to do instead."""
+    import copy
+    import pickle
+
+    url = str(tmp_path / "s.zarr")
+    store = es.create(url, SPEC, capacity=256)
+    for t in range(10):
+        store.add(**step(0, t))
+    copier = {"pickle": pickle.dumps, "deepcopy": copy.deepcopy, "copy": copy.copy}[how]
+    with pytest.raises(TypeError, match=r"s\.zarr: an open Store does not pickle or copy.*"
+                                        r"expstore\.open\(url\)"):
+        copier(store)
+    store.close()
+    with es.open(url) as back:
+        assert back.num_transitions == 10
