@@ -128,3 +128,4 @@ def test_actors_wrapping_at_full_speed_while_the_learner_refreshes(tmp_path):
     assert res.hangs == 0
     assert res.laps >= 16 * 2, "each run should wrap every ring at least twice"
     assert res.refreshes >= 16 * 3 and res.batches >= 16 * 20
+    assert res.lapped >= 1, "no refresh met a lapped shard: the race was not exercised"

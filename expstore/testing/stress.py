@@ -83,6 +83,7 @@ class LearnerResult:
     batches: int = 0
     samples: int = 0  # checked value for value
     refreshes: int = 0
+    lapped: int = 0  # lane states re-read because a refresh met a shard its writer lapped
     priority_updates: int = 0
     stale_replaced: int = 0
     seconds: float = 0.0
@@ -92,10 +93,18 @@ class LearnerResult:
 def learner(url: str, seconds: float, refresh_every: float, batch_size: int = 64,
             workers: int = 2) -> LearnerResult:
     """Sample ``url`` through ``workers`` DataLoader workers for ``seconds``."""
+    from .. import store as store_module
     from ..loading import make_loader
     from ..sampling import PrioritizedSampler
 
     res = LearnerResult()
+    read_state = store_module.read_state
+
+    def counted_read_state(*args: Any) -> Any:  # (the store reads one only when lapped)
+        res.lapped += 1
+        return read_state(*args)
+
+    store_module.read_state = counted_read_state
     t0 = time.monotonic()
     store = None
     try:
@@ -157,6 +166,7 @@ class StressResult:
     ring_rows: int = 0
     laps: float = 0.0  # times each ring was wrapped, summed over runs (mean over lanes)
     refreshes: int = 0
+    lapped: int = 0
     batches: int = 0
     samples: int = 0
     priority_updates: int = 0
@@ -165,7 +175,8 @@ class StressResult:
 
     def summary(self) -> str:
         return (f"{self.runs} runs, {self.writers} writers, rings of {self.ring_rows} rows "
-                f"wrapped {self.laps:.0f} times, {self.refreshes} refreshes, {self.batches} "
+                f"wrapped {self.laps:.0f} times, {self.refreshes} refreshes (lane states re-read "
+                f"{self.lapped} times after a lapped shard), {self.batches} "
                 f"batches, {self.samples} samples checked, {self.priority_updates} priority "
                 f"updates, {len(self.errors)} errors, {self.hangs} hangs")
 
@@ -211,9 +222,39 @@ def run(workdir: str, runs: int = 1, seconds: float = 4.0, writers: int = 2,
             out.laps += float(np.mean(st.index.count)) / ring_rows
         out.runs += 1
         out.refreshes += got.refreshes
+        out.lapped += got.lapped
         out.batches += got.batches
         out.samples += got.samples
         out.priority_updates += got.priority_updates
         if got.error:
             out.errors.append(f"run {k}: {got.error}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m expstore.testing.stress --runs 50``: the stress test, long; prints its
+    summary and each error, exits 1 on any error or hang."""
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m expstore.testing.stress",
+                                description=main.__doc__)
+    p.add_argument("--runs", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=2.0, help="learner seconds per run")
+    p.add_argument("--writers", type=int, default=3, help="writer processes (one lane each)")
+    p.add_argument("--ring", type=int, default=16384, help="rows per lane")
+    p.add_argument("--refresh-every", type=float, default=0.25, help="learner, seconds")
+    p.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        t0 = time.monotonic()
+        res = run(d, runs=a.runs, seconds=a.seconds, writers=a.writers, ring_rows=a.ring,
+                  refresh_every=a.refresh_every)
+    print(f"{res.summary()}; {time.monotonic() - t0:.0f} s")
+    for e in res.errors:
+        print(e)
+    return 1 if res.errors or res.hangs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
