@@ -251,7 +251,7 @@ def test_open_errors_name_the_problem(tmp_path):
         es.open(url, spec=other)
     with pytest.raises(es.ReadOnlyError):
         es.open(url).add(frame(0), 0, 0.0, frame(1), False, False, logp=0.0)
-    with pytest.raises(FileNotFoundError, match="no zarr group"):
+    with pytest.raises(es.StoreNotFoundError, match="no store at .*nothing.zarr: the path"):
         es.open(tmp_path / "nothing.zarr")
     (url / "_state" / "lane_0.json").write_text("{not json")
     with pytest.raises(es.StoreCorruptError, match="lane_0.json"):

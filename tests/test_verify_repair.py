@@ -348,7 +348,9 @@ def test_corruption_errors_name_verify_and_repair(tmp_path):
     with es.open(url) as s:
         with pytest.raises(StoreCorruptError) as info:
             s.read("obs", np.arange(300))
-    assert "'expstore verify STORE'" in str(info.value)
+    root = f"file://{os.path.abspath(url)}"  # the hint names the store itself
+    assert f"'expstore verify {root}'" in str(info.value) and "STORE" not in str(info.value)
+    assert f"'expstore repair {root}'" in str(info.value) and info.value.url == root
     assert "expstore repair" not in info.value.detail
     assert all("expstore repair" not in p for p in verify_store(url).problems)
 
