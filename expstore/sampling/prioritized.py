@@ -93,9 +93,8 @@ class PrioritizedSampler(Sampler):
         if len(rows):
             self.priorities.clear(rows[~idx.valid(rows, self.history, self.n_step, 0)])
 
-    def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        self.maybe_refresh()
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, np.ndarray]:
         return self.by_priority.draw_batches(self, batch_size, batches, view, self._prune)
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:

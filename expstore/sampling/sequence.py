@@ -202,11 +202,10 @@ class SequenceSampler(Sampler):
                                 f"(period={self.period})")
         return np.resize(rows, n) if len(rows) < n else rows[:n], None
 
-    def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
-                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
         if self.by_priority is None:
-            return super().sample_rows(batch_size, batches, view)
-        self.maybe_refresh()
+            return super().draw_rows(batch_size, batches, view)
         return self.by_priority.draw_batches(self, batch_size, batches, view, self._prune)
 
     def _prune(self, rows: np.ndarray) -> None:
