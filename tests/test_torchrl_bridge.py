@@ -90,15 +90,15 @@ def test_prioritized_sampler_and_td_error_feedback(cartpole_store):
     td_error = torch.linspace(0.1, 5.0, 64)
     rb.update_priority(idx, td_error)
     prio = rb._sampler.sampler.priorities
-    got = prio.tree.get(idx.numpy())
+    got = prio.get(idx.numpy())
     # duplicates in the batch keep the last value written, like TorchRL's own PER
     last = {int(i): float(e) for i, e in zip(idx, td_error)}
     want = np.array([(last[int(i)] + prio.eps) ** 0.7 for i in idx], np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     data, info = rb.sample(return_info=True)
-    p = prio.tree.get(info["index"].numpy())
+    p = prio.get(info["index"].numpy())
     np.testing.assert_allclose(info["priority_weight"].numpy(),
-                               (p / prio.tree.min) ** -0.5, rtol=1e-5)
+                               (p / prio.min_priority) ** -0.5, rtol=1e-5)
 
 
 def test_collector_batches_into_store_one_lane_per_env(tmp_path):
@@ -160,7 +160,7 @@ def test_dqn_loss_runs_on_expstore_batches_and_feeds_priorities(cartpole_store):
     loss.backward()
     rb.update_priority(info["index"], data["td_error"])
     prio = rb._sampler.sampler.priorities
-    assert not np.allclose(prio.tree.get(info["index"].numpy()), 1.0)
+    assert not np.allclose(prio.get(info["index"].numpy()), 1.0)
 
 
 def test_to_tensordict_nstep_and_dict_obs(tmp_path):

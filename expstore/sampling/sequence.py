@@ -28,7 +28,7 @@ from ..index.priorities import PriorityIndex, to_numpy
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST, NO_ANCHOR
 from .base import Sampler, check_batch
-from .by_priority import BetaSchedule, PriorityDraw
+from .by_priority import BetaSchedule, PriorityDraw, ReadsPriorities
 from .plans import IN_PROCESS, ReaderView, SequencePlan
 from .uniform import uniform_rows
 from .windows import stack_rows
@@ -103,7 +103,7 @@ def make_sequence_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | N
                         ssteps.reshape(B, W, K), spare)
 
 
-class SequenceSampler(Sampler):
+class SequenceSampler(ReadsPriorities, Sampler):
     """Sequences of ``burn_in + length`` steps, uniform or prioritized (R2D2).
 
     ``overlap``: steps shared by consecutive sequences of an episode (R2D2: ``length // 2``)
