@@ -415,6 +415,11 @@ def test_a_bad_option_is_one_line_naming_it_and_what_it_takes(tmp_path, capsys):
         _, err = run(capsys, "import", "npz", tmp_path / "a.npz", dst, "-q", "-o", opt, check=2)
         assert err.startswith(f"expstore: error: {want}") and err.count("\n") == 1, err
         assert "Traceback" not in err
+    for bad in ("0", "-5"):  # (-5 imported nothing, silently; 0 was range()'s message)
+        _, err = run(capsys, "import", "npz", tmp_path / "a.npz", dst, "-q", "-o",
+                     f"block_rows={bad}", check=1)
+        assert err == (f"expstore: error: block_rows: expected an int >= 1 (rows read and "
+                       f"written at a time), got {bad}\n")
     assert not dst.exists()
     _, err = run(capsys, "export", url, "d4rl", tmp_path / "a.h5", "-o", "compression=9",
                  check=2)

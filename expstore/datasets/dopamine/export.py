@@ -15,7 +15,7 @@ from ...rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from ..episodes import lane_rows
 from ..npy_gzip import NpyGzipWriter, save_gz
 from ..progress import Progress, ProgressArg
-from ..streaming import blocks
+from ..streaming import blocks, check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import CORE, STORE_PREFIX, ckpt_path, dopamine_invalid_range
 
@@ -71,6 +71,7 @@ def export_dopamine(url: str | os.PathLike, dst: str | os.PathLike, suffix: int 
     Dopamine's ring). User fields become ``$store$_<name>`` extra storage arrays.
     """
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     dst = Path(dst)
     store = open_store(url, "r", storage_options=storage_options)
     summary = ImportSummary(str(url), str(dst))

@@ -14,6 +14,7 @@ from ...storage.import_marker import read_import_marker, write_import_marker
 from ...storage.layout import auto_shard_rows
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
+from ..streaming import check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import STORE_PREFIX, dopamine_spec, find_suffixes, inspect_checkpoint
 from .lane import LaneResult, count_rows
@@ -92,6 +93,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     ``KeyboardInterrupt``.
     """
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     folder = SourceFolder(src, source_options)
     if not folder.is_dir():
         raise FileNotFoundError(f"{src}: not a folder of Dopamine checkpoint files")
