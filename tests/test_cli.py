@@ -438,6 +438,8 @@ def test_every_command_names_a_local_store_one_way(tmp_path, capsys, monkeypatch
     for text in texts:
         assert full in text or f"file://{tmp_path}/t.zarr" in text, text
         assert " s.zarr" not in text and " t.zarr" not in text, text
+    _, err = run(capsys, "import", "npz", "a.npz", "s.zarr", "-q", check=1)
+    assert err.startswith(f"expstore: error: {full}: a store exists here"), err
     (tmp_path / "s.zarr" / "obs" / "zarr.json").unlink()
     out, _ = run(capsys, "verify", "s.zarr", "-q", check=1)
     assert f"run 'expstore repair {full}'" in out and "'expstore repair s.zarr'" not in out

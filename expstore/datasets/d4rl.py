@@ -348,7 +348,7 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
     try:
         spec = store.spec
         if spec.obs_names != ["obs"] or spec.action_names != ["action"]:
-            raise DatasetFormatError(f"{url}: D4RL stores one observation and one action "
+            raise DatasetFormatError(f"{store.url}: D4RL stores one observation and one action "
                                      f"array; this store has {spec.obs_names} and "
                                      f"{spec.action_names}")
         plans = _transitions(store)

@@ -78,18 +78,18 @@ def export_dopamine(url: str | os.PathLike, dst: str | os.PathLike, suffix: int 
     try:
         spec = store.spec
         if spec.obs_names != ["obs"] or spec.action_names != ["action"]:
-            raise DatasetFormatError(f"{url}: Dopamine stores one observation and one action "
+            raise DatasetFormatError(f"{store.url}: Dopamine stores one observation and one action "
                                      f"array; this store has {spec.obs_names} and "
                                      f"{spec.action_names}")
         act = spec.fields["action"]
         if act.shape != () or act.dtype.kind not in "iu":
-            raise DatasetFormatError(f"{url}: Dopamine actions are integer scalars; field "
+            raise DatasetFormatError(f"{store.url}: Dopamine actions are integer scalars; field "
                                      f"'action' is {act.dtype} of shape {act.shape}")
         extras = [n for n in spec.fields if n not in ("obs", "action", "reward", "terminated",
                                                       "truncated")]
         for n in extras:
             if n in CORE:
-                raise DatasetFormatError(f"{url}: field {n!r} clashes with Dopamine's "
+                raise DatasetFormatError(f"{store.url}: field {n!r} clashes with Dopamine's "
                                          f"{STORE_PREFIX}{n}")
         k = int(stack or spec.fields["obs"].stack or 1)
         dst.mkdir(parents=True, exist_ok=True)

@@ -191,7 +191,7 @@ def _resumable(url: str, folder: SourceFolder, options: dict[str, Any],
     diff = [f"{k}: stored {theirs.get(k)!r}, given {mine[k]!r}" for k in mine
             if _norm(theirs.get(k)) != _norm(mine[k])]
     if diff:
-        raise FileExistsError(f"{url}: holds a partial import with other settings ("
+        raise FileExistsError(f"{backend.url}: holds a partial import with other settings ("
                               + "; ".join(diff) + "); re-run it with the same ones to resume, "
                               "or pass overwrite=True (--overwrite) to start over")
     return marker
