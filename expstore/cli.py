@@ -38,6 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# a store's URL as every command prints it: file:///absolute/path for a local store (what
+# store.url says), other URLs as given
+from .storage.backends import canonical_url as store_url
+
 EXIT_INTERRUPTED = 130
 
 
@@ -58,14 +62,6 @@ def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
-
-
-def store_url(url: str) -> str:
-    """A store's URL as every command prints it: ``file:///absolute/path`` for a local
-    store (what ``store.url`` says), other URLs as given."""
-    from .storage.backends import canonical_url
-
-    return canonical_url(url)
 
 
 def _human(n: float) -> str:
