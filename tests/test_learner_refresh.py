@@ -53,6 +53,7 @@ def test_a_read_only_learner_samples_an_actor_process_rows_without_calling_refre
                                                r"every 1 s"):
         uniform.sample(8)
     stuck = es.open(url)  # the same, with refreshing turned off
+    plain = es.open(url)  # store.sample(): its sampler is made at the first call
     off = es.UniformSampler(stuck, seed=0, refresh_every=None)
 
     actor(url, 1, 150)
@@ -69,6 +70,7 @@ def test_a_read_only_learner_samples_an_actor_process_rows_without_calling_refre
         assert (batch["index"] >= learner.layout.lane_capacity).all()  # lane 1's rows
     # refresh_every=None: nothing until the store is refreshed, and the error says so
     time.sleep(AUTO_REFRESH + 0.1)
+    assert data.check_batch(plain.sample(8), plain.index) == 8  # refreshes at once: >1 s old
     with pytest.raises(es.NotEnoughData, match=r"rows held per lane: 0, 0; rows other "
                                                r"processes write appear only after "
                                                r"store\.refresh\(\)"):
@@ -77,6 +79,7 @@ def test_a_read_only_learner_samples_an_actor_process_rows_without_calling_refre
     assert data.check_batch(off.sample(8), stuck.index) == 8
     learner.close()
     stuck.close()
+    plain.close()
 
 
 def test_samplers_of_a_store_this_process_writes_do_not_refresh_unless_asked(tmp_path):

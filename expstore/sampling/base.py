@@ -102,8 +102,13 @@ class Sampler:
                                 view.committed_only)
 
     def maybe_refresh(self) -> None:
-        if self.refresh_every is not None and \
-                time.monotonic() - self._last_refresh >= self.refresh_every:
+        """``store.refresh()`` when ``refresh_every`` seconds passed since the store last
+        read its lane states (by anyone: samplers of one store share the refreshes)."""
+        if self.refresh_every is None:
+            return
+        last = getattr(self.store, "refreshed_at", None)
+        if time.monotonic() - (self._last_refresh if last is None else last) \
+                >= self.refresh_every:
             self.store.refresh()
             self._last_refresh = time.monotonic()
 
