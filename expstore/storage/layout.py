@@ -175,17 +175,17 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
 def read_layout(backend: Backend) -> Layout:
     """Layout from the group's ``zarr.json``. Nothing there, or something that is not an
     expstore store: :class:`StoreNotFoundError` saying what is there; a store whose
-    ``zarr.json`` is lost or damaged (its lane states are there): :class:`StoreCorruptError`
-    (``expstore repair`` rebuilds it)."""
+    ``zarr.json`` is lost or damaged (its lane states or metadata arrays are there):
+    :class:`StoreCorruptError` (``expstore repair`` rebuilds it)."""
     try:
         raw = backend.get("zarr.json")
     except NotADirectoryError:  # a file where the store's folder would be
         raw = None
     where = f"{backend.url}/zarr.json"
     if raw is None:
-        if not _has_lane_states(backend):
+        if not _is_an_expstore_store(backend):
             raise StoreNotFoundError(f"no store at {backend.url}: {_what_is_there(backend)}")
-        raise StoreCorruptError(f"{where}: missing (the store's lane states are there)",
+        raise StoreCorruptError(f"{where}: missing (the rest of an expstore store is there)",
                                 url=backend.url)
     try:
         meta = json.loads(raw)
@@ -193,7 +193,7 @@ def read_layout(backend: Backend) -> Layout:
         raise StoreCorruptError(f"{where}: not valid JSON ({e})", url=backend.url) from e
     attrs = meta.get("attributes", {}).get("expstore") if isinstance(meta, dict) else None
     if attrs is None:
-        if not _has_lane_states(backend):
+        if not _is_an_expstore_store(backend):
             raise StoreNotFoundError(f"no store at {backend.url}: a zarr group without "
                                      "expstore attributes (not an expstore store)")
         raise StoreCorruptError(f"{where}: zarr group without expstore attributes",
@@ -201,11 +201,14 @@ def read_layout(backend: Backend) -> Layout:
     return Layout.from_attrs(attrs, where)
 
 
-def _has_lane_states(backend: Backend) -> bool:
-    """Whether lane state files are there (every expstore store has them)."""
+def _is_an_expstore_store(backend: Backend) -> bool:
+    """Whether what is there is (what is left of) an expstore store: lane state files, or
+    the zarr.json of one of the metadata arrays every store has (with the layout's copy)."""
     try:
-        return any(k.startswith("lane_") for k in
-                   (k.rsplit("/", 1)[-1] for k in backend.list("_state")))
+        if any(k.rsplit("/", 1)[-1].startswith("lane_") for k in backend.list("_state")):
+            return True
+        return any(raw is not None and BACKUP_ATTR.encode() in raw
+                   for raw in (backend.get(f"{name}/zarr.json") for name in META_FIELDS))
     except OSError:
         return False
 
