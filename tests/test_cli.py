@@ -447,3 +447,22 @@ def test_every_command_names_a_local_store_one_way(tmp_path, capsys, monkeypatch
     _, err = run(capsys, "info", "s.zarr", check=1)
     assert f"{full}/_state/lane_0.json" in err and f"'expstore repair {full}'" in err
     assert "STORE" not in err
+
+
+def test_a_log_gets_one_progress_line_per_interval():
+    import io
+
+    from expstore.datasets.progress import LineProgress
+
+    log = io.StringIO()
+    bar = LineProgress("import", total=400, interval=0.05, file=log)
+    for _ in range(4):
+        time.sleep(0.06)
+        bar.update(100)
+    bar.set_postfix_str("2.0 MB/s")
+    bar.close()
+    bar.close()  # once
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 5, lines
+    assert lines[0].startswith("import: 100/400 rows (25%), ") and "ETA" in lines[0]
+    assert lines[-1].startswith("import: 400/400 rows (100%), ") and "2.0 MB/s" in lines[-1]
