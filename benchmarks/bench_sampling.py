@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.report import markdown_table, save_json, write_section  # noqa: E402
 from expstore import PrioritizedSampler, SequenceSampler  # noqa: E402
-from expstore.index import PriorityTree, RowIndex  # noqa: E402
+from expstore.index import RowIndex  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def per_cases(n: int, seed: int) -> dict[str, Callable[[], None]]:
     p[(idx.flags & FLAG_LAST) != 0] = 0
     s = PrioritizedSampler(IndexOnly(idx), alpha=1.0, eps=0.0, beta=0.4, seed=seed,
                            persist=False)
-    s.priorities.tree = PriorityTree.from_leaves(p)
+    s.priorities.set(np.arange(n), p)  # (rows not drawn, final ones: skipped)
 
     def ours() -> None:  # what TorchRL's sampler does: rows + IS weights, then update
         rows, _w = s.sample_rows(256)
@@ -137,11 +137,9 @@ def seq_cases(n: int, seed: int, torchrl: bool) -> dict[str, Callable[[], None]]
     uni = SequenceSampler(store, length=80, overlap=40, seed=seed)
     pri = SequenceSampler(store, length=80, overlap=40, prioritized=True, seed=seed,
                           persist=False)
-    leaves = pri.priorities.tree.state()
-    live = leaves > 0
-    leaves[live] = np.random.default_rng(seed).random(int(live.sum()), dtype=np.float32) + 1e-3
-    pri.priorities.tree = PriorityTree.from_leaves(leaves)
-    del leaves, live
+    live = np.flatnonzero(pri.priorities.get() > 0)
+    pri.priorities.set(live, np.random.default_rng(seed).random(len(live)) + 1e-3)
+    del live
     cases: dict[str, Callable[[], None]] = {
         "expstore uniform": lambda: uni.plan(64),
         "expstore prioritized": lambda: pri.plan(64),

@@ -17,6 +17,7 @@ from .errors import (
     StorageError,
     StoreCorruptError,
     StoreLockedError,
+    StoreNotFoundError,
     ValidationError,
     WriteFailedError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Store",
     "StoreCorruptError",
     "StoreLockedError",
+    "StoreNotFoundError",
     "StorageError",
     "WriteFailedError",
     "UniformSampler",

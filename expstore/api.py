@@ -58,7 +58,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     except NotADirectoryError:  # a file where the store's folder would be
         meta = None
     if meta is not None and not overwrite:
-        raise FileExistsError(f"{url}: a store exists here (pass overwrite=True to "
+        raise FileExistsError(f"{backend.url}: a store exists here (pass overwrite=True to "
                               "replace it)")
     if overwrite:
         _refuse_unless_store_or_empty(backend, meta)
@@ -156,7 +156,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     backend = backend_for(url, storage_options, fsync)
     layout = read_layout(backend)
     if spec is not None and not layout.spec.same_as(spec):
-        raise SpecError(f"{url}: store spec differs from the given spec: "
+        raise SpecError(f"{backend.url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
     store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
                   lease_ttl=lease_ttl, strict=strict, index_all=index_all)

@@ -3,11 +3,11 @@
 ::
 
     expstore --version
-    expstore info URL [--json]
-    expstore verify URL [-q]
-    expstore repair URL [--dry-run] [-q]
-    expstore import FORMAT SRC URL [--overwrite] [-q] [-o KEY=VALUE ...]
-    expstore export URL FORMAT DST [--overwrite] [-q] [-o KEY=VALUE ...]
+    expstore [-q] info URL [--json]
+    expstore [-q] verify URL
+    expstore [-q] repair URL [--dry-run]
+    expstore [-q] import FORMAT SRC URL [--overwrite] [-o KEY=VALUE ...]
+    expstore [-q] export URL FORMAT DST [--overwrite] [-o KEY=VALUE ...]
     expstore formats
     expstore bench [NAME ...] [--dir DIR] [--list]
 
@@ -17,8 +17,12 @@ JSON when they parse, else strings: ``-o stack=4 -o suffixes=[0,1]
 -o codec='{"name":"blosc","cname":"lz4"}'``). Every import and export prints one summary:
 steps, rows, episodes, lanes, bytes (decimal units: 1 MB = 10**6 bytes), time and rate,
 and notes on anything left out. Long work shows a progress bar with a total and an ETA
-(``-q`` hides it). Ctrl-C stops an import at a block boundary leaving a store that opens
-with every row flushed so far (exit code 130). Exit codes: 0 done, 1 failed (or problems
+(``-q``, before or after the command, hides it); where stderr is not a terminal (a log, a
+pipe) it is one plain line every 10 s and one at the end instead. A local store is named
+``file:///absolute/path`` in everything printed (its ``store.url``), errors included.
+A bad ``-o`` value or name is one line naming the option and what it takes (exit 2).
+Ctrl-C stops an import at a block boundary leaving a store that opens with every row
+flushed so far (exit code 130). Exit codes: 0 done, 1 failed (or problems
 found), 2 bad usage, 130 interrupted.
 """
 
@@ -33,6 +37,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# a store's URL as every command prints it: file:///absolute/path for a local store (what
+# store.url says), other URLs as given
+from .storage.backends import canonical_url as store_url
 
 EXIT_INTERRUPTED = 130
 
@@ -140,14 +148,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 class _Bar:
-    """A tqdm bar (rows, total set once known, ETA), or nothing when ``quiet``."""
+    """A progress bar (rows, total set once known, ETA; plain lines when stderr is not a
+    terminal), or nothing when ``quiet``."""
 
     def __init__(self, desc: str, quiet: bool) -> None:
         self._bar = None
         if not quiet:
-            from tqdm import tqdm
+            from .datasets.progress import progress_bar
 
-            self._bar = tqdm(desc=desc, unit="row", unit_scale=True, dynamic_ncols=True)
+            self._bar = progress_bar(desc)
 
     def total(self, n: int) -> None:
         if self._bar is not None:
@@ -187,7 +196,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if rep.partial_import:
         print(rep.partial_import)
     if not rep.ok:
-        print(REPAIR_HINT.format(url=args.url))
+        print(REPAIR_HINT.format(url=rep.url))
     return 0 if rep.ok else 1
 
 
@@ -221,8 +230,18 @@ def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace)
     unknown = [k for k in kw if k not in params and not any(
         p.kind == p.VAR_KEYWORD for p in params.values())]
     if unknown:
-        _usage_error(f"{args.command} {args.format}: no option(s) {', '.join(unknown)}; its "
-                     "-o options:\n" + _options_text(args.format, args.command))
+        from .datasets.registry import get_format
+
+        known = ", ".join(name for name, _, _ in get_format(args.format).options(args.command))
+        _usage_error(f"-o {unknown[0]}: not an option of {args.format} {args.command} (its "
+                     f"options: {known or 'none'}; 'expstore {args.command} --help' says "
+                     "what each takes)")
+    from .datasets.registry import check_option_types
+
+    try:
+        check_option_types(fn, options)
+    except ValueError as e:
+        _usage_error(f"{e} ({args.format} {args.command})")
     return fn(*pos, **kw)
 
 
@@ -237,12 +256,18 @@ def _options_text(fmt: str, which: str, indent: str = "  ") -> str:
 
 
 def _summary(res: Any, args: argparse.Namespace, seconds: float) -> str:
-    """The summary an import or export prints (a store some importers return becomes one)."""
+    """The summary an import or export prints (a store some importers return becomes one);
+    the store is named by its URL in the form every command prints (:func:`store_url`)."""
     from .datasets.summary import ImportSummary
     from .store import Store
 
-    if isinstance(res, ImportSummary) and not res.kind:
-        res.kind = f"{args.format} {args.command}"
+    if isinstance(res, ImportSummary):
+        if not res.kind:
+            res.kind = f"{args.format} {args.command}"
+        if args.command == "import":
+            res.target = store_url(args.url)
+        else:
+            res.source = store_url(args.url)
     if not isinstance(res, Store):
         return str(res)
     try:
@@ -263,7 +288,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
         again = "; run the same command again to resume" if args.format == "dopamine" else ""
-        print(f"\ninterrupted: {args.url} holds the rows flushed so far{again}",
+        print(f"\ninterrupted: {store_url(args.url)} holds the rows flushed so far{again}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     print(_summary(res, args, time.perf_counter() - t0))
@@ -358,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="expstore", description="Inspect, check, repair, import "
                                 "and export expstore replay stores.")
     p.add_argument("--version", action="version", version=f"expstore {__version__}")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (also accepted after the command)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     store_url = "a folder or fsspec URL (s3://bucket/run.zarr, memory://x)"
 
@@ -365,14 +392,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-S", "--storage-option", action="append", metavar="KEY=VALUE",
                         help="fsspec storage option for remote URLs (repeatable)")
 
-    def quiet(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    def quiet(sp: argparse.ArgumentParser, what: str = "no progress bar") -> None:
+        # SUPPRESS: an absent -q leaves the value ``expstore -q COMMAND`` set
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help=what)
 
     sp = sub.add_parser("info", help="spec, capacity, rows, episodes, size on disk",
                         description="Spec, capacity, rows, transitions, episodes and size on "
                         "disk of a store.")
     sp.add_argument("url", metavar="URL", help="the store: " + store_url)
     sp.add_argument("--json", action="store_true", help="print JSON")
+    quiet(sp, "accepted for symmetry (info shows no progress bar)")
     storage(sp)
     sp.set_defaults(fn=_cmd_info)
 
@@ -419,12 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
                         else "replace the dataset at DST")
         quiet(sp)
         sp.add_argument("--no-progress", dest="quiet", action="store_true",
-                        help=argparse.SUPPRESS)
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         storage(sp)
         sp.set_defaults(fn=_cmd_import if name == "import" else _cmd_export)
 
     sp = sub.add_parser("formats", help="list dataset formats and their -o options")
     sp.add_argument("--brief", action="store_true", help="names and descriptions only")
+    quiet(sp, "accepted for symmetry (formats shows no progress bar)")
     sp.set_defaults(fn=_cmd_formats)
 
     sp = sub.add_parser("bench", help="run the benchmark scripts in benchmarks/")
@@ -432,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="benchmarks to run (default: all bench_*.py)")
     sp.add_argument("--dir", help="benchmarks folder")
     sp.add_argument("--list", action="store_true", help="list them and exit")
+    quiet(sp, "accepted for symmetry (the scripts print their own output)")
     sp.add_argument("--args", nargs=argparse.REMAINDER, default=[],
                     help="arguments passed to every script")
     sp.set_defaults(fn=_cmd_bench)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,15 +19,34 @@ class ValidationError(ExpstoreError, ValueError):
     """A value given to ``add``/``extend`` does not fit its field; nothing was stored."""
 
 
-#: what every corruption error tells the user to do
-REPAIR_HINT = ("run 'expstore verify STORE' to list all damage and 'expstore repair STORE' to "
+#: what every corruption error tells the user to do (``{url}``: the store's URL)
+REPAIR_HINT = ("run 'expstore verify {url}' to list all damage and 'expstore repair {url}' to "
                "rebuild lost metadata and state files and quarantine bad rows; samplers and "
                "make_loader take skip_corrupt=True to train on past bad chunks")
+
+# A store's URL at the start of a message naming one of its objects: ``<url>/<key>: ...``
+# or ``<url>: ...`` / ``<url> lane 0: ...`` (keys: the group zarr.json, lane states,
+# priorities, shards ``<field>/c/<i>/0``; an array's zarr.json is not told from the group's
+# of a store one folder up: errors about one pass ``url=``).
+_STORE_URL = re.compile(r"^(?P<url>[A-Za-z][A-Za-z0-9+.-]*://\S*?)"
+                        r"(?:/(?:zarr\.json|_state/\S*?|_index/\S*?|[^/\s]+/c(?:/\d+)+))?"
+                        r"(?=[:\s]|$)")
+
+
+def store_url_in(message: str) -> str | None:
+    """The URL of the store a corruption message starts by naming (``None`` if none)."""
+    m = _STORE_URL.match(message)
+    return m.group("url") if m else None
 
 
 class StoreCorruptError(ExpstoreError):
     """A state file or shard is missing, truncated or fails its checks. ``str()`` ends with
-    what to do (:data:`REPAIR_HINT`); :attr:`detail` is the message without it."""
+    what to do (:data:`REPAIR_HINT`, naming the store: :attr:`url`, given or read from the
+    start of the message); :attr:`detail` is the message without it."""
+
+    def __init__(self, message: str = "", url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url if url is not None else store_url_in(message)
 
     @property
     def detail(self) -> str:
@@ -35,7 +55,14 @@ class StoreCorruptError(ExpstoreError):
 
     def __str__(self) -> str:
         msg = self.detail
-        return msg if "expstore repair" in msg else f"{msg} ({REPAIR_HINT})"
+        if "expstore repair" in msg:
+            return msg
+        return f"{msg} ({REPAIR_HINT.format(url=self.url or 'PATH')})"
+
+
+class StoreNotFoundError(ExpstoreError, FileNotFoundError):
+    """No expstore store at a path or URL: it does not exist, is an empty folder, or holds
+    something else (the message says which). Nothing there to repair."""
 
 
 def error_detail(e: BaseException) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExpstoreError, StoreCorruptError, error_detail
+from .errors import ExpstoreError, StoreCorruptError, StoreNotFoundError, error_detail
 from .rows import FLAG_LAST
 from .storage.backends import Backend, backend_for
 from .storage.layout import Layout, read_layout
@@ -145,6 +145,8 @@ def _repair_metadata(backend: Backend, rep: RepairReport, dry_run: bool) -> Layo
     the arrays keep, and array ``zarr.json`` files plain zarr cannot use from the layout."""
     try:
         layout = read_layout(backend)
+    except StoreNotFoundError:  # nothing to repair (never write into a path without one)
+        raise
     except (ExpstoreError, OSError, ValueError) as e:
         try:
             layout = layout_from_arrays(backend)

@@ -163,6 +163,8 @@ class Store:
             self._quarantine = read_quarantine(backend)  # rows lost to corruption (repair)
             self._quarantine_read = time.monotonic()
             self._states = read_states(backend, list(range(layout.lanes)))
+            #: ``time.monotonic()`` when lane states were last read (open, ``refresh``)
+            self.refreshed_at = time.monotonic()
             for st in list(self._states):
                 if index_all or st.lane in self.write_lanes:
                     self._load_lane(st)
@@ -443,6 +445,7 @@ class Store:
             self._reload_quarantine()
         for st in read_states(self.backend, lanes):
             self._staged.refresh_lane(st, self._load_lane)
+        self.refreshed_at = time.monotonic()
 
     @property
     def publishes_staging(self) -> bool:
@@ -752,7 +755,9 @@ class Store:
 
     def sample(self, batch_size: int, rng: np.random.Generator | None = None,
                **kwargs: Any) -> dict[str, np.ndarray]:
-        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight)."""
+        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight).
+        On a read-only store it picks up other processes' rows by itself (a
+        ``UniformSampler``'s default ``refresh_every``: every 1 s)."""
         if self._sampler is None:
             self._sampler = UniformSampler(self)
         if rng is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExpstoreError, error_detail
+from .errors import ExpstoreError, StoreNotFoundError, error_detail
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .storage.backends import backend_for
 from .storage.import_marker import describe_import, import_is_partial, read_import_marker
@@ -66,6 +66,9 @@ def verify_store(url: str, storage_options: dict[str, Any] | None = None,
     rep = VerifyReport(backend.url)
     try:
         layout = read_layout(backend)
+    except StoreNotFoundError:  # nothing to verify: an error, not a problem of a store
+        backend.close()
+        raise
     except (ExpstoreError, OSError, ValueError) as e:
         rep.problems.append(f"{backend.url}/zarr.json: {error_detail(e)}")
         return rep

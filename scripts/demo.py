@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import time
 
 import numpy as np
@@ -46,7 +47,9 @@ def collect(url: str, steps: int, seed: int) -> tuple[es.Store, str, float]:
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     t0 = time.perf_counter()
-    for _ in tqdm(range(steps), desc=f"recording {name}", unit="step", mininterval=2):
+    # a bar on a terminal; in a log (stderr not a terminal) no bar: the summary says it all
+    for _ in tqdm(range(steps), desc=f"recording {name}", unit="step", mininterval=2,
+                  disable=not sys.stderr.isatty()):
         action = int(rng.integers(env.action_space.n))
         nxt, reward, term, trunc, _ = env.step(action)
         store.add(obs, action, reward, nxt, term, trunc)

@@ -292,19 +292,72 @@ def test_info_counts_and_units(tmp_path, capsys):
     run(capsys, "info", tmp_path / "none.zarr", check=1)
 
 
+def cli_tty(*args: str, timeout: float = 120) -> tuple[int, str, str]:
+    """The CLI in a subprocess whose stderr is a terminal (a pseudo-terminal, as a shell's
+    is): exit code, stdout, what the terminal got."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # rows, cols
+    proc = subprocess.Popen([sys.executable, "-m", "expstore.cli", *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out = proc.stdout.read()
+    proc.stdout.close()
+    return proc.wait(timeout), out, b"".join(chunks).decode(errors="replace")
+
+
 def test_bars_have_totals_and_quiet_is_quiet(tmp_path, capsys):
     url = tmp_path / "s.zarr"
     _atari(url)
     for args in (("verify", url), ("repair", url), ("export", url, "npz", tmp_path / "a.npz"),
                  ("import", "npz", tmp_path / "a.npz", tmp_path / "b.zarr")):
-        _, err = run(capsys, *args)
-        assert "100%" in err and "702/702" in err.replace(".0", ""), (args, err)
-        assert "00:00<00:00" in err  # elapsed<ETA
-        _, err = run(capsys, *args, "-q", *(["--overwrite"] if args[0] in ("import", "export")
-                                          else []))
+        _, err = run(capsys, *args)  # stderr is not a terminal here: lines, no redraws
+        assert "702/702 rows (100%)" in err and "\r" not in err, (args, err)
+        assert len(err.splitlines()) == 1, err  # (one line per 10 s, one at the end)
+        over = ["--overwrite"] if args[0] in ("import", "export") else []
+        _, err = run(capsys, *args, "-q", *over)
+        assert err == "", args
+        _, err = run(capsys, "-q", *args, *over)  # -q before the command too
         assert err == "", args
     _, err = run(capsys, "export", url, "d4rl", tmp_path / "a.h5")
-    assert "MB/s" in err and " 0 MB/s" not in err
+    assert "MB/s" in err and " 0 MB/s" not in err and "\r" not in err
+
+
+def test_a_terminal_gets_a_tqdm_bar_with_total_and_eta(tmp_path):
+    url = tmp_path / "s.zarr"
+    _atari(url)
+    for args in (("verify", url), ("export", url, "npz", tmp_path / "a.npz")):
+        rc, out, term = cli_tty(*args)
+        assert rc == 0, (out, term)
+        assert "100%" in term and "702/702" in term.replace(".0", ""), (args, term)
+        assert "00:00<00:00" in term and "\r" in term  # elapsed<ETA, redrawn in place
+    rc, out, term = cli_tty("verify", url, "-q")
+    assert rc == 0 and term == "" and ": OK: 702 rows" in out
+
+
+def test_quiet_is_accepted_before_and_after_every_command(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url, 50)
+    for cmd in (("info", url), ("verify", url), ("repair", url), ("formats",),
+                ("bench", "--list", "--dir", ROOT / "benchmarks")):
+        before, err1 = run(capsys, "-q", *cmd)
+        after, err2 = run(capsys, *cmd, "-q")
+        assert before == after and before and err1 == err2 == "", cmd
 
 
 def test_verify_and_repair_exit_codes_and_hint(tmp_path, capsys):
@@ -315,7 +368,7 @@ def test_verify_and_repair_exit_codes_and_hint(tmp_path, capsys):
     (url / "obs" / "zarr.json").unlink()
     out, _ = run(capsys, "verify", url, "-q", check=1)
     assert "CORRUPT" in out and "plain zarr no longer sees" in out
-    assert f"run 'expstore repair {url}'" in out
+    assert f"run 'expstore repair file://{url}'" in out
     out, _ = run(capsys, "repair", url, "-q", "--dry-run")
     assert "would rebuild obs/zarr.json" in out
     out, _ = run(capsys, "repair", url, "-q")
@@ -327,3 +380,89 @@ def test_verify_and_repair_exit_codes_and_hint(tmp_path, capsys):
             (f / "zarr.json").unlink()
     out, _ = run(capsys, "repair", url, "-q", check=1)
     assert "UNFIXED" in out and "cannot repair" in out
+
+
+def test_a_missing_path_or_empty_folder_is_no_store_not_corruption(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for name, why in (("nope.zarr", "the path does not exist"), ("empty", "the folder is empty")):
+        path = tmp_path / name
+        want = f"expstore: error: no store at file://{path}: {why}\n"
+        for cmd in (("info", path), ("verify", path), ("repair", path),
+                    ("export", path, "npz", tmp_path / "x.npz")):
+            out, err = run(capsys, *cmd, check=1)
+            assert (out, err) == ("", want), cmd  # no CORRUPT, no repair advice, no bar
+        with pytest.raises(es.StoreNotFoundError, match=f"no store at file://{path}: {why}"):
+            es.open(path)
+    assert not (tmp_path / "nope.zarr").exists() and not list((tmp_path / "empty").iterdir())
+    assert not (tmp_path / "x.npz").exists()
+    with pytest.raises(FileNotFoundError, match="not an expstore store .*found a.txt"):
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "a.txt").write_text("x")
+        es.open(tmp_path / "other")
+
+
+def test_a_bad_option_is_one_line_naming_it_and_what_it_takes(tmp_path, capsys):
+    url = tmp_path / "s.zarr"
+    _atari(url, 50)
+    run(capsys, "export", url, "npz", tmp_path / "a.npz", "-q")
+    dst = tmp_path / "b.zarr"
+    for opt, want in (("capacity=abc", "-o capacity=abc: expected an integer or null"),
+                      ("shard_rows=1.5", "-o shard_rows=1.5: expected an integer or null"),
+                      ("fsync=maybe", "-o fsync=maybe: expected true or false"),
+                      ("block_rows=[1]", "-o block_rows=[1]: expected an integer"),
+                      ("bogus=1", "-o bogus: not an option of npz import (its options: "
+                                  "capacity, shard_rows, block_rows, fsync;")):
+        _, err = run(capsys, "import", "npz", tmp_path / "a.npz", dst, "-q", "-o", opt, check=2)
+        assert err.startswith(f"expstore: error: {want}") and err.count("\n") == 1, err
+        assert "Traceback" not in err
+    for bad in ("0", "-5"):  # (-5 imported nothing, silently; 0 was range()'s message)
+        _, err = run(capsys, "import", "npz", tmp_path / "a.npz", dst, "-q", "-o",
+                     f"block_rows={bad}", check=1)
+        assert err == (f"expstore: error: block_rows: expected an int >= 1 (rows read and "
+                       f"written at a time), got {bad}\n")
+    assert not dst.exists()
+    _, err = run(capsys, "export", url, "d4rl", tmp_path / "a.h5", "-o", "compression=9",
+                 check=2)
+    assert err == ("expstore: error: -o compression=9: expected a string or null "
+                   "(d4rl export)\n")
+
+
+def test_every_command_names_a_local_store_one_way(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _atari(tmp_path / "s.zarr", 50)
+    full = f"file://{tmp_path}/s.zarr"
+    texts = [run(capsys, "info", "s.zarr")[0], run(capsys, "verify", "s.zarr", "-q")[0],
+             run(capsys, "repair", "s.zarr", "-q")[0],
+             run(capsys, "export", "s.zarr", "npz", "a.npz", "-q")[0],
+             run(capsys, "import", "npz", "a.npz", "t.zarr", "-q")[0]]
+    for text in texts:
+        assert full in text or f"file://{tmp_path}/t.zarr" in text, text
+        assert " s.zarr" not in text and " t.zarr" not in text, text
+    _, err = run(capsys, "import", "npz", "a.npz", "s.zarr", "-q", check=1)
+    assert err.startswith(f"expstore: error: {full}: a store exists here"), err
+    (tmp_path / "s.zarr" / "obs" / "zarr.json").unlink()
+    out, _ = run(capsys, "verify", "s.zarr", "-q", check=1)
+    assert f"run 'expstore repair {full}'" in out and "'expstore repair s.zarr'" not in out
+    (tmp_path / "s.zarr" / "_state" / "lane_0.json").write_text("{")
+    _, err = run(capsys, "info", "s.zarr", check=1)
+    assert f"{full}/_state/lane_0.json" in err and f"'expstore repair {full}'" in err
+    assert "STORE" not in err
+
+
+def test_a_log_gets_one_progress_line_per_interval():
+    import io
+
+    from expstore.datasets.progress import LineProgress
+
+    log = io.StringIO()
+    bar = LineProgress("import", total=400, interval=0.05, file=log)
+    for _ in range(4):
+        time.sleep(0.06)
+        bar.update(100)
+    bar.set_postfix_str("2.0 MB/s")
+    bar.close()
+    bar.close()  # once
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 5, lines
+    assert lines[0].startswith("import: 100/400 rows (25%), ") and "ETA" in lines[0]
+    assert lines[-1].startswith("import: 400/400 rows (100%), ") and "2.0 MB/s" in lines[-1]

@@ -349,7 +349,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def priorities_match_reference(self):
-        leaves = self.prio.priorities.tree.get(np.arange(LANES * LCAP))
+        leaves = self.prio.priorities.get(np.arange(LANES * LCAP))
         want = np.zeros(LANES * LCAP)
         for (lane, s), p in self.ref_prio.items():
             want[lane * LCAP + s % LCAP] = p

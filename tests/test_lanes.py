@@ -195,7 +195,7 @@ def test_sampler_refresh_every_picks_up_rows_of_other_writers(tmp_path):
     w0 = es.open(url, mode="r+", lane=0)
     write(w0, 0, 0, 40, session=1)
     reader = es.open(url)
-    never = es.UniformSampler(reader, seed=1)
+    never = es.UniformSampler(reader, seed=1, refresh_every=None)  # (default: every 1 s)
     often = es.UniformSampler(reader, seed=1, refresh_every=0.0)
     later = es.UniformSampler(reader, seed=1, refresh_every=3600.0)
     w1 = es.open(url, mode="r+", lane=1)  # another writer (a process elsewhere, in effect)

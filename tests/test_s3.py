@@ -136,7 +136,7 @@ def test_warm_batch_costs_one_ranged_get_per_shard_touched(s3_url, s3_proxy):
     write(store, 0, 0, 560, session=1, per=100)
     store.close()
     r = es.open(url, storage_options=so, cache_bytes=0)  # requests, not the frame cache
-    sampler = es.UniformSampler(r, seed=0)
+    sampler = es.UniformSampler(r, seed=0, refresh_every=None)  # (no lane state GETs)
     touched: list[tuple[str, int]] = []
     reader = r.reader
     orig = reader.read

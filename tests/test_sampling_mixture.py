@@ -38,7 +38,7 @@ def test_fractions_sources_and_contents(tmp_path):
         if i == 0:
             mix.update_priorities(b["index"], np.full(10, 50.0), b["step_id"], b["source"])
             rows = b["index"][b["source"] == 1]
-            assert (per.priorities.tree.get(rows) == pytest.approx((50.0 + 1e-6) ** 0.6))
+            assert (per.priority(rows) == pytest.approx((50.0 + 1e-6) ** 0.6))
     assert counts.tolist() == [150, 350]  # exactly 30/70 over the run
     with pytest.raises(ValueError, match="source"):
         mix.update_priorities(b["index"], np.ones(10))

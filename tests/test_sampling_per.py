@@ -19,7 +19,7 @@ def _writer(tmp_path, name="s.zarr", capacity=512, shard_rows=32, lanes=1, seed=
 
 
 def _leaves(sampler):
-    return sampler.priorities.tree.state().astype(np.float64)
+    return sampler.priorities.get()
 
 
 def _chi2(counts, probs):
@@ -259,7 +259,7 @@ def test_permanently_invalid_rows_are_pruned(tmp_path):
     s = es.PrioritizedSampler(w.store, n_step=1, seed=0, persist=False, alpha=1.0, eps=0.0)
     stuck = w.store.index.lane_rows(0, np.array([9]))
     assert not w.store.index.valid(stuck, 0, 1)[0]
-    s.priorities.tree.update(stuck, 1e6)  # would take nearly every draw
+    assert s.priorities.set(stuck, 1e6) == 1  # would take nearly every draw
     for _ in range(3):
         b = s.sample(16)
         assert stuck[0] not in b["index"]
@@ -285,3 +285,45 @@ def test_reader_process_priorities_follow_refresh(tmp_path):
         b = s.sample(16)
         assert b["obs"][:, 1].tolist() == reader.index.steps(b["index"]).tolist()
     reader.close()
+
+
+def test_priorities_read_back_publicly_per_row_total_and_max(tmp_path):
+    w = _writer(tmp_path)
+    for _ in range(10):
+        w.segment(0, 11, "terminated")
+    w.segment(0, 5, "open")  # its newest row waits for a next one: not drawn yet
+    store = w.store
+    s = es.PrioritizedSampler(store, alpha=0.5, beta=0.4, eps=0.0, seed=3, persist=False)
+    rows = np.arange(store.capacity)
+    valid = store.index.valid(rows, 0, 1)
+    assert not hasattr(s.priorities, "tree")  # the sum tree is private
+    p = s.priority(rows)
+    assert p.dtype == np.float64 and p.shape == (store.capacity,)
+    np.testing.assert_array_equal(p[valid], 1.0)  # new rows: the running max (1 at first)
+    np.testing.assert_array_equal(p[~valid], 0.0)  # final rows, the newest, never written
+    np.testing.assert_array_equal(s.priorities.get(), p)
+    assert s.total_priority == pytest.approx(valid.sum()) and s.max_priority == 1.0
+    live = rows[valid]
+    td = np.linspace(0.0, 15.0, len(live))
+    assert s.update_priorities(live, td) == len(live)
+    np.testing.assert_allclose(s.priority(live), td ** 0.5, rtol=1e-6)
+    assert s.total_priority == pytest.approx((td ** 0.5).sum(), rel=1e-6)
+    assert s.max_priority == pytest.approx(15.0 ** 0.5, rel=1e-6)
+    assert s.priorities.min_priority == pytest.approx(td[1] ** 0.5, rel=1e-6)  # 0: not drawn
+    got, weight = s.sample_rows(256)
+    np.testing.assert_allclose(weight, (s.priority(got) / s.priorities.min_priority) ** -0.4,
+                               rtol=1e-5)
+    # set: sampling units as given, rows not drawn skipped, bad values named
+    final = rows[(store.index.flags & 2) != 0][:3]
+    assert s.priorities.set(np.append(live[1:5], final), 9.0) == 4
+    assert (s.priority(live[1:5]) == 9.0).all() and (s.priority(final) == 0).all()
+    with pytest.raises(ValueError, match="priority: expected finite values >= 0, got -1"):
+        s.priorities.set(live[:2], -1.0)
+    with pytest.raises(ValueError, match="out of range"):
+        s.priority([store.capacity])
+    plain = es.SequenceSampler(store, length=4)
+    with pytest.raises(ValueError, match="does not draw by priority .*prioritized=True"):
+        plain.priority(live[:2])
+    seq = es.SequenceSampler(store, length=4, prioritized=True, persist=False)
+    assert seq.total_priority == pytest.approx(seq.priority(rows).sum())
+    assert seq.total_priority > 0 and seq.max_priority == 1.0

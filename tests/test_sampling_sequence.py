@@ -104,7 +104,7 @@ def test_r2d2_priorities(tmp_path):
     w = _store(tmp_path, None, 1, seed=5, laps=1.2)
     s = es.SequenceSampler(w.store, length=5, overlap=2, prioritized=True, eta=0.9,
                            alpha=0.9, eps=0.0, seed=0)
-    leaves = s.priorities.tree.state()
+    leaves = s.priorities.get()
     pos = w.store.index.episode_step
     assert (leaves[pos % 3 != 0] == 0).all()  # only sequence starts carry priority
     b = s.sample(6)
@@ -116,14 +116,13 @@ def test_r2d2_priorities(tmp_path):
         m = mask[i]
         if m.any():
             p = 0.9 * a[i][m].max() + 0.1 * a[i][m].mean()
-            assert s.priorities.tree.get(np.array([row]))[0] == pytest.approx(p ** 0.9,
-                                                                              rel=1e-6)
+            assert s.priority([row])[0] == pytest.approx(p ** 0.9, rel=1e-6)
     with pytest.raises(ValueError, match="sequences"):
         s.update_priorities(b["index"][:3], td)
     w.store.flush()
     assert (tmp_path / "s5.zarr" / "_index" / "sequence_priorities.bin").exists()
     s2 = es.SequenceSampler(w.store, length=5, overlap=2, prioritized=True, alpha=0.9)
-    np.testing.assert_allclose(s2.priorities.tree.state(), s.priorities.tree.state())
+    np.testing.assert_allclose(s2.priorities.get(), s.priorities.get())
     # another period is another set of starts: the saved file is not used
     with pytest.warns(UserWarning, match="sequence"):
         es.SequenceSampler(w.store, length=5, period=2, prioritized=True)
@@ -200,8 +199,8 @@ def test_starts_whose_burn_in_was_overwritten_are_pruned(tmp_path):
                            persist=False)
     lo = int(store.index.lower_bound(0)[0])
     doomed = store.index.lane_rows(0, np.array([t for t in range(lo, lo + 8) if t % 4 == 0]))
-    assert len(doomed) == 2 and (s.priorities.tree.get(doomed) > 0).all()
-    s.priorities.tree.update(doomed, 1e6)
+    assert len(doomed) == 2 and (s.priority(doomed) > 0).all()
+    assert s.priorities.set(doomed, 1e6) == 2
     for _ in range(3):
         assert not set(s.sample(8)["index"].tolist()) & set(doomed.tolist())
-    assert (s.priorities.tree.get(doomed) == 0).all()
+    assert (s.priority(doomed) == 0).all()

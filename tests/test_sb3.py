@@ -264,7 +264,7 @@ def test_prioritized_dqn_feeds_td_errors_back(tmp_path):
     buf.flush()  # steps staged in RAM reach the store
     prio = buf.sampler.priorities
     rows = np.flatnonzero(buf.store.index.flags[:len(buf.store)] & FLAG_LAST == 0)[:-1]
-    p = prio.tree.get(rows)
+    p = prio.get(rows)
     assert len(np.unique(np.round(p, 6))) > 50  # TD errors were written back per row
     beta_end = buf.sampler.beta
     assert 0.4 < beta_end <= 1.0  # annealed with training progress
@@ -275,7 +275,7 @@ def test_prioritized_dqn_feeds_td_errors_back(tmp_path):
     data = buf.sample(64)
     stored = data.index >= 0  # -1: the newest step, dealt from RAM
     w = data.weights.numpy().ravel()
-    want = (prio.tree.get(data.index[stored]) / prio.tree.min) ** -beta  # (N P(i))^-beta
+    want = (prio.get(data.index[stored]) / prio.min_priority) ** -beta  # (N P(i))^-beta
     np.testing.assert_allclose(w[stored], want, rtol=1e-5)
     assert w.max() <= 1.0 and w.min() < w.max()
     # priorities follow |TD error|: a row given a huge error is then drawn far more often

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 pytest.importorskip("torchrl")
+from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
-from torchrl.data import ReplayBuffer  # noqa: E402
+from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
 from torchrl.envs import GymEnv, SerialEnv  # noqa: E402
 from torchrl.envs.utils import RandomPolicy  # noqa: E402
 
@@ -66,7 +67,7 @@ def test_plain_torchrl_replaybuffer_samples_valid_transitions(cartpole_store):
     url, by_step = cartpole_store
     storage = ExpstoreStorage(url)
     rb = ReplayBuffer(storage=storage, batch_size=128)  # TorchRL's default RandomSampler
-    assert len(rb) == len(storage.store) == 600 + storage.store.episodes_written
+    assert len(rb) == storage.store.num_transitions == 600  # transitions, not store rows
     for _ in range(3):
         td = rb.sample()
         assert td.batch_size == (128,)
@@ -89,15 +90,15 @@ def test_prioritized_sampler_and_td_error_feedback(cartpole_store):
     td_error = torch.linspace(0.1, 5.0, 64)
     rb.update_priority(idx, td_error)
     prio = rb._sampler.sampler.priorities
-    got = prio.tree.get(idx.numpy())
+    got = prio.get(idx.numpy())
     # duplicates in the batch keep the last value written, like TorchRL's own PER
     last = {int(i): float(e) for i, e in zip(idx, td_error)}
     want = np.array([(last[int(i)] + prio.eps) ** 0.7 for i in idx], np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     data, info = rb.sample(return_info=True)
-    p = prio.tree.get(info["index"].numpy())
+    p = prio.get(info["index"].numpy())
     np.testing.assert_allclose(info["priority_weight"].numpy(),
-                               (p / prio.tree.min) ** -0.5, rtol=1e-5)
+                               (p / prio.min_priority) ** -0.5, rtol=1e-5)
 
 
 def test_collector_batches_into_store_one_lane_per_env(tmp_path):
@@ -159,7 +160,7 @@ def test_dqn_loss_runs_on_expstore_batches_and_feeds_priorities(cartpole_store):
     loss.backward()
     rb.update_priority(info["index"], data["td_error"])
     prio = rb._sampler.sampler.priorities
-    assert not np.allclose(prio.tree.get(info["index"].numpy()), 1.0)
+    assert not np.allclose(prio.get(info["index"].numpy()), 1.0)
 
 
 def test_to_tensordict_nstep_and_dict_obs(tmp_path):
@@ -181,3 +182,54 @@ def test_to_tensordict_nstep_and_dict_obs(tmp_path):
     want = np.array([sum(0.5 ** j for j in range(k)) for k in m], np.float32)
     np.testing.assert_allclose(td["next", "reward"].reshape(-1).numpy(), want)
     store.close()
+
+
+def _steps(T: int, t0: int, ends: tuple[int, ...] = (), lead: tuple[int, ...] = ()):
+    """``T`` CartPole-shaped collector steps (steps ``t0..``; episodes end at ``ends``)."""
+    t = torch.arange(t0, t0 + T, dtype=torch.float32).expand(*lead, T)
+    done = torch.zeros(*lead, T, 1, dtype=torch.bool)
+    for e in ends:
+        done[..., e - t0, 0] = True
+    return TensorDict({"observation": t[..., None].expand(*lead, T, 4).clone(),
+                       "action": torch.zeros(*lead, T, dtype=torch.int64),
+                       "next": {"observation": (t + 1)[..., None].expand(*lead, T, 4).clone(),
+                                "reward": torch.ones(*lead, T, 1), "done": done.clone(),
+                                "terminated": done.clone(),
+                                "truncated": torch.zeros_like(done)}},
+                      batch_size=[*lead, T])
+
+
+def test_len_counts_transitions_as_torchrl_own_buffer_does(tmp_path):
+    spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    rb = replay_buffer(tmp_path / "a.zarr", spec=spec, capacity=4096, batch_size=8)
+    ref = ReplayBuffer(storage=LazyTensorStorage(4096), batch_size=8)  # TorchRL's own
+    assert len(rb) == len(ref) == 0
+    for T, t0, ends in ((10, 0, ()), (15, 10, (14,)), (30, 25, (30, 41, 54)), (1, 55, ())):
+        rb.extend(_steps(T, t0, ends))
+        ref.extend(_steps(T, t0, ends))
+        assert len(rb) == len(ref) == t0 + T  # the step held for its successor counts
+    rb.add(_steps(1, 56)[0])
+    ref.add(_steps(1, 56)[0])
+    assert len(rb) == len(ref) == 57
+    store = rb._storage.store
+    assert len(store) == 57 - 1 + 4  # rows: less the held step, plus 4 final rows
+    rb._storage.close()
+    assert len(ReplayBuffer(storage=ExpstoreStorage(tmp_path / "a.zarr"))) == 57
+    # one lane per env: a [2, T] batch is 2 * T transitions, as TorchRL counts them flat
+    rb2 = replay_buffer(tmp_path / "b.zarr", spec=spec, capacity=4096, lanes=2)
+    ref2 = ReplayBuffer(storage=LazyTensorStorage(4096))
+    for T, t0, ends in ((12, 0, (5,)), (9, 12, ())):
+        rb2.extend(_steps(T, t0, ends, lead=(2,)))
+        ref2.extend(_steps(T, t0, ends, lead=(2,)).reshape(-1))
+        assert len(rb2) == len(ref2) == 2 * (t0 + T)
+    rb2._storage.close()
+    # past capacity the ring drops the oldest rows: still every step held, counted anew
+    rb3 = replay_buffer(tmp_path / "c.zarr", spec=spec, capacity=256)
+    for k in range(10):
+        rb3.extend(_steps(60, 60 * k, (60 * k + 17,)))
+        store = rb3._storage.store
+        assert len(rb3) == store.num_transitions + 1 <= 256
+    store.index.mark_lost(0, [(int(store.index.count[0]) - 30, int(store.index.count[0]) - 20)],
+                          0, int(store.index.count[0]))  # (what a repair's quarantine does)
+    assert len(rb3) == store.num_transitions + 1
+    rb3._storage.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import zlib
 
 import numpy as np
@@ -348,7 +349,9 @@ def test_corruption_errors_name_verify_and_repair(tmp_path):
     with es.open(url) as s:
         with pytest.raises(StoreCorruptError) as info:
             s.read("obs", np.arange(300))
-    assert "'expstore verify STORE'" in str(info.value)
+    root = f"file://{os.path.abspath(url)}"  # the hint names the store itself
+    assert f"'expstore verify {root}'" in str(info.value) and "STORE" not in str(info.value)
+    assert f"'expstore repair {root}'" in str(info.value) and info.value.url == root
     assert "expstore repair" not in info.value.detail
     assert all("expstore repair" not in p for p in verify_store(url).problems)
 
@@ -436,3 +439,26 @@ def test_in_process_skip_corrupt_never_draws_a_stack_reaching_the_shard(tmp_path
                                       (b["index"] - b["index"] // 101) % 250)
     assert store.corrupt_rows_skipped == skipped
     store.close()
+
+
+def test_a_store_without_its_zarr_json_is_damaged_not_absent(tmp_path):
+    """Only a path holding nothing of a store is "no store": one that lost its group
+    zarr.json (and even its lane states) is corruption that repair rebuilds."""
+    url = _small_store(tmp_path)
+    with es.open(url) as s:
+        want = s.read("obs", np.arange(300))
+    os.remove(os.path.join(url, "zarr.json"))
+    with pytest.raises(StoreCorruptError, match="zarr.json: missing .*expstore repair"):
+        es.open(url)
+    shutil.rmtree(os.path.join(url, "_state"))
+    with pytest.raises(StoreCorruptError, match="zarr.json: missing"):
+        es.open(url)
+    assert not verify_store(url).ok
+    rep = repair_store(url)
+    assert rep.ok and "zarr.json" in rep.metadata and 0 in rep.rebuilt, rep.summary()
+    with es.open(url) as s:
+        assert (s.read("obs", np.arange(300)) == want).all()
+    with pytest.raises(es.StoreNotFoundError, match="no store at .*: the folder is empty"):
+        os.mkdir(tmp_path / "empty")
+        repair_store(str(tmp_path / "empty"))
+    assert os.listdir(tmp_path / "empty") == []  # repair wrote nothing there

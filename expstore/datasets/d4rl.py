@@ -41,7 +41,7 @@ from ..rows import FLAG_LAST
 from ..spec import Spec
 from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
-from .streaming import Prefetch, blocks
+from .streaming import Prefetch, blocks, check_block_rows
 from .summary import ImportSummary
 
 SPEC_ATTR = "expstore_spec"  # file attribute: the exported store's spec (JSON)
@@ -160,6 +160,7 @@ def import_d4rl(src: str | os.PathLike | Any, url: str | os.PathLike, *,
     ``KeyboardInterrupt``. ``where``: how messages name a mapping given as ``src``.
     """
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     if isinstance(src, (str, os.PathLike)):
         h5py = _h5py()
         where = os.fspath(src)
@@ -335,6 +336,7 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
     h5py = _h5py()
     if compression not in (None, "gzip", "lzf"):
         raise ValueError(f"compression: expected 'gzip', 'lzf' or None, got {compression!r}")
+    block_rows = check_block_rows(block_rows)
     dst = os.fspath(dst)
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists (pass overwrite=True, or --overwrite, to "
@@ -346,7 +348,7 @@ def export_d4rl(url: str | os.PathLike, dst: str | os.PathLike, *, block_rows: i
     try:
         spec = store.spec
         if spec.obs_names != ["obs"] or spec.action_names != ["action"]:
-            raise DatasetFormatError(f"{url}: D4RL stores one observation and one action "
+            raise DatasetFormatError(f"{store.url}: D4RL stores one observation and one action "
                                      f"array; this store has {spec.obs_names} and "
                                      f"{spec.action_names}")
         plans = _transitions(store)

@@ -33,6 +33,7 @@ from ..rows import FLAG_FIRST, FLAG_LAST
 from ..spec import Spec
 from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
+from .streaming import check_block_rows
 from .summary import ImportSummary
 
 FORMAT = "expstore-npz/1"
@@ -169,6 +170,7 @@ def export_npz(url: str | os.PathLike, dst: str | os.PathLike, *, compressed: bo
         raise FileExistsError(f"{dst}: exists (pass overwrite=True, or --overwrite, to "
                               "replace it)")
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     store = open_store(url, "r", storage_options=storage_options)
     summary = ImportSummary(str(url), dst, kind="npz export")
     tmp = f"{dst}.{os.getpid()}.tmp.npz"
@@ -240,6 +242,7 @@ def import_npz(src: str | os.PathLike, url: str | os.PathLike, *, capacity: int 
     reading ``block_rows`` rows of every array at a time (memory ~ one block). Ctrl-C
     stops at a block boundary with every row so far flushed."""
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     where = os.fspath(src)
     try:
         zf = zipfile.ZipFile(where)

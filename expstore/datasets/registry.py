@@ -8,8 +8,13 @@ format is used, so optional dependencies (h5py, minari) stay optional. Register 
 
 from __future__ import annotations
 
+import collections.abc
 import importlib
 import inspect
+import json
+import os
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +61,84 @@ class Format:
 
 
 FORMATS: dict[str, Format] = {}
+
+
+def check_option_types(fn: Callable, options: dict[str, Any]) -> None:
+    """``ValueError`` naming the first option whose value does not fit the type ``fn``
+    declares for it (``-o capacity=abc``: ``capacity`` wants an int); options ``fn`` does
+    not annotate, or annotates with types no JSON value has, pass."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: nothing to check against
+        return
+    for name, value in options.items():
+        tp = hints.get(name)
+        if tp is None or _fits(value, tp):
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value)
+        raise ValueError(f"-o {name}={shown}: expected {_describe(tp)}")
+
+
+def _args(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) \
+        else (tp,)
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether a JSON value (or string) fits the annotation ``tp``."""
+    for t in _args(tp):
+        origin = typing.get_origin(t) or t
+        if t is Any or t is type(None) and value is None:
+            return True
+        if t is bool or t is int or t is float:
+            if isinstance(value, bool):
+                if t is bool:
+                    return True
+            elif isinstance(value, (int, float) if t is float else int):
+                return True
+        elif t is str or t is os.PathLike:
+            if isinstance(value, str):
+                return True
+        elif origin in (dict, collections.abc.Mapping):
+            if isinstance(value, dict):
+                return True
+        elif origin in (list, tuple, collections.abc.Sequence):
+            item = typing.get_args(t)[:1]
+            if isinstance(value, list) and (not item or all(_fits(v, item[0]) for v in value)):
+                return True
+        elif not isinstance(origin, type) or origin in (range, type(None)) \
+                or issubclass(origin, collections.abc.Callable):  # no JSON value is one
+            continue
+        elif isinstance(value, origin):
+            return True
+    return False
+
+
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          type(None): "null"}
+_PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+
+
+def _describe(tp: Any) -> str:
+    """What values fit ``tp``, for a message: ``"an integer or null"``."""
+    out: list[str] = []
+    for t in _args(tp):
+        origin = typing.get_origin(t) or t
+        if t in _NAMES:
+            text = _NAMES[t]
+        elif t is os.PathLike:
+            text = "a path"
+        elif origin in (dict, collections.abc.Mapping):
+            text = "a JSON object"
+        elif origin in (list, tuple, collections.abc.Sequence):
+            item = typing.get_args(t)[:1]
+            text = "a JSON list" + (f" of {_PLURAL[item[0]]}" if item and item[0] in _PLURAL
+                                    else "")
+        else:
+            continue
+        if text not in out:
+            out.append(text)
+    return " or ".join(out) or "a JSON value"
 
 
 def register(name: str, module: str, importer: str, exporter: str, help: str = "",

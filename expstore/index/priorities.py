@@ -6,6 +6,12 @@ row of the store (``p = (|δ| + eps) ** alpha``; 0 = not sampleable). It listens
 rows dropped by wrap-around get 0. ``update`` ignores rows that are gone or, given their
 ``step_id``, were overwritten since they were sampled.
 
+Reading them: :meth:`PriorityIndex.get` (per row, or every row), :attr:`~PriorityIndex.total`,
+:attr:`~PriorityIndex.max_priority` (the running maximum new rows get) and
+:attr:`~PriorityIndex.min_priority`; all in sampling units ``p = (|δ| + eps) ** alpha``.
+:meth:`PriorityIndex.set` sets them in those units (a test or a benchmark forcing a
+distribution). The sum tree behind them is private.
+
 Persistence is someone else's job: :meth:`PriorityIndex.payload` gives the state as plain
 arrays and metadata, and a payload saved earlier (``saved=``) seeds a new index. Rows
 written after that payload was taken get the maximum priority, rows dropped since get 0.
@@ -47,6 +53,9 @@ class PriorityIndex:
     once ``lag`` rows follow it (a transition's next row), so the newest row of a lane,
     which cannot be sampled yet, does not draw samples that would be rejected. ``saved``:
     a :meth:`payload` taken earlier (of an index of the same geometry) to start from.
+
+    :attr:`max_priority` is the running maximum priority (sampling units), which rows get
+    when they appear; it never decreases.
     """
 
     def __init__(self, index: RowIndex, alpha: float = 0.6, eps: float = 1e-6,
@@ -86,18 +95,13 @@ class PriorityIndex:
         return ok
 
     @property
-    def tree(self) -> PriorityTree:
+    def _tree_now(self) -> PriorityTree:
         """The sum/min tree, with every row added so far at the maximum priority."""
         if self._pending:
             rows = np.concatenate(self._pending)
             self._pending.clear()
             self._tree.update(rows, self.max_priority)
         return self._tree
-
-    @tree.setter
-    def tree(self, tree: PriorityTree) -> None:
-        self._pending.clear()
-        self._tree = tree
 
     def _on_rows(self, kind: str, rows: np.ndarray) -> None:
         # Added rows are queued and enter the tree in one update before its next use: one
@@ -109,7 +113,7 @@ class PriorityIndex:
             if len(rows):
                 self._pending.append(rows)
         elif kind == "dropped":
-            self.tree.clear(rows)
+            self._tree_now.clear(rows)
         self.dirty = True
 
     def _ready(self, rows: np.ndarray) -> np.ndarray:
@@ -166,6 +170,47 @@ class PriorityIndex:
             leaves[rows] = np.where(acc, val, 0)
         return PriorityTree.from_leaves(leaves)
 
+    # -- reading ---------------------------------------------------------------------------
+    def get(self, rows: Any = None) -> np.ndarray:
+        """Priorities of ``rows`` (store rows; ``None``: every row, ``capacity`` values) as
+        float64 in sampling units; 0 where a row is not drawn (final, lost or dropped rows,
+        rows never written, a lane's newest row until its next one arrives). Raises
+        ``ValueError`` for rows outside ``0..capacity-1``."""
+        tree = self._tree_now
+        if rows is None:
+            return tree.state().astype(np.float64)
+        return tree.get(to_numpy(rows, np.int64).ravel()).astype(np.float64)
+
+    @property
+    def total(self) -> float:
+        """Sum of every row's priority (sampling units): a row is drawn with probability
+        ``get(row) / total``."""
+        return self._tree_now.total
+
+    @property
+    def min_priority(self) -> float:
+        """Smallest priority of a row that is drawn (sampling units; ``inf`` when none is):
+        importance weights are ``(get(row) / min_priority) ** -beta``."""
+        return self._tree_now.min
+
+    def set(self, rows: Any, priority: Any) -> int:
+        """Set priorities of ``rows`` in sampling units (no ``eps``/``alpha`` applied; one
+        value or one per row, finite and >= 0); rows not drawn now (see :meth:`get`) are
+        skipped. Returns how many were set. (:meth:`update` takes ``|td_error|``.)"""
+        rows = to_numpy(rows, np.int64).ravel()
+        p = np.broadcast_to(to_numpy(priority, np.float64), rows.shape).astype(np.float64)
+        if not np.isfinite(p).all() or (p < 0).any():
+            bad = p[~np.isfinite(p) | (p < 0)][0]
+            raise ValueError(f"priority: expected finite values >= 0, got {bad}")
+        keep = self._tree_now.get(rows) > 0
+        n = int(keep.sum())
+        if n:
+            p = np.minimum(p[keep], _F32_MAX)
+            self._tree.update(rows[keep], p)
+            self.max_priority = max(self.max_priority, float(p.max()))
+            self.dirty = True
+        return n
+
     # -- updates ---------------------------------------------------------------------------
     def priority(self, td_error: Any) -> np.ndarray:
         """``(|td_error| + eps) ** alpha`` as float64 (raises on NaN/inf)."""
@@ -186,7 +231,7 @@ class PriorityIndex:
         if p.size != rows.size:
             raise ValueError(f"td_error: expected {rows.size} values (one per index), "
                              f"got {p.size}")
-        keep = self.tree.get(rows) > 0  # (raises on rows out of range)
+        keep = self._tree_now.get(rows) > 0  # (raises on rows out of range)
         if step_id is not None:
             sid = to_numpy(step_id, np.int64).ravel()
             if sid.size != rows.size:
@@ -200,7 +245,7 @@ class PriorityIndex:
             if top > _F32_MAX:
                 np.minimum(p, _F32_MAX, out=p)
                 top = _F32_MAX
-            self.tree.update(rows, p)
+            self._tree_now.update(rows, p)
             self.max_priority = max(self.max_priority, top)
             self.dirty = True
         return n
@@ -208,14 +253,14 @@ class PriorityIndex:
     def clear(self, rows: np.ndarray) -> None:
         """Take ``rows`` out of sampling (they can never serve the sampler's need)."""
         if len(rows):
-            self.tree.clear(rows)
+            self._tree_now.clear(rows)
             self.dirty = True
 
     # -- sampling --------------------------------------------------------------------------
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` rows, stratified proportional to priority."""
         try:
-            return self.tree.sample(n, rng)
+            return self._tree_now.sample(n, rng)
         except ValueError as e:  # an empty tree
             raise NotEnoughData("no row has a priority yet (the store holds no sampleable "
                                 "rows)") from e
@@ -223,8 +268,8 @@ class PriorityIndex:
     def weights(self, rows: np.ndarray, beta: float | np.ndarray) -> np.ndarray:
         """Importance weights ``(N P(i))^-beta / max_w = (p_i / p_min)^-beta`` (float32;
         ``beta``: one exponent, or one per row)."""
-        p = self.tree.get(rows)
-        w = (p / self.tree.min) ** (-beta)
+        p = self._tree_now.get(rows)
+        w = (p / self._tree_now.min) ** (-beta)
         return w.astype(np.float32)
 
     # -- persistence -----------------------------------------------------------------------
@@ -237,7 +282,7 @@ class PriorityIndex:
             "kind": self.kind, "alpha": self.alpha, "eps": self.eps,
             "max_priority": self.max_priority, "capacity": int(idx.capacity),
             "lanes": int(idx.lanes), "count": idx.count.copy(),
-            "valid_from": idx.valid_from.copy(), "leaves": self.tree.state(),
+            "valid_from": idx.valid_from.copy(), "leaves": self._tree_now.state(),
         }
 
     def _restore(self, saved: Mapping[str, Any]) -> dict[str, Any] | None:

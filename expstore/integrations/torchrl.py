@@ -15,6 +15,7 @@ prioritized sampling; ``rb.update_priority(td["index"], td["td_error"])``), and
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from torchrl.data.replay_buffers.writers import Writer as _TRLWriter
 from ..api import open as open_store
 from ..errors import ValidationError
 from ..field import Field
+from ..rows import FLAG_BAD, FLAG_LAST
 from ..spec import Spec
 from ..store import Store
 from .step_writer import StepWriter, open_or_create
@@ -126,7 +128,10 @@ class ExpstoreStorage(_TRLStorage):
     """A TorchRL ``Storage`` over an expstore store (a :class:`~expstore.Store`, or a URL).
 
     Indices are store rows. ``get(rows)`` returns the transitions starting there as a
-    TensorDict (``n_step``/``gamma``: n-step returns). ``len()`` is the rows held. TorchRL's
+    TensorDict (``n_step``/``gamma``: n-step returns). ``len()`` counts transitions (env
+    steps) as TorchRL's own storages do: every step given to ``extend``/``add`` and still
+    held, the one step the writer holds until its successor arrives included, the store's
+    final rows (one per finished episode) not. TorchRL's
     ``RandomSampler`` works unchanged: its draw is redirected to rows that can start a
     transition. Writing goes through :class:`ExpstoreWriter` (rows are assigned by the
     store, one lane per env). A URL opens read-only unless ``writable=True`` (then the
@@ -155,6 +160,7 @@ class ExpstoreStorage(_TRLStorage):
         self.device = device
         self.writer = StepWriter(store) if store.mode != "r" else None
         self._uniform: Any = None
+        self._transitions = _TransitionCount(store.index)
 
     # reading
     def get(self, index: Any) -> TensorDict:
@@ -164,7 +170,11 @@ class ExpstoreStorage(_TRLStorage):
         return td[0] if np.ndim(rows) == 0 else td
 
     def __len__(self) -> int:
-        return len(self.store)
+        """Transitions held (see the class doc); O(lanes + rows written since the last
+        call): TorchRL asks before every sample."""
+        held = 0 if self.writer is None else sum(
+            len(h["reward"]) for h in self.writer.held if h is not None)
+        return self._transitions() + held
 
     def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
         """Uniform rows that can start an ``n_step`` transition (used by RandomSampler)."""
@@ -277,6 +287,52 @@ class ExpstoreStorage(_TRLStorage):
 
     def __repr__(self) -> str:
         return f"ExpstoreStorage({self.store!r}, n_step={self.n_step})"
+
+
+class _TransitionCount:
+    """Intact rows of a row index that are not final rows (env steps held). A lane is
+    counted again only when its window of steps moved (one pass over its flags: ~0.15 ms
+    per million rows), or after rows were reported dropped (lost, quarantined)."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+        self.lo = np.full(index.lanes, -1, np.int64)
+        self.hi = np.full(index.lanes, -1, np.int64)
+        self.n = np.zeros(index.lanes, np.int64)
+        self.stale = True
+        ref = weakref.ref(self)
+
+        def listener(kind: str, rows: np.ndarray) -> None:
+            me = ref()
+            if me is None:
+                index.unsubscribe(listener)
+            elif kind == "dropped":
+                me.stale = True
+
+        index.subscribe(listener)
+
+    def _count(self, lane: int, a: int, b: int) -> int:
+        """Steps among lane steps ``[a, b)`` (at most one lap), by ring slices."""
+        if b <= a:
+            return 0
+        L = self.index.lane_capacity
+        base, s, e = lane * L, a % L, (b - 1) % L + 1
+        fl = self.index.flags
+        parts = [fl[base + s : base + e]] if s < e else [fl[base + s : base + L],
+                                                          fl[base : base + e]]
+        other = sum(int(np.count_nonzero(p & (FLAG_LAST | FLAG_BAD))) for p in parts)
+        return b - a - other
+
+    def __call__(self) -> int:
+        idx = self.index
+        lo_all, hi_all = idx.lower_bound(), idx.count
+        stale, self.stale = self.stale, False
+        for lane in range(idx.lanes):
+            lo, hi = int(lo_all[lane]), int(hi_all[lane])
+            if stale or lo != self.lo[lane] or hi != self.hi[lane]:
+                self.n[lane] = self._count(lane, lo, hi)
+                self.lo[lane], self.hi[lane] = lo, hi
+        return int(self.n.sum())
 
 
 def _rows(index: Any) -> Any:

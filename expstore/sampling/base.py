@@ -7,6 +7,12 @@ returns a :class:`~expstore.sampling.plans.ReadPlan`: plain data. Everything a p
 depends on is an argument (the :class:`ReaderView` says how its reader sees the store);
 nothing outside the sampler configures it by setting attributes. ``sample(batch_size)``
 reads a plan in this process through the store (``store.read_plan``).
+
+A sampler on a read-only store (``es.open(url)``, mode ``"r"``: a learner whose actors write
+in other processes) re-reads the lanes every :data:`AUTO_REFRESH` seconds unless told
+otherwise (``refresh_every``); a sampler on a store this process writes never refreshes
+unless asked. When too few rows can be sampled, :class:`NotEnoughData` says how many rows
+each lane holds and, where other processes write, how this sampler picks their rows up.
 """
 
 from __future__ import annotations
@@ -20,16 +26,36 @@ from ..errors import NotEnoughData
 from .plans import IN_PROCESS, ReaderView, ReadPlan, merge_plans
 from .windows import make_plan
 
+#: seconds between refreshes of a sampler on a read-only store (``refresh_every="auto"``)
+AUTO_REFRESH = 1.0
+
+
+def auto_refresh_every(store: Any, refresh_every: float | str | None) -> float | None:
+    """``refresh_every`` as seconds or ``None`` (never): ``"auto"`` is :data:`AUTO_REFRESH`
+    for a read-only store (mode ``"r"``, no lane written through it), else ``None``."""
+    if refresh_every == "auto":
+        read_only = getattr(store, "mode", None) == "r" and not getattr(store, "writers", None)
+        return AUTO_REFRESH if read_only and hasattr(store, "refresh") else None
+    if refresh_every is None:
+        return None
+    if isinstance(refresh_every, (bool, str)) or not isinstance(refresh_every, (int, float)) \
+            or not refresh_every >= 0:
+        raise ValueError(f"refresh_every: expected seconds >= 0, None (never) or 'auto', got "
+                         f"{refresh_every!r}")
+    return float(refresh_every)
+
 
 class Sampler:
     """Base class. ``n_step``/``gamma``: n-step returns; ``guard``: rows kept clear of the
     write cursor (a reader's view may ask for more); ``cer``: put the newest transition in
     every batch (combined experience replay); ``refresh_every``: seconds between
-    re-reading lane states written by other processes (``None``: never)."""
+    re-reading lane states written by other processes (``store.refresh()``, before a batch
+    is drawn; ``0``: before every batch; ``None``: never; ``"auto"``, the default:
+    :data:`AUTO_REFRESH` s on a read-only store, never on a store this process writes)."""
 
     def __init__(self, store: Any, n_step: int = 1, gamma: float = 0.99, guard: int = 0,
                  cer: bool = False, seed: int | None = None,
-                 refresh_every: float | None = None) -> None:
+                 refresh_every: float | str | None = "auto") -> None:
         if n_step < 1:
             raise ValueError(f"n_step: expected >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
@@ -42,7 +68,7 @@ class Sampler:
         self.guard = int(guard)
         self.cer = bool(cer)
         self.rng = np.random.default_rng(seed)
-        self.refresh_every = refresh_every
+        self.refresh_every = auto_refresh_every(store, refresh_every)
         self._last_refresh = time.monotonic()
 
     @property
@@ -76,19 +102,54 @@ class Sampler:
                                 view.committed_only)
 
     def maybe_refresh(self, now: bool = False) -> None:
-        """Re-read what other processes committed, every ``refresh_every`` seconds
-        (``now``: at once, whatever ``refresh_every`` says: the plans this sampler drew
-        were all overwritten before they were read, so its view of the store is stale)."""
-        if now or (self.refresh_every is not None and
-                   time.monotonic() - self._last_refresh >= self.refresh_every):
-            self.store.refresh()
-            self._last_refresh = time.monotonic()
+        """``store.refresh()`` when ``refresh_every`` seconds passed since the store last
+        read its lane states (by anyone: samplers of one store share the refreshes);
+        ``now``: at once, whatever ``refresh_every`` says (the plans this sampler drew
+        were all overwritten before they were read: its view of the store is stale)."""
+        if not now:
+            if self.refresh_every is None:
+                return
+            last = getattr(self.store, "refreshed_at", None)
+            if time.monotonic() - (self._last_refresh if last is None else last) \
+                    < self.refresh_every:
+                return
+        self.store.refresh()
+        self._last_refresh = time.monotonic()
+
+    def data_hint(self) -> str:
+        """What a :class:`NotEnoughData` adds: rows held per lane and, where other
+        processes write lanes of the store, how this sampler sees their rows."""
+        idx = self.index
+        held = [int(c - v) for c, v in zip(idx.count, idx.lower_bound(0))]
+        text = "rows held per lane: " + ", ".join(f"{n:,}" for n in held)
+        store = self.store
+        written_here = getattr(store, "writers", None) or {}
+        if not hasattr(store, "refresh") or len(written_here) == len(held):
+            return text
+        if self.refresh_every is None:
+            return (text + "; rows other processes write appear only after store.refresh(): "
+                    "call it, or pass refresh_every=SECONDS to the sampler")
+        return (text + f"; this sampler re-reads the lanes other processes write every "
+                f"{self.refresh_every:g} s (store.refresh()): their rows appear once they "
+                "flush (on this host: once added, where they stage in shared memory)")
 
     def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
                     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Valid anchor rows (+ weights), by rejection: ``batches`` consecutive groups of
-        ``batch_size`` rows and ``view.spare`` spares each (CER: see :meth:`with_newest`)."""
+        """Valid anchor rows (+ weights): ``batches`` consecutive groups of ``batch_size``
+        rows and ``view.spare`` spares each (refreshing first when ``refresh_every`` says
+        so); :class:`NotEnoughData` ends with :meth:`data_hint`."""
         self.maybe_refresh()
+        try:
+            return self.draw_rows(batch_size, batches, view)
+        except NotEnoughData as e:
+            if "rows held per lane" in str(e):
+                raise
+            raise NotEnoughData(f"{e}; {self.data_hint()}") from None
+
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`sample_rows` without the refresh: by rejection (CER: see
+        :meth:`with_newest`); subclasses drawing otherwise override this."""
         spare = view.spare
         n = batches * (batch_size + spare)
         rows_out: list[np.ndarray] = []

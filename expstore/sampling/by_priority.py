@@ -10,7 +10,8 @@ Rows written after the save get the maximum priority, rows dropped since get 0.
 ``1/B`` slice) with importance weights ``w_i = (N P(i))^-beta / max_j w_j``, ``beta``
 from a :class:`BetaSchedule`; :class:`~expstore.sampling.prioritized.PrioritizedSampler`
 (transitions) and :class:`~expstore.sampling.sequence.SequenceSampler` (sequence starts)
-hold one.
+hold one, and read priorities through :class:`ReadsPriorities`: ``sampler.priority(rows)``,
+``sampler.total_priority``, ``sampler.max_priority``.
 """
 
 from __future__ import annotations
@@ -105,6 +106,35 @@ def _save(store: Any, name: str, prio: PriorityIndex, force: bool) -> bool:
     store.save_priorities(name, prio.payload())
     prio.dirty = False
     return True
+
+
+class ReadsPriorities:
+    """Priorities a prioritized sampler draws by, read publicly (sampling units
+    ``(|δ| + eps) ** alpha``; the full API is its :class:`PriorityIndex`,
+    ``sampler.priorities``)."""
+
+    def _held(self) -> PriorityIndex:
+        prio = getattr(self, "priorities", None)  # (each sampler defines it)
+        if prio is None:
+            raise ValueError(f"{type(self).__name__}: this sampler does not draw by priority "
+                             "(pass prioritized=True)")
+        return prio
+
+    def priority(self, rows: Any) -> np.ndarray:
+        """Priorities of ``rows`` (float64; 0 for rows not drawn: see
+        :meth:`PriorityIndex.get`)."""
+        return self._held().get(rows)
+
+    @property
+    def total_priority(self) -> float:
+        """Sum of all rows' priorities: row ``i`` is drawn with probability
+        ``priority(i) / total_priority``."""
+        return self._held().total
+
+    @property
+    def max_priority(self) -> float:
+        """The running maximum priority, which new rows get (never decreases)."""
+        return self._held().max_priority
 
 
 class PriorityDraw:

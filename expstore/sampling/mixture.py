@@ -87,16 +87,17 @@ class MixtureSampler:
                     continue
                 try:
                     parts.append((i, self.samplers[i].plan(int(n), view=view)))
-                except NotEnoughData:
+                except NotEnoughData as e:
                     if self.strict:
                         raise
-                    failed = i
+                    failed, why = i, e
                     break
             if failed is None:
                 return MixturePlan(parts)
             active[failed] = False
             if not (active & (self.fractions > 0)).any():
-                raise NotEnoughData("no component of the mixture can sample yet")
+                raise NotEnoughData(f"no component of the mixture can sample yet (component "
+                                    f"{failed}: {why})")
 
     def read(self, plan: MixturePlan) -> dict[str, np.ndarray]:
         """Read a mixture plan in this process (each part from its own store)."""

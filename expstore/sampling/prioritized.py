@@ -17,11 +17,11 @@ import numpy as np
 
 from ..index.priorities import PriorityIndex
 from .base import Sampler
-from .by_priority import BetaSchedule, PriorityDraw
+from .by_priority import BetaSchedule, PriorityDraw, ReadsPriorities
 from .plans import IN_PROCESS, ReaderView
 
 
-class PrioritizedSampler(Sampler):
+class PrioritizedSampler(ReadsPriorities, Sampler):
     """Proportional prioritized sampling over every intact transition of the store.
 
     ``alpha``: priority exponent; ``beta``: importance-sampling exponent at the start,
@@ -32,7 +32,8 @@ class PrioritizedSampler(Sampler):
     (``n_step``, ``gamma``, ``cer``, ``guard``, ``seed``...).
 
     Call ``update_priorities(batch["index"], td_error, batch["step_id"])`` after each
-    learning step.
+    learning step; read them back with ``priority(rows)``, ``total_priority`` and
+    ``max_priority`` (:class:`~expstore.sampling.by_priority.ReadsPriorities`).
     """
 
     prioritized = True
@@ -93,9 +94,8 @@ class PrioritizedSampler(Sampler):
         if len(rows):
             self.priorities.clear(rows[~idx.valid(rows, self.history, self.n_step, 0)])
 
-    def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        self.maybe_refresh()
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, np.ndarray]:
         return self.by_priority.draw_batches(self, batch_size, batches, view, self._prune)
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:

@@ -28,7 +28,7 @@ from ..index.priorities import PriorityIndex, to_numpy
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST, NO_ANCHOR
 from .base import Sampler, check_batch
-from .by_priority import BetaSchedule, PriorityDraw
+from .by_priority import BetaSchedule, PriorityDraw, ReadsPriorities
 from .plans import IN_PROCESS, ReaderView, SequencePlan
 from .uniform import uniform_rows
 from .windows import stack_rows
@@ -103,7 +103,7 @@ def make_sequence_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | N
                         ssteps.reshape(B, W, K), spare)
 
 
-class SequenceSampler(Sampler):
+class SequenceSampler(ReadsPriorities, Sampler):
     """Sequences of ``burn_in + length`` steps, uniform or prioritized (R2D2).
 
     ``overlap``: steps shared by consecutive sequences of an episode (R2D2: ``length // 2``)
@@ -202,11 +202,10 @@ class SequenceSampler(Sampler):
                                 f"(period={self.period})")
         return np.resize(rows, n) if len(rows) < n else rows[:n], None
 
-    def sample_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
-                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
         if self.by_priority is None:
-            return super().sample_rows(batch_size, batches, view)
-        self.maybe_refresh()
+            return super().draw_rows(batch_size, batches, view)
         return self.by_priority.draw_batches(self, batch_size, batches, view, self._prune)
 
     def _prune(self, rows: np.ndarray) -> None:

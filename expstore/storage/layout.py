@@ -9,12 +9,13 @@ The spec, capacity, lanes and format version are the group's ``expstore`` attrib
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError, StoreCorruptError
+from ..errors import SpecError, StoreCorruptError, StoreNotFoundError
 from ..field import Field
 from ..spec import Spec
 from .backends import Backend
@@ -172,16 +173,61 @@ def write_metadata(url: str, layout: Layout, storage_options: dict[str, Any] | N
 
 
 def read_layout(backend: Backend) -> Layout:
-    """Layout from the group's ``zarr.json``; clear errors when it is not an expstore store."""
-    raw = backend.get("zarr.json")
+    """Layout from the group's ``zarr.json``. Nothing there, or something that is not an
+    expstore store: :class:`StoreNotFoundError` saying what is there; a store whose
+    ``zarr.json`` is lost or damaged (its lane states or metadata arrays are there):
+    :class:`StoreCorruptError` (``expstore repair`` rebuilds it)."""
+    try:
+        raw = backend.get("zarr.json")
+    except NotADirectoryError:  # a file where the store's folder would be
+        raw = None
     where = f"{backend.url}/zarr.json"
     if raw is None:
-        raise FileNotFoundError(f"{where}: no zarr group here (not an expstore store)")
+        if not _is_an_expstore_store(backend):
+            raise StoreNotFoundError(f"no store at {backend.url}: {_what_is_there(backend)}")
+        raise StoreCorruptError(f"{where}: missing (the rest of an expstore store is there)",
+                                url=backend.url)
     try:
         meta = json.loads(raw)
     except ValueError as e:
-        raise StoreCorruptError(f"{where}: not valid JSON ({e})") from e
-    attrs = meta.get("attributes", {}).get("expstore")
+        raise StoreCorruptError(f"{where}: not valid JSON ({e})", url=backend.url) from e
+    attrs = meta.get("attributes", {}).get("expstore") if isinstance(meta, dict) else None
     if attrs is None:
-        raise StoreCorruptError(f"{where}: zarr group without expstore attributes")
+        if not _is_an_expstore_store(backend):
+            raise StoreNotFoundError(f"no store at {backend.url}: a zarr group without "
+                                     "expstore attributes (not an expstore store)")
+        raise StoreCorruptError(f"{where}: zarr group without expstore attributes",
+                                url=backend.url)
     return Layout.from_attrs(attrs, where)
+
+
+def _is_an_expstore_store(backend: Backend) -> bool:
+    """Whether what is there is (what is left of) an expstore store: lane state files, or
+    the zarr.json of one of the metadata arrays every store has (with the layout's copy)."""
+    try:
+        if any(k.rsplit("/", 1)[-1].startswith("lane_") for k in backend.list("_state")):
+            return True
+        return any(raw is not None and BACKUP_ATTR.encode() in raw
+                   for raw in (backend.get(f"{name}/zarr.json") for name in META_FIELDS))
+    except OSError:
+        return False
+
+
+def _what_is_there(backend: Backend) -> str:
+    """What is at a store's URL that is not a store, in a few words."""
+    root = getattr(backend, "root", None)
+    if backend.is_local and root is not None:
+        if not os.path.exists(root):
+            return "the path does not exist"
+        if not os.path.isdir(root):
+            return "it is a file, not a store folder"
+        found = sorted(os.listdir(root))
+    else:
+        try:
+            found = sorted({k.split("/", 1)[0] for k in backend.list("")})
+        except OSError as e:
+            return f"cannot list it ({e})"
+    if not found:
+        return "the folder is empty" if backend.is_local else "nothing is stored under it"
+    shown = ", ".join(found[:5]) + (f", ... ({len(found)} entries)" if len(found) > 5 else "")
+    return f"not an expstore store (no zarr.json; found {shown})"

@@ -101,5 +101,6 @@ def layout_from_arrays(backend: Backend) -> Layout:
                 except (StoreCorruptError, ValueError, KeyError, TypeError):
                     continue
     raise StoreCorruptError(f"{backend.url}: no array zarr.json holds a copy of the store's "
-                            "layout (a store made before expstore kept one), so the group "
-                            "zarr.json cannot be rebuilt")
+                            "layout (they are missing or damaged too, or the store was made "
+                            "by an expstore that kept none), so the group zarr.json cannot "
+                            "be rebuilt", url=backend.url)

@@ -417,7 +417,7 @@ def _check_priorities(store: Any, log: Log, n: int) -> tuple[int, int]:
     exact = 0
     for lane in range(store.lanes):
         rows, steps = prio.live_rows(lane)
-        p = prio.tree.get(rows).astype(np.float64)
+        p = prio.get(rows)
         final = (store.index.flags[rows] & FLAG_LAST) != 0
         where = f"lane {lane} priorities"
         if (p[final] != 0).any():

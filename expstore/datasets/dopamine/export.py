@@ -15,7 +15,7 @@ from ...rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from ..episodes import lane_rows
 from ..npy_gzip import NpyGzipWriter, save_gz
 from ..progress import Progress, ProgressArg
-from ..streaming import blocks
+from ..streaming import blocks, check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import CORE, STORE_PREFIX, ckpt_path, dopamine_invalid_range
 
@@ -71,24 +71,25 @@ def export_dopamine(url: str | os.PathLike, dst: str | os.PathLike, suffix: int 
     Dopamine's ring). User fields become ``$store$_<name>`` extra storage arrays.
     """
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     dst = Path(dst)
     store = open_store(url, "r", storage_options=storage_options)
     summary = ImportSummary(str(url), str(dst))
     try:
         spec = store.spec
         if spec.obs_names != ["obs"] or spec.action_names != ["action"]:
-            raise DatasetFormatError(f"{url}: Dopamine stores one observation and one action "
+            raise DatasetFormatError(f"{store.url}: Dopamine stores one observation and one action "
                                      f"array; this store has {spec.obs_names} and "
                                      f"{spec.action_names}")
         act = spec.fields["action"]
         if act.shape != () or act.dtype.kind not in "iu":
-            raise DatasetFormatError(f"{url}: Dopamine actions are integer scalars; field "
+            raise DatasetFormatError(f"{store.url}: Dopamine actions are integer scalars; field "
                                      f"'action' is {act.dtype} of shape {act.shape}")
         extras = [n for n in spec.fields if n not in ("obs", "action", "reward", "terminated",
                                                       "truncated")]
         for n in extras:
             if n in CORE:
-                raise DatasetFormatError(f"{url}: field {n!r} clashes with Dopamine's "
+                raise DatasetFormatError(f"{store.url}: field {n!r} clashes with Dopamine's "
                                          f"{STORE_PREFIX}{n}")
         k = int(stack or spec.fields["obs"].stack or 1)
         dst.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from ...storage.import_marker import read_import_marker, write_import_marker
 from ...storage.layout import auto_shard_rows
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
+from ..streaming import check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import STORE_PREFIX, dopamine_spec, find_suffixes, inspect_checkpoint
 from .lane import LaneResult, count_rows
@@ -92,6 +93,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     ``KeyboardInterrupt``.
     """
     t0 = time.perf_counter()
+    block_rows = check_block_rows(block_rows)
     folder = SourceFolder(src, source_options)
     if not folder.is_dir():
         raise FileNotFoundError(f"{src}: not a folder of Dopamine checkpoint files")
@@ -189,7 +191,7 @@ def _resumable(url: str, folder: SourceFolder, options: dict[str, Any],
     diff = [f"{k}: stored {theirs.get(k)!r}, given {mine[k]!r}" for k in mine
             if _norm(theirs.get(k)) != _norm(mine[k])]
     if diff:
-        raise FileExistsError(f"{url}: holds a partial import with other settings ("
+        raise FileExistsError(f"{backend.url}: holds a partial import with other settings ("
                               + "; ".join(diff) + "); re-run it with the same ones to resume, "
                               "or pass overwrite=True (--overwrite) to start over")
     return marker

@@ -38,6 +38,7 @@ __all__ = [
     "S3Backend",
     "VersionedBackend",
     "backend_for",
+    "canonical_url",
     "check_then_put",
     "content_tag",
     "fsspec_options",
@@ -102,6 +103,16 @@ def backend_for(url: str | os.PathLike, storage_options: dict[str, Any] | None =
     from ..shard_cache import ShardCache
 
     return ShardCache.from_options(backend, cache)
+
+
+def canonical_url(url: str | os.PathLike) -> str:
+    """The URL a store's backend names it by (``Backend.url``, what errors and the CLI
+    print): ``file:///absolute/path`` for a path or ``file://`` URL, other URLs as given."""
+    url = os.fspath(url)
+    scheme = urlparse(url).scheme.lower()
+    if (len(scheme) == 1 and os.name == "nt") or scheme in ("", "file"):
+        return "file://" + os.path.abspath(url.removeprefix("file://"))
+    return url
 
 
 def fsspec_options(storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
