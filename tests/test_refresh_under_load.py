@@ -69,9 +69,10 @@ def test_a_refresh_lapped_by_the_writer_skips_what_it_dropped(tmp_path):
     actor.close()
 
 
-def test_a_learner_that_fails_exits_instead_of_hanging(tmp_path):
-    """An exception in the training loop (here: in the sampler's plan) ends the learner
-    process promptly, with its DataLoader workers alive at the time."""
+@pytest.mark.parametrize("context", [None, "forkserver"])
+def test_a_learner_that_fails_exits_instead_of_hanging(tmp_path, context):
+    """An exception in the training loop (here: a refresh of the sampler's) ends the
+    learner process promptly, with its DataLoader workers alive at the time."""
     url = str(tmp_path / "s.zarr")
     st = es.create(url, stress.spec(), capacity=2048)
     _add(st, 0, 1500)
@@ -81,7 +82,7 @@ def test_a_learner_that_fails_exits_instead_of_hanging(tmp_path):
         store = es.open({url!r})
         sampler = es.PrioritizedSampler(store, refresh_every=0.01)
         loader = es.make_loader(store, sampler, batch_size=32, num_workers=2,
-                                batches_per_message=1)
+                                batches_per_message=1, multiprocessing_context={context!r})
         refresh, n = store.refresh, [0]
         def failing_refresh():
             n[0] += 1
