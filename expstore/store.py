@@ -53,6 +53,7 @@ from .storage.lease import (
     acquire_all,
 )
 from .storage.lease import losses as lease_losses
+from .storage.metadata_rebuild import lost_ranges, read_metadata
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
 from .storage.state import LaneState, read_state, read_states
@@ -191,8 +192,9 @@ class Store:
         return self.layout.lanes
 
     def __len__(self) -> int:
-        """Rows currently held (intact), all lanes; final rows of episodes included."""
-        return int((self.index.count - self.index.valid_from).sum())
+        """Rows currently held (intact), all lanes; final rows of episodes included, rows
+        marked lost (quarantined by ``repair``, or skipped as corrupt) not."""
+        return int(self.index.held().sum())
 
     @property
     def episodes_written(self) -> int:
@@ -334,15 +336,15 @@ class Store:
         fl = np.zeros(len(rows), np.uint8)
         lost = self._quarantine.mask(lane, steps)  # never read lost rows
         ok = lost.copy()
-        keep = None if not lost.any() else np.flatnonzero(~lost)
-        if keep is None:
-            ok = self.reader.read("_episode_step", rows, steps, ep)
-            ok &= self.reader.read("_flags", rows, steps, fl)
-        elif len(keep):
-            e, f = np.empty(len(keep), np.int32), np.empty(len(keep), np.uint8)
-            ok[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
-            ok[keep] &= self.reader.read("_flags", rows[keep], steps[keep], f)
-            ep[keep], fl[keep] = e, f
+        keep = np.flatnonzero(~lost)
+        damaged: list[tuple[int, int]] = []
+        if len(keep):  # a bad metadata chunk is rebuilt, or its rows marked lost
+            bounds = (max(int(self.index.valid_from[lane]), count - self.layout.lane_capacity),
+                      count)
+            m = read_metadata(self.reader, self.layout, lane, rows[keep], steps[keep], bounds)
+            ok[keep], ep[keep], fl[keep] = m.ok, m.episode_step, m.flags
+            damaged = lost_ranges(steps[keep], m.lost) if len(keep) == len(steps) else \
+                [(int(s), int(s) + 1) for s in steps[keep][m.lost]]
         if not ok.all():
             bad = int(np.flatnonzero(~ok)[0])
             raise StoreCorruptError(
@@ -353,6 +355,8 @@ class Store:
         for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
             self.reader.drop_chunks(name)
         self.index.put(lane, start, ep, fl)
+        if damaged:
+            self.index.mark_lost(lane, damaged, start, stop)
 
     def _load_lane_retrying(self, st: LaneState) -> None:
         """:meth:`_load_lane`; if a shard no longer holds rows the state promised, a writer
