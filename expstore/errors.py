@@ -20,8 +20,9 @@ class ValidationError(ExpstoreError, ValueError):
 
 #: what every corruption error tells the user to do
 REPAIR_HINT = ("run 'expstore verify STORE' to list all damage and 'expstore repair STORE' to "
-               "rebuild lost metadata and state files and quarantine bad rows; samplers and "
-               "make_loader take skip_corrupt=True to train on past bad chunks")
+               "rebuild lost metadata and state files and quarantine bad rows; to train on "
+               "past bad chunks: make_loader(store, ..., skip_corrupt=True) or any sampler "
+               "made with skip_corrupt=True, e.g. UniformSampler(store, skip_corrupt=True)")
 
 
 class StoreCorruptError(ExpstoreError):

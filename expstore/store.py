@@ -37,7 +37,7 @@ from .errors import (
 )
 from .index.rows import RowIndex
 from .loading.execute import assemble
-from .loading.skip_corrupt import SkipCorruptSource
+from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .staged import StagedRows, shared_root
@@ -236,9 +236,12 @@ class Store:
             return f"{asked} requested, rounded up to whole shards: {shards}"
         return shards
 
-    #: in-process sampling (``sample``, samplers' ``sample``) skips rows of shards that fail
-    #: their checks: they are marked lost in this process's index (never sampled again),
-    #: logged once per shard and counted in ``corrupt_rows_skipped``; nothing is written
+    #: in-process sampling (``sample``, every sampler's ``sample``) skips the samples whose
+    #: reads touch a chunk that fails its checks: that chunk's rows (of the lap read) are
+    #: marked lost in this process's index (never sampled again), logged once per chunk and
+    #: counted in ``corrupt_rows_skipped``; nothing is written. The same per sampler:
+    #: ``UniformSampler(store, skip_corrupt=True)`` (any sampler), and per loader:
+    #: ``make_loader(store, ..., skip_corrupt=True)``
     skip_corrupt: bool = False
 
     @property
@@ -247,26 +250,21 @@ class Store:
         skipping = self.__dict__.get("_skipping")
         return 0 if skipping is None else skipping.found.rows_skipped
 
-    def _plan_source(self) -> Any:
-        if not self.skip_corrupt:
+    def _plan_source(self, skip_corrupt: bool = False) -> Any:
+        if not (skip_corrupt or self.skip_corrupt):
             return self.source
         skipping = self.__dict__.get("_skipping")
         if skipping is None or skipping.pid != os.getpid():
-            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_shard)
+            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_chunk,
+                                         log=False)  # quarantine_lap logs it
             self._skipping = skipping
         skipping.source = self.source
         return skipping
 
-    def _quarantine_shard(self, name: str, shard: int) -> None:
-        """Mark the rows a corrupt shard holds lost in this process's index."""
-        lay = self.layout
-        lane, k = divmod(shard, lay.shards_per_lane)
-        rows = lane * lay.lane_capacity + k * lay.shard_rows + np.arange(lay.shard_rows)
-        steps = self.index.steps(rows)
-        steps = steps[steps >= 0]
-        if len(steps):
-            lo, hi = int(steps.min()), int(steps.max()) + 1
-            self.index.mark_lost(lane, [(lo, hi)], lo, int(self.index.count[lane]))
+    def _quarantine_chunk(self, name: str, shard: int, chunk: int, first_step: int) -> None:
+        """Mark the rows a corrupt chunk (-1: shard) held in the lap from ``first_step``
+        lost in this process's index, and log it once."""
+        quarantine_lap(self.index, self.layout, name, shard, first_step, chunk)
 
     def episodes(self, lanes: int | Iterable[int] | None = None,
                  steps: tuple[int | None, int | None] | None = None,
@@ -695,9 +693,10 @@ class Store:
         """Rows as this process sees them (staged rows included): a ``RowSource``."""
         return StoreSource(self)
 
-    def read_plan(self, plan: Any) -> dict[str, np.ndarray]:
-        """Execute a sampler's plan in this process: a batch dict of numpy arrays."""
-        batch, _ = assemble(plan, self.layout, self._plan_source())
+    def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
+        """Execute a sampler's plan in this process: a batch dict of numpy arrays.
+        ``skip_corrupt``: as :attr:`skip_corrupt`, for this read."""
+        batch, _ = assemble(plan, self.layout, self._plan_source(skip_corrupt))
         return batch
 
     @property

@@ -151,3 +151,88 @@ def test_info_verify_repr_and_len_agree_after_quarantine(tmp_path, capsys):
         assert f"rows={held}," in repr(s)
     assert info["rows"] == v.rows == held == 637 - 65
     assert info["lost_rows"] == 65
+
+
+# -- skip_corrupt: a bad frame costs the samples that read it, per lap -------------------------
+def _frames_store(tmp_path, steps: int = 700) -> str:
+    """One lane of 1024 rows, shards of 64, one frame per chunk; no episode ends (row r
+    holds step r, its obs frame filled with r % 250 and action r)."""
+    url = str(tmp_path / "f.zarr")
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2, chunk_rows=1),
+                          action=es.Field((), np.int64))
+    with es.create(url, spec, capacity=1024, shard_rows=SHARD) as s:
+        _add(s, 0, steps)
+    return url
+
+
+def _add(s, a: int, b: int) -> None:
+    t = np.arange(a, b)
+    s.extend(obs=np.repeat((t % 250).astype(np.uint8)[:, None, None], 8, 1).repeat(8, 2),
+             action=t, reward=np.zeros(len(t), np.float32),
+             terminated=np.zeros(len(t), bool), truncated=np.zeros(len(t), bool))
+
+
+def _check_intact(obs: np.ndarray, nxt: np.ndarray, action: np.ndarray) -> None:
+    """Every frame delivered is its row's: newest = action, the one before = action - 1
+    (or the same frame where the stack is padded)."""
+    np.testing.assert_array_equal(obs[:, -1, 0, 0], action % 250)
+    assert np.isin(obs[:, 0, 0, 0] - (action - 1) % 250, [0, 1]).all()
+    np.testing.assert_array_equal(nxt[:, -1, 0, 0], (action + 1) % 250)
+
+
+BAD = 300  # the row (and step) whose frame is flipped: chunk 44 of obs/c/4
+
+
+def test_skip_corrupt_loader_skips_only_the_samples_reading_the_bad_frame(tmp_path):
+    url = _frames_store(tmp_path)
+    flip_chunk(url, "obs", BAD // SHARD, BAD % SHARD)
+    store = es.open(url)
+    loader = es.make_loader(store, batch_size=128, num_workers=2, num_batches=40,
+                            skip_corrupt=True)
+    seen = []
+    for batch in loader:
+        a = batch["action"].numpy()
+        _check_intact(batch["obs"].numpy(), batch["next_obs"].numpy(), a)
+        assert not np.isin(a, [BAD - 1, BAD]).any()  # next_obs / obs read the bad frame
+        seen.append(a)
+    loader.close()
+    seen = np.concatenate(seen)
+    assert loader.stats.corrupt_shards == 1
+    assert loader.stats.corrupt_rows_quarantined == 1  # the frame's row only, not 64
+    np.testing.assert_array_equal(np.flatnonzero(store.index.flags & FLAG_BAD), [BAD])
+    assert len(store) == 700 - 1
+    # the rest of the frame's shard trains on (some of its 62 other anchors were drawn)
+    same_shard = (seen // SHARD == BAD // SHARD) & ~np.isin(seen, [BAD - 1, BAD])
+    assert same_shard.sum() > 20
+    store.close()
+
+
+def test_skip_corrupt_quarantine_is_per_lap(tmp_path):
+    """After the lane rewrites the bad frame's slot (a later lap), the row is sampled
+    again, both in this process and by the loader's (persistent) workers."""
+    url = _frames_store(tmp_path)
+    flip_chunk(url, "obs", BAD // SHARD, BAD % SHARD)
+    reader = es.open(url)
+    sampler = es.UniformSampler(reader, skip_corrupt=True, seed=0)
+    loader = es.make_loader(reader, sampler, batch_size=256, num_workers=2, num_batches=30,
+                            persistent_workers=True)
+    for batch in loader:  # the workers find the frame
+        assert not np.isin(batch["action"].numpy(), [BAD - 1, BAD]).any()
+    assert loader.stats.corrupt_rows_quarantined == 1
+    while not reader.index.flags[BAD] & FLAG_BAD or not reader.corrupt_rows_skipped:
+        sampler.sample(256)  # and this process too
+    with es.open(url, "r+") as w:  # a lap later: slot BAD holds step BAD + 1024
+        _add(w, 700, 700 + 1024)
+    reader.refresh()
+    assert not reader.index.flags[BAD] & FLAG_BAD and len(reader) == 1024
+    new = BAD + 1024
+    got = np.concatenate([sampler.sample(256)["action"] for _ in range(30)])
+    assert np.isin(new, got)  # in this process
+    got = []
+    for batch in loader:  # the same workers, which found the old lap's frame bad
+        a = batch["action"].numpy()
+        _check_intact(batch["obs"].numpy(), batch["next_obs"].numpy(), a)
+        got.append(a)
+    assert np.isin([new - 1, new], np.concatenate(got)).all()
+    loader.close()
+    reader.close()

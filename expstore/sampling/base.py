@@ -25,11 +25,14 @@ class Sampler:
     """Base class. ``n_step``/``gamma``: n-step returns; ``guard``: rows kept clear of the
     write cursor (a reader's view may ask for more); ``cer``: put the newest transition in
     every batch (combined experience replay); ``refresh_every``: seconds between
-    re-reading lane states written by other processes (``None``: never)."""
+    re-reading lane states written by other processes (``None``: never);
+    ``skip_corrupt=True``: a chunk that fails its checks does not end training: the
+    samples whose reads touch it are skipped (:meth:`sample` and ``make_loader``; see
+    ``loading/skip_corrupt.py``)."""
 
     def __init__(self, store: Any, n_step: int = 1, gamma: float = 0.99, guard: int = 0,
                  cer: bool = False, seed: int | None = None,
-                 refresh_every: float | None = None) -> None:
+                 refresh_every: float | None = None, skip_corrupt: bool = False) -> None:
         if n_step < 1:
             raise ValueError(f"n_step: expected >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
@@ -43,6 +46,7 @@ class Sampler:
         self.cer = bool(cer)
         self.rng = np.random.default_rng(seed)
         self.refresh_every = refresh_every
+        self.skip_corrupt = bool(skip_corrupt)
         self._last_refresh = time.monotonic()
 
     @property
@@ -156,10 +160,17 @@ class Sampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight."""
-        return self.store.read_plan(self.plan(batch_size, view=view))
+        return read_plan(self.store, self.plan(batch_size, view=view), self.skip_corrupt)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Uniform samplers ignore priorities."""
+
+
+def read_plan(store: Any, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
+    """``store.read_plan(plan)``, skipping corrupt chunks' samples with ``skip_corrupt``."""
+    if skip_corrupt:
+        return store.read_plan(plan, skip_corrupt=True)
+    return store.read_plan(plan)
 
 
 def check_batch(batch_size: Any, batches: Any = 1) -> tuple[int, int]:
