@@ -470,10 +470,11 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
     ``skip_corrupt=True`` (or a ``sampler`` made with ``skip_corrupt=True``): a chunk
     that fails its checks does not end training: the
-    reading process skips it from then on and replaces its samples like stale ones
-    (``loader.stats.corrupt_rows_skipped``), and reports it with its batches; this process
-    then marks its rows lost in ``store.index`` (RAM only), so ``sampler`` (drawing from
-    ``store``) never draws them again, logs the shard once and counts it once
+    reading process skips it for the lap it was read in and replaces the samples whose
+    reads touch it like stale ones (``loader.stats.corrupt_rows_skipped``), and reports it
+    with its batches; this process then marks its rows of that lap lost in ``store.index``
+    (RAM only), so ``sampler`` (drawing from ``store``) never draws them again (a later lap
+    in the same slots is sampled), logs the chunk once and counts it once
     (``corrupt_shards``, ``corrupt_rows_quarantined``). Reopen the store after ``expstore
     repair`` to sample what the repair kept.
     """
