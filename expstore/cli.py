@@ -95,7 +95,8 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
             "transitions": store.num_transitions,
             "episodes": store.episodes_written,
             "episodes_held": store.num_episodes,
-            "lane_rows": [int(c - v) for c, v in zip(idx.count, idx.lower_bound())],
+            "lane_rows": [int(r) for r in idx.held()],
+            "lost_rows": int(idx.present().sum()) - rows,
             "bytes_on_disk": int(disk),
             "raw_bytes": int(rows * raw_row),
             "compression_ratio": (rows * raw_row / disk) if disk else None,
@@ -115,6 +116,9 @@ def _print_info(info: dict[str, Any]) -> None:
     print(f"store       {info['url']}")
     print(f"rows        {info['rows']:,} of {info['capacity']:,} "
           f"({info['lanes']} lane(s), {info['shard_rows']} rows per shard)")
+    if info["lost_rows"]:
+        print(f"lost        {info['lost_rows']:,} row(s) quarantined (bad bytes, never "
+              "sampled; not counted above)")
     if info["lanes"] > 1:
         print(f"lane rows   {', '.join(f'{r:,}' for r in info['lane_rows'])}")
     print(f"capacity    {info['capacity']:,} rows ({info['capacity_note']})")

@@ -21,8 +21,9 @@ class ValidationError(ExpstoreError, ValueError):
 
 #: what every corruption error tells the user to do (``{url}``: the store's URL)
 REPAIR_HINT = ("run 'expstore verify {url}' to list all damage and 'expstore repair {url}' to "
-               "rebuild lost metadata and state files and quarantine bad rows; samplers and "
-               "make_loader take skip_corrupt=True to train on past bad chunks")
+               "rebuild lost metadata and state files and quarantine bad rows; to train on "
+               "past bad chunks: make_loader(store, ..., skip_corrupt=True) or any sampler "
+               "made with skip_corrupt=True, e.g. UniformSampler(store, skip_corrupt=True)")
 
 # A store's URL at the start of a message naming one of its objects: ``<url>/<key>: ...``
 # or ``<url>: ...`` / ``<url> lane 0: ...`` (keys: the group zarr.json, lane states,

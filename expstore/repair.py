@@ -8,15 +8,18 @@
 1. rebuilds a lane state file that is missing or unreadable from the shard headers (the
    rows every field's shards hold contiguously; the newest shard may add rows its writer
    wrote but had not committed when it died — intact, since every chunk is checksummed);
-2. quarantines the lane steps whose bytes are bad (``_state/quarantine.json``): a store
+2. rewrites a bad ``_flags``, ``_episode_step`` or ``_step_id`` chunk from the values the
+   rows around it give (``storage/metadata_rebuild.py``): their rows are kept;
+3. quarantines the lane steps whose bytes are bad (``_state/quarantine.json``): a store
    opened afterwards never samples them, nor any transition, frame stack or n-step window
    that would touch them, and training continues on the rest;
-3. checks the repaired lanes again and reports what is still wrong (``remaining``).
+4. checks the repaired lanes again and reports what is still wrong (``remaining``).
 
-Nothing is deleted or rewritten: the bad shards stay until the writer's next lap replaces
-them. Run it while no writer is active on the lanes being repaired (a live writer keeps
-its own view of its lanes until it is reopened; readers pick the quarantine up on their
-next ``refresh()`` within a few seconds).
+Nothing is deleted, and no data chunk is rewritten: the bad shards stay until the writer's
+next lap replaces them (a metadata shard whose chunk was rebuilt is replaced atomically,
+its other chunks' bytes kept). Run it while no writer is active on the lanes being
+repaired (a live writer keeps its own view of its lanes until it is reopened; readers pick
+the quarantine up on their next ``refresh()`` within a few seconds).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .errors import ExpstoreError, StoreCorruptError, StoreNotFoundError, error_
 from .rows import FLAG_LAST
 from .storage.backends import Backend, backend_for
 from .storage.layout import Layout, read_layout
+from .storage.metadata_rebuild import derive_step_ids, read_metadata, rewrite_chunks
 from .storage.quarantine import Quarantine, read_quarantine, write_quarantine
 from .storage.shard import HEADER_SIZE, ShardHead, index_size, parse_head
 from .storage.state import STATE_VERSION, LaneState, read_state, state_key, write_state
@@ -52,6 +56,8 @@ class RepairReport:
     #: zarr.json files rebuilt (key -> what was wrong with it)
     metadata: dict[str, str] = field(default_factory=dict)
     remaining: list[str] = field(default_factory=list)  # problems repair could not fix
+    #: metadata shards whose bad chunk was rewritten from derived values (key -> chunks)
+    rewritten: dict[str, list[int]] = field(default_factory=dict)
     dry_run: bool = False
 
     @property
@@ -63,6 +69,9 @@ class RepairReport:
         verb = "would quarantine" if self.dry_run else "quarantined"
         parts = [f"{'would rebuild' if self.dry_run else 'rebuilt'} {key} ({why})"
                  for key, why in self.metadata.items()]
+        parts += [f"{'would rewrite' if self.dry_run else 'rewrote'} {key} (chunk(s) "
+                  f"{', '.join(map(str, chunks)) or 'bad'}) from the rows around it"
+                  for key, chunks in self.rewritten.items()]
         parts.append(f"{verb} {self.lost_rows:,} row(s)")
         for lane, ranges in sorted(self.newly_lost.items()):
             parts.append(f"lane {lane}: steps " + ", ".join(
@@ -97,6 +106,8 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
         except StoreCorruptError as e:  # keep going: verify decides what is lost anew
             rep.remaining.append(f"{error_detail(e)} (replaced)")
             q = Quarantine()
+        for lane, shards in found.rebuildable.items():
+            _rewrite_metadata(backend, layout, lane, shards, rep, dry_run)
         for lane, ranges in found.lost.items():
             rep.newly_lost[lane] = list(ranges)
             for a, b in ranges:
@@ -114,7 +125,7 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             rep.quarantined_rows += q.count(lane, lo, st.count)
         if not dry_run and (found.lost or q.lanes != _current(backend)):
             write_quarantine(backend, q)
-        recheck = sorted(set(found.lost) | set(rep.rebuilt))
+        recheck = sorted(set(found.lost) | set(rep.rebuilt) | set(found.rebuildable))
         unrelated = [p for p in found.problems if not _about_rows(p)]
         if dry_run:  # what the rebuilt zarr.json files would fix is not left
             rep.remaining += [p for p in unrelated
@@ -137,6 +148,44 @@ def _current(backend: Backend) -> dict[int, Any]:
 def _about_rows(problem: str) -> bool:
     """Problems verify attributes to rows (which quarantining resolves)."""
     return "_state/" not in problem and "zarr.json" not in problem
+
+
+# -- metadata chunks derived from the rows around them ---------------------------------------
+def _rewrite_metadata(backend: Backend, layout: Layout, lane: int,
+                      shards: list[tuple[str, int, int]], rep: RepairReport,
+                      dry_run: bool) -> None:
+    """Rewrite the bad chunks of metadata shards with the values their rows' neighbours
+    give (rows nothing can rebuild are in ``found.lost``: quarantined, written as 0)."""
+    from .storage.reader import ShardReader
+
+    S, Lc = layout.shard_rows, layout.lane_capacity
+    st = read_state(backend, lane)
+    lo = max(st.valid_from, st.count - Lc)
+    reader = ShardReader(backend, layout)
+    try:
+        for name, shard, fs in shards:
+            key = layout.shard_key(name, shard)
+            if dry_run:
+                rep.rewritten[key] = []
+                continue
+            a, b = max(lo, fs), min(st.count, fs + S)
+            f = layout.fields[name]
+            values = np.full(S, -1 if name == "_step_id" else 0, f.dtype)
+            if name == "_step_id":
+                values[a - fs: b - fs] = derive_step_ids(a, b - a)
+            else:
+                steps = np.arange(a, b, dtype=np.int64)
+                rows = lane * Lc + steps % Lc
+                m = read_metadata(reader, layout, lane, rows, steps, (lo, st.count), warn=False)
+                got = m.episode_step if name == "_episode_step" else m.flags
+                values[a - fs: b - fs] = np.where(m.lost, 0, got)
+            try:
+                rep.rewritten[key] = rewrite_chunks(backend, layout, name, shard, values)
+            except (StoreCorruptError, OSError) as e:
+                rep.remaining.append(f"{backend.url}/{key}: not rewritten ({error_detail(e)})")
+            reader.forget(shard)
+    finally:
+        reader.close()
 
 
 # -- zarr metadata -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .storage.metadata_rebuild import lost_ranges, read_metadata
 from .storage.staging import ENABLED, StagedLanes
 from .storage.state import LaneState
 
@@ -88,11 +89,12 @@ class StagedRows:
             return
         steps = np.arange(start, stop)
         rows = idx.lane_rows(lane, steps)
-        ep, fl = np.empty(len(rows), np.int32), np.empty(len(rows), np.uint8)
-        ok = store.reader.read("_episode_step", rows, steps, ep)
-        ok &= store.reader.read("_flags", rows, steps, fl)
-        idx.episode_step[rows[ok]] = ep[ok]
-        idx.flags[rows[ok]] = fl[ok]
+        m = read_metadata(store.reader, store.layout, lane, rows, steps)  # bad chunk: rebuilt
+        ok = m.ok & ~m.lost
+        idx.episode_step[rows[ok]] = m.episode_step[ok]
+        idx.flags[rows[ok]] = m.flags[ok]
+        if m.lost.any():
+            idx.mark_lost(lane, lost_ranges(steps, m.lost), start, stop)
 
     def _load(self, lane: int, m: Any) -> None:
         """Index the rows staged in ``m`` from the lane's committed count on."""

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .index.rows import RowIndex
 from .loading.execute import assemble
-from .loading.skip_corrupt import SkipCorruptSource
+from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .staged import StagedRows, shared_root
@@ -53,6 +53,7 @@ from .storage.lease import (
     acquire_all,
 )
 from .storage.lease import losses as lease_losses
+from .storage.metadata_rebuild import lost_ranges, read_metadata
 from .storage.quarantine import read_quarantine
 from .storage.reader import ShardReader
 from .storage.state import LaneState, read_state, read_states
@@ -195,8 +196,9 @@ class Store:
         return self.layout.lanes
 
     def __len__(self) -> int:
-        """Rows currently held (intact), all lanes; final rows of episodes included."""
-        return int((self.index.count - self.index.valid_from).sum())
+        """Rows currently held (intact), all lanes; final rows of episodes included, rows
+        marked lost (quarantined by ``repair``, or skipped as corrupt) not."""
+        return int(self.index.held().sum())
 
     @property
     def episodes_written(self) -> int:
@@ -238,9 +240,12 @@ class Store:
             return f"{asked} requested, rounded up to whole shards: {shards}"
         return shards
 
-    #: in-process sampling (``sample``, samplers' ``sample``) skips rows of shards that fail
-    #: their checks: they are marked lost in this process's index (never sampled again),
-    #: logged once per shard and counted in ``corrupt_rows_skipped``; nothing is written
+    #: in-process sampling (``sample``, every sampler's ``sample``) skips the samples whose
+    #: reads touch a chunk that fails its checks: that chunk's rows (of the lap read) are
+    #: marked lost in this process's index (never sampled again), logged once per chunk and
+    #: counted in ``corrupt_rows_skipped``; nothing is written. The same per sampler:
+    #: ``UniformSampler(store, skip_corrupt=True)`` (any sampler), and per loader:
+    #: ``make_loader(store, ..., skip_corrupt=True)``
     skip_corrupt: bool = False
 
     @property
@@ -249,26 +254,21 @@ class Store:
         skipping = self.__dict__.get("_skipping")
         return 0 if skipping is None else skipping.found.rows_skipped
 
-    def _plan_source(self) -> Any:
-        if not self.skip_corrupt:
+    def _plan_source(self, skip_corrupt: bool = False) -> Any:
+        if not (skip_corrupt or self.skip_corrupt):
             return self.source
         skipping = self.__dict__.get("_skipping")
         if skipping is None or skipping.pid != os.getpid():
-            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_shard)
+            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_chunk,
+                                         log=False)  # quarantine_lap logs it
             self._skipping = skipping
         skipping.source = self.source
         return skipping
 
-    def _quarantine_shard(self, name: str, shard: int) -> None:
-        """Mark the rows a corrupt shard holds lost in this process's index."""
-        lay = self.layout
-        lane, k = divmod(shard, lay.shards_per_lane)
-        rows = lane * lay.lane_capacity + k * lay.shard_rows + np.arange(lay.shard_rows)
-        steps = self.index.steps(rows)
-        steps = steps[steps >= 0]
-        if len(steps):
-            lo, hi = int(steps.min()), int(steps.max()) + 1
-            self.index.mark_lost(lane, [(lo, hi)], lo, int(self.index.count[lane]))
+    def _quarantine_chunk(self, name: str, shard: int, chunk: int, first_step: int) -> None:
+        """Mark the rows a corrupt chunk (-1: shard) held in the lap from ``first_step``
+        lost in this process's index, and log it once."""
+        quarantine_lap(self.index, self.layout, name, shard, first_step, chunk)
 
     def episodes(self, lanes: int | Iterable[int] | None = None,
                  steps: tuple[int | None, int | None] | None = None,
@@ -329,22 +329,24 @@ class Store:
         old_count = int(idx.count[lane])
         idx.set_valid_from(lane, st.valid_from)
         a = max(old_count, st.valid_from)
-        lost_ranges = self._quarantine.lanes.get(lane, [])
+        quarantined = self._quarantine.lanes.get(lane, [])
         while a < st.count:  # block ends aligned to LOAD_BLOCK_ROWS: no shard read twice
             b = min(st.count, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
-            ep, fl = self._read_block(st, a, b)
+            ep, fl, lost = self._read_block(st, a, b)
             idx.set_valid_from(lane, st.valid_from)
             idx.put(lane, a, ep, fl)  # (rows below valid_from are not announced)
-            if lost_ranges:
-                idx.mark_lost(lane, lost_ranges, a, b)
+            damaged = lost_ranges(np.arange(a, b), lost)  # (quarantined ones included)
+            if quarantined or damaged:
+                idx.mark_lost(lane, quarantined + damaged, a, b)
             a = max(b, st.valid_from)  # blocks the writer dropped meanwhile: not read
         if int(idx.count[lane]) < st.count:  # the writer dropped every row left to read
             idx.count[lane] = idx.committed[lane] = st.count
         self._states[lane] = st
 
     def _read_block(self, st: LaneState, start: int, stop: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        """Episode positions and flags of steps ``[start, stop)`` of lane ``st.lane``.
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Episode positions and flags of steps ``[start, stop)`` of lane ``st.lane``, and
+        which of them are lost (quarantined, or metadata nothing could rebuild).
 
         A row its shard no longer holds was either dropped by the lane's writer since the
         state was read (the writer commits a state dropping a shard's previous lap before
@@ -357,7 +359,7 @@ class Store:
         """
         lane = st.lane
         steps = np.arange(start, stop, dtype=np.int64)
-        ep, fl, ok = self._read_metadata(lane, steps)
+        ep, fl, ok, lost = self._read_metadata(lane, steps, st.count)
         missing = np.flatnonzero(~ok)
         generation, unchanged = None, 0
         while len(missing):
@@ -378,33 +380,34 @@ class Store:
                     f"lane {lane} state covers steps {st.valid_from}..{newer.count} but a "
                     f"shard does not hold step {bad}")
             generation = newer.generation
-            e, f, again = self._read_metadata(lane, steps[missing])
-            ep[missing], fl[missing] = e, f
-            missing = missing[~again]
+            span = slice(int(missing[0]), int(missing[-1]) + 1)  # (consecutive steps)
+            e, f, again, gone = self._read_metadata(lane, steps[span], st.count)
+            at = missing - span.start
+            ep[missing], fl[missing], lost[missing] = e[at], f[at], gone[at]
+            missing = missing[~again[at]]
         for name in ("_episode_step", "_flags"):  # read once: keep no decoded copy
             self.reader.drop_chunks(name)
-        return ep, fl
+        return ep, fl, lost
 
-    def _read_metadata(self, lane: int, steps: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``_episode_step`` and ``_flags`` of ``steps`` of ``lane`` and which rows were
-        read; quarantined (lost) rows are never read and count as read (zeros)."""
+    def _read_metadata(self, lane: int, steps: np.ndarray, count: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``_episode_step`` and ``_flags`` of ``steps`` (consecutive) of ``lane``, which rows
+        were read, and which rows are lost: a bad metadata chunk is rebuilt from the rows
+        around it (``storage/metadata_rebuild.py``), and rows nothing can rebuild are
+        lost. Quarantined rows are never read (lost, zeros). ``count``: the lane's count."""
         rows = self.index.lane_rows(lane, steps)
         ep = np.zeros(len(rows), np.int32)
         fl = np.zeros(len(rows), np.uint8)
-        lost = self._quarantine.mask(lane, steps)
-        if not lost.any():
-            ok = self.reader.read("_episode_step", rows, steps, ep)
-            ok &= self.reader.read("_flags", rows, steps, fl)
-            return ep, fl, ok
+        lost = self._quarantine.mask(lane, steps)  # never read lost rows
         ok = lost.copy()
         keep = np.flatnonzero(~lost)
         if len(keep):
-            e, f = np.empty(len(keep), np.int32), np.empty(len(keep), np.uint8)
-            ok[keep] = self.reader.read("_episode_step", rows[keep], steps[keep], e)
-            ok[keep] &= self.reader.read("_flags", rows[keep], steps[keep], f)
-            ep[keep], fl[keep] = e, f
-        return ep, fl, ok
+            bounds = (max(int(self.index.valid_from[lane]), count - self.layout.lane_capacity),
+                      count)
+            m = read_metadata(self.reader, self.layout, lane, rows[keep], steps[keep], bounds)
+            ok[keep], ep[keep], fl[keep] = m.ok, m.episode_step, m.flags
+            lost[keep] = m.lost
+        return ep, fl, ok, lost
 
     def _release_leases(self) -> None:
         _release_all(self.leases.values())
@@ -730,9 +733,10 @@ class Store:
         """Rows as this process sees them (staged rows included): a ``RowSource``."""
         return StoreSource(self)
 
-    def read_plan(self, plan: Any) -> dict[str, np.ndarray]:
-        """Execute a sampler's plan in this process: a batch dict of numpy arrays."""
-        batch, _ = assemble(plan, self.layout, self._plan_source())
+    def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
+        """Execute a sampler's plan in this process: a batch dict of numpy arrays.
+        ``skip_corrupt``: as :attr:`skip_corrupt`, for this read."""
+        batch, _ = assemble(plan, self.layout, self._plan_source(skip_corrupt))
         return batch
 
     @property

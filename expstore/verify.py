@@ -27,7 +27,9 @@ from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .storage.backends import backend_for
 from .storage.import_marker import describe_import, import_is_partial, read_import_marker
 from .storage.layout import Layout, read_layout
+from .storage.metadata_rebuild import DERIVED, lost_ranges, read_metadata
 from .storage.quarantine import Quarantine, read_quarantine
+from .storage.reader import ShardReader
 from .storage.shard import EMPTY, HEADER_SIZE, index_size, parse_head
 from .storage.state import read_state, state_key
 from .storage.zarr_meta import check_arrays
@@ -47,6 +49,10 @@ class VerifyReport:
     #: quarantined); lanes whose state file could not be read are in ``problems`` only
     lost: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     quarantined: int = 0  # committed rows already quarantined (lost earlier), not read
+    #: per lane, ``(field, shard, first_step)`` of metadata shards with a chunk that fails
+    #: its checks but whose values follow from the rows around it (``storage/
+    #: metadata_rebuild.py``): their rows are not in ``lost``; ``repair`` rewrites the chunk
+    rebuildable: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
     #: one line when a dataset import into the store did not finish (rows are intact but
     #: the dataset is not all there; re-running the import resumes it), else ``None``
     partial_import: str | None = None
@@ -110,6 +116,7 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
     known = (quarantine or Quarantine()).mask(lane, np.arange(lo, st.count))
     rep.quarantined += int(known.sum())
     good = ~known
+    meta_bad = {name: np.zeros(n, bool) for name in DERIVED}
     for fs in range(lo - lo % S, st.count, S):
         shard = lane * layout.shards_per_lane + (fs % Lc) // S
         a, b = max(lo, fs), min(st.count, fs + S)  # committed steps in this shard
@@ -124,18 +131,48 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
                 good[a - lo : b - lo] = False
             else:
                 vals, bad = res
-                good[a - lo : b - lo] &= ~bad
+                if name in DERIVED and bad.any():  # rebuilt from the rows around it
+                    meta_bad[name][a - lo : b - lo] |= bad
+                    rep.rebuildable.setdefault(lane, []).append((name, shard, fs))
+                else:
+                    good[a - lo : b - lo] &= ~bad
                 if name in meta:
                     meta[name][a - lo : b - lo] = vals
         rep.rows += int((~skip).sum())
         if progress is not None:
             progress(b - a)
+    if any(m.any() for m in meta_bad.values()):
+        _derive_metadata(backend, layout, lane, lo, st.count, meta, meta_bad, good)
     flagged = np.zeros(n, bool)
     _check_rows(backend.url, layout, lane, lo, st, meta, good, rep, flagged)
     bad = ~(good & ~flagged) & ~known
     if bad.any():  # runs of bad steps
         edges = np.flatnonzero(np.diff(np.concatenate([[0], bad.astype(np.int8), [0]])))
         rep.lost[lane] = [(lo + int(x), lo + int(y)) for x, y in zip(edges[::2], edges[1::2])]
+
+
+def _derive_metadata(backend: Any, layout: Layout, lane: int, lo: int, hi: int,
+                     meta: dict[str, np.ndarray], meta_bad: dict[str, np.ndarray],
+                     good: np.ndarray) -> None:
+    """Fill ``meta`` where a metadata chunk is bad with the values derived from the rows
+    around it; rows nothing can rebuild are cleared in ``good`` (lost)."""
+    steps = np.arange(lo, hi, dtype=np.int64)
+    ids = meta_bad["_step_id"]
+    meta["_step_id"][ids] = steps[ids]  # the header's first_step + slot (checked above)
+    todo = (meta_bad["_episode_step"] | meta_bad["_flags"]) & good
+    if not todo.any():
+        return
+    reader = ShardReader(backend, layout)
+    try:
+        for a, b in lost_ranges(steps, todo):
+            sel = slice(a - lo, b - lo)
+            rows = lane * layout.lane_capacity + steps[sel] % layout.lane_capacity
+            m = read_metadata(reader, layout, lane, rows, steps[sel], (lo, hi), warn=False)
+            meta["_episode_step"][sel] = m.episode_step
+            meta["_flags"][sel] = m.flags
+            good[sel] &= m.ok & ~m.lost
+    finally:
+        reader.close()
 
 
 def _check_shard(backend: Any, layout: Layout, name: str, shard: int, first_step: int,

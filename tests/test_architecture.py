@@ -64,6 +64,7 @@ LAYERS: dict[str, int] = {
     # 2: the in-RAM index and the bytes on storage (siblings, see APART)
     "expstore.index": 2,
     "expstore.storage": 2,
+    "expstore.storage.metadata_rebuild": 2,  # metadata rebuilt from the rows around it
     # 3: samplers: a need -> plans (plain data), from the index only
     "expstore.sampling": 3,
     # 4: plans -> batches against a row source; DataLoader plumbing

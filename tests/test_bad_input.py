@@ -207,8 +207,9 @@ def test_truncated_and_corrupt_shards_name_the_file(store):
     with open(meta, "r+b") as f:
         f.seek(30)
         f.write(b"\xff\xfe")
-    with pytest.raises(StoreCorruptError, match=r"_flags/c/4"):
-        es.open(url)
+    with es.open(url) as s:  # lane 1's flags follow from its rows (metadata_rebuild.py)
+        assert not (s.index.flags & es.rows.FLAG_BAD).any()
+    assert any("_flags/c/4" in p for p in verify_store(url).problems)
     with open(path, "wb") as f:
         f.write(raw)
     # nothing else was lost: after repair every other row is intact
@@ -217,7 +218,7 @@ def test_truncated_and_corrupt_shards_name_the_file(store):
     rep = repair_store(url)
     assert rep.ok and rep.newly_lost == {1: [(0, 21)]}
     s = es.open(url)
-    assert check_all(s) == len(s) - 21
+    assert check_all(s) == len(s)  # len counts the 21 quarantined rows out
     s.close()
 
 

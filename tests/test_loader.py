@@ -273,7 +273,7 @@ def test_skip_corrupt_workers_feed_corrupt_shards_back_to_the_sampler(tmp_path, 
     assert loader.stats.corrupt_shards == 1  # both workers may find it: counted once
     assert loader.stats.corrupt_rows_quarantined == 64
     assert held - store.num_transitions == 63  # its 64 rows, one a final row
-    assert sum("corrupt shard obs/c/3" in r.getMessage() for r in caplog.records) == 1
+    assert sum("of obs/c/3" in r.getMessage() for r in caplog.records) == 1
     store.close()
     with es.open(url) as again:  # the quarantine is in RAM: reopening starts afresh
         assert again.num_transitions == held

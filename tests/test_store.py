@@ -271,8 +271,9 @@ def test_corrupt_shard_is_named(tmp_path):
     data = bytearray(shard.read_bytes())
     data[3] ^= 0xFF  # inside the shard index: fails its crc32c
     shard.write_bytes(bytes(data))
-    with pytest.raises(es.StoreCorruptError, match=r"_flags/c/0.*crc32c"):
-        es.open(url)
+    with es.open(url) as s:  # the index rebuilds the flags from the rows (issue 25)
+        with pytest.raises(es.StoreCorruptError, match=r"_flags/c/0.*crc32c"):
+            s.read("_flags", np.arange(8))
 
 
 def test_validation_names_field_and_stores_nothing(tmp_path):

@@ -46,6 +46,7 @@ class RowIndex:
         self.committed = np.zeros(lanes, np.int64)  # rows on storage (<= count)
         self.valid_from = np.zeros(lanes, np.int64)
         self.last_lane = 0  # lane that received rows most recently (CER)
+        self.has_lost = False  # some row was marked lost (FLAG_BAD) at some point
         self._lane_base = np.arange(lanes, dtype=np.int64) * lane_capacity  # lane's row 0
         self._listeners: list[Listener] = []
 
@@ -106,6 +107,7 @@ class RowIndex:
         fl = self.flags[rows] | np.where(ep == 0, FLAG_FIRST, 0).astype(np.uint8)
         fl[lost] = FLAG_BAD | FLAG_FIRST
         self.flags[rows] = fl
+        self.has_lost = self.has_lost or bool(lost.any())
         self._emit("dropped", rows[lost])
 
     def put(self, lane: int, first_step: int, episode_step: np.ndarray,
@@ -188,6 +190,19 @@ class RowIndex:
     def present(self, guard: int = 0, committed_only: bool = False) -> np.ndarray:
         """Rows per lane that are intact and outside the guard band."""
         return np.maximum(self.upper_bound(committed_only) - self.lower_bound(guard), 0)
+
+    def held(self) -> np.ndarray:
+        """Rows per lane that are held and intact: the lane's window less rows marked lost
+        (``FLAG_BAD``: quarantined, or metadata nothing could rebuild)."""
+        out = self.present()
+        if not self.has_lost:
+            return out
+        lo = self.lower_bound()
+        for lane in range(self.lanes):
+            if out[lane]:
+                rows = self.lane_rows(lane, np.arange(lo[lane], self.count[lane]))
+                out[lane] -= np.count_nonzero(self.flags[rows] & FLAG_BAD)
+        return out
 
     def valid(self, rows: np.ndarray, history: int = 0, horizon: int = 1,
               guard: int = 0, committed_only: bool = False) -> np.ndarray:

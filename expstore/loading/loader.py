@@ -40,8 +40,9 @@ from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
-#: shards a reading process found corrupt since its last message, handed back with the
-#: batches: up to this many per message as (field number, shard, lap's first step), -1 after
+#: chunks a reading process found corrupt since its last message, handed back with the
+#: batches: up to this many per message as (field number, shard, chunk (-1: the whole
+#: shard), lap's first step), -1 after
 _CORRUPT = "_expstore_corrupt"
 _CORRUPT_SLOTS = 16
 _STAT_NAMES = ("batches", "rows_read", "chunks_read", "bytes_read", "requests",
@@ -64,12 +65,13 @@ class LoaderStats:
     cache_hits: int = 0
     cache_misses: int = 0
     stale_replaced: int = 0
-    #: samples not delivered because their shard failed its checks (``skip_corrupt=True``;
-    #: draws planned before the shard was reported)
+    #: rows not delivered because their chunk failed its checks (``skip_corrupt=True``;
+    #: draws planned before the chunk was reported)
     corrupt_rows_skipped: int = 0
-    #: shards reported corrupt by the readers, each once (``skip_corrupt=True``)
+    #: corrupt chunks reported by the readers, each once per lap (``skip_corrupt=True``; a
+    #: shard whose index or header fails counts as one)
     corrupt_shards: int = 0
-    #: rows of those shards taken out of sampling, each counted once
+    #: rows of those chunks taken out of sampling, each counted once
     corrupt_rows_quarantined: int = 0
     #: shared-memory buffers workers had to create (slots filled or grown at the start,
     #: later only when the consumer still holds every slot's batch; see ``transport``)
@@ -127,7 +129,7 @@ class StoreDataset(torch.utils.data.Dataset):
         if not self.skip_corrupt:
             return source
         if self._skipping is None or self._skipping.pid != os.getpid():
-            # found shards go back to the loader's process, which logs and quarantines them
+            # found chunks go back to the loader's process, which logs and quarantines them
             self._skipping = SkipCorruptSource(source, self.layout, log=False)
         self._skipping.source = source
         return self._skipping
@@ -175,7 +177,7 @@ class StoreDataset(torch.utils.data.Dataset):
         n = sum(getattr(p, "batches", 1) for p in plans)
         host_specs = {_STATS_KEY: ((len(_STAT_NAMES),), np.dtype(np.float64)),
                       _ALL_STALE: ((n,), np.dtype(bool)),
-                      _CORRUPT: ((_CORRUPT_SLOTS, 3), np.dtype(np.int64))}
+                      _CORRUPT: ((_CORRUPT_SLOTS, 4), np.dtype(np.int64))}
         host: dict[str, np.ndarray] = {}
         writer = self._slots() if pack else None
 
@@ -204,8 +206,9 @@ class StoreDataset(torch.utils.data.Dataset):
         host[_CORRUPT][:] = -1
         if isinstance(source, SkipCorruptSource):
             names = list(self.layout.fields)
-            for i, (name, shard, first) in enumerate(source.found.take(_CORRUPT_SLOTS)):
-                host[_CORRUPT][i] = (names.index(name), shard, first)
+            for i, (name, shard, chunk, first) in enumerate(
+                    source.found.take(_CORRUPT_SLOTS)):
+                host[_CORRUPT][i] = (names.index(name), shard, chunk, first)
         if pack:
             return writer.message()
         return LocalBatches([{k: torch.from_numpy(v) for k, v in b.items()} if b is not None
@@ -389,21 +392,23 @@ class StoreLoader(DataLoader):
         #: the index samplers draw from: corrupt shards the readers report are marked lost
         #: there (``skip_corrupt``); ``None``: not told
         self.index: Any = None
-        self._quarantined: set[tuple[int, int]] = set()  # (shard, lap's first step)
+        #: (field number, shard, chunk, lap's first step) quarantined
+        self._quarantined: set[tuple[int, int, int, int]] = set()
 
     def _quarantine(self, host: dict[str, np.ndarray]) -> None:
-        """Take the corrupt shards a message reports out of sampling, each once."""
+        """Take the corrupt chunks a message reports out of sampling, each once per lap
+        (the rows of a later lap in the same slots are sampled again)."""
         names = list(self.dataset.layout.fields)
-        for field, shard, first in host[_CORRUPT].tolist():
+        for field, shard, chunk, first in host[_CORRUPT].tolist():
             if field < 0:
                 break
-            if (shard, first) in self._quarantined:
+            if (field, shard, chunk, first) in self._quarantined:
                 continue
-            self._quarantined.add((shard, first))
+            self._quarantined.add((field, shard, chunk, first))
             self.stats.corrupt_shards += 1
             if self.index is not None:
                 self.stats.corrupt_rows_quarantined += quarantine_lap(
-                    self.index, self.dataset.layout, names[field], shard, first)
+                    self.index, self.dataset.layout, names[field], shard, first, chunk)
 
     @property
     def plan_sampler(self) -> Any:
@@ -467,17 +472,20 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
     later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
-    ``skip_corrupt=True``: a shard that fails its checks does not end training: the
-    reading process skips it from then on and replaces its samples like stale ones
-    (``loader.stats.corrupt_rows_skipped``), and reports it with its batches; this process
-    then marks its rows lost in ``store.index`` (RAM only), so ``sampler`` (drawing from
-    ``store``) never draws them again, logs the shard once and counts it once
+    ``skip_corrupt=True`` (or a ``sampler`` made with ``skip_corrupt=True``): a chunk
+    that fails its checks does not end training: the
+    reading process skips it for the lap it was read in and replaces the samples whose
+    reads touch it like stale ones (``loader.stats.corrupt_rows_skipped``), and reports it
+    with its batches; this process then marks its rows of that lap lost in ``store.index``
+    (RAM only), so ``sampler`` (drawing from ``store``) never draws them again (a later lap
+    in the same slots is sampled), logs the chunk once and counts it once
     (``corrupt_shards``, ``corrupt_rows_quarantined``). Reopen the store after ``expstore
     repair`` to sample what the repair kept.
     """
     check_batch(batch_size)
     if sampler is None:
         sampler = UniformSampler(store)
+    skip_corrupt = bool(skip_corrupt) or bool(getattr(sampler, "skip_corrupt", False))
     staged = None
     if num_workers > 0:
         shard_guard = store.layout.shard_rows if guard is None else guard

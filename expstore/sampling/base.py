@@ -51,11 +51,15 @@ class Sampler:
     every batch (combined experience replay); ``refresh_every``: seconds between
     re-reading lane states written by other processes (``store.refresh()``, before a batch
     is drawn; ``0``: before every batch; ``None``: never; ``"auto"``, the default:
-    :data:`AUTO_REFRESH` s on a read-only store, never on a store this process writes)."""
+    :data:`AUTO_REFRESH` s on a read-only store, never on a store this process writes);
+    ``skip_corrupt=True``: a chunk that fails its checks does not end training: the
+    samples whose reads touch it are skipped (:meth:`sample` and ``make_loader``; see
+    ``loading/skip_corrupt.py``)."""
 
     def __init__(self, store: Any, n_step: int = 1, gamma: float = 0.99, guard: int = 0,
                  cer: bool = False, seed: int | None = None,
-                 refresh_every: float | str | None = "auto") -> None:
+                 refresh_every: float | str | None = "auto",
+                 skip_corrupt: bool = False) -> None:
         if n_step < 1:
             raise ValueError(f"n_step: expected >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
@@ -69,6 +73,7 @@ class Sampler:
         self.cer = bool(cer)
         self.rng = np.random.default_rng(seed)
         self.refresh_every = auto_refresh_every(store, refresh_every)
+        self.skip_corrupt = bool(skip_corrupt)
         self._last_refresh = time.monotonic()
 
     @property
@@ -220,10 +225,17 @@ class Sampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight."""
-        return self.store.read_plan(self.plan(batch_size, view=view))
+        return read_plan(self.store, self.plan(batch_size, view=view), self.skip_corrupt)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Uniform samplers ignore priorities."""
+
+
+def read_plan(store: Any, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
+    """``store.read_plan(plan)``, skipping corrupt chunks' samples with ``skip_corrupt``."""
+    if skip_corrupt:
+        return store.read_plan(plan, skip_corrupt=True)
+    return store.read_plan(plan)
 
 
 def check_batch(batch_size: Any, batches: Any = 1) -> tuple[int, int]:

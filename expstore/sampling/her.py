@@ -25,7 +25,7 @@ import numpy as np
 
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST
-from .base import Sampler
+from .base import Sampler, read_plan
 from .plans import IN_PROCESS, HERPlan, ReaderView
 from .uniform import UniformSampler
 
@@ -69,15 +69,18 @@ class HERSampler:
     ``compute_reward(achieved_goal, desired_goal, info) -> reward`` (batched, numpy);
     ``k``: relabeled samples per original one (ratio ``k / (k + 1)``); ``achieved`` /
     ``desired``: field names (default ``obs.achieved_goal`` / ``obs.desired_goal``).
-    Usable with ``make_loader`` like any sampler.
+    Usable with ``make_loader`` like any sampler. ``skip_corrupt=True``: samples whose
+    reads touch a corrupt chunk are skipped (as for any sampler; default: the wrapped
+    sampler's setting).
     """
 
     def __init__(self, sampler: Any, compute_reward: Callable[..., Any],
                  strategy: str = "future", k: float = 4,
                  achieved: str = "obs.achieved_goal", desired: str = "obs.desired_goal",
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, skip_corrupt: bool = False) -> None:
         if not isinstance(sampler, Sampler):
-            sampler = UniformSampler(sampler, seed=seed)
+            sampler = UniformSampler(sampler, seed=seed, skip_corrupt=skip_corrupt)
+        self.skip_corrupt = bool(skip_corrupt) or bool(getattr(sampler, "skip_corrupt", False))
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         if not k >= 0:
@@ -185,7 +188,7 @@ class HERSampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One relabeled batch read in this process."""
-        return self.store.read_plan(self.plan(batch_size, view=view))
+        return read_plan(self.store, self.plan(batch_size, view=view), self.skip_corrupt)
 
     def update_priorities(self, *args: Any, **kwargs: Any) -> Any:
         return self.sampler.update_priorities(*args, **kwargs)

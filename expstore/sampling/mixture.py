@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExpstoreError, NotEnoughData
-from .base import Sampler, check_batch
+from .base import Sampler, check_batch, read_plan
 from .plans import IN_PROCESS, MixturePlan, ReaderView
 from .uniform import UniformSampler
 
@@ -26,10 +26,12 @@ class MixtureSampler:
 
     ``strict=False`` gives the share of a component that cannot sample yet (e.g. an empty
     online buffer) to the others; ``strict=True`` raises :class:`NotEnoughData`.
+    ``skip_corrupt=True``: samples whose reads touch a corrupt chunk are skipped, for every
+    component (a component sampler's own ``skip_corrupt=True`` holds for it alone).
     """
 
     def __init__(self, components: Sequence[tuple[Any, float]], strict: bool = False,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, skip_corrupt: bool = False) -> None:
         if not components:
             raise ValueError("components: expected at least one (sampler, fraction) pair")
         samplers, fracs = [], []
@@ -39,7 +41,8 @@ class MixtureSampler:
             except (TypeError, ValueError) as e:
                 raise ValueError(f"components[{i}]: expected a (sampler, fraction) pair") from e
             if not isinstance(s, Sampler) and not hasattr(s, "plan"):
-                s = UniformSampler(s, seed=None if seed is None else seed + i)
+                s = UniformSampler(s, seed=None if seed is None else seed + i,
+                                   skip_corrupt=skip_corrupt)
             if not (float(f) >= 0):
                 raise ValueError(f"components[{i}]: fraction must be >= 0, got {f}")
             samplers.append(s)
@@ -50,6 +53,7 @@ class MixtureSampler:
         self.samplers = samplers
         self.fractions = np.asarray(fracs) / total
         self.strict = strict
+        self.skip_corrupt = bool(skip_corrupt)
         self._carry = np.zeros(len(samplers))
 
     def split(self, batch_size: int, active: np.ndarray | None = None) -> np.ndarray:
@@ -104,7 +108,8 @@ class MixtureSampler:
         batches = []
         for i, p in plan.parts:
             store = self.samplers[i].store
-            b = store.read_plan(p)
+            skip = self.skip_corrupt or bool(getattr(self.samplers[i], "skip_corrupt", False))
+            b = read_plan(store, p, skip)
             b["source"] = np.full(len(b["index"]), i, np.int64)
             batches.append(b)
         keys = set(batches[0])
