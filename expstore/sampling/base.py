@@ -225,17 +225,11 @@ class Sampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight."""
-        return read_plan(self.store, self.plan(batch_size, view=view), self.skip_corrupt)
+        return self.store.read_plan(self.plan(batch_size, view=view),
+                                    skip_corrupt=self.skip_corrupt)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Uniform samplers ignore priorities."""
-
-
-def read_plan(store: Any, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
-    """``store.read_plan(plan)``, skipping corrupt chunks' samples with ``skip_corrupt``."""
-    if skip_corrupt:
-        return store.read_plan(plan, skip_corrupt=True)
-    return store.read_plan(plan)
 
 
 def check_batch(batch_size: Any, batches: Any = 1) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST
-from .base import Sampler, read_plan
+from .base import Sampler
 from .plans import IN_PROCESS, HERPlan, ReaderView
 from .uniform import UniformSampler
 
@@ -188,7 +188,8 @@ class HERSampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One relabeled batch read in this process."""
-        return read_plan(self.store, self.plan(batch_size, view=view), self.skip_corrupt)
+        return self.store.read_plan(self.plan(batch_size, view=view),
+                                    skip_corrupt=self.skip_corrupt)
 
     def update_priorities(self, *args: Any, **kwargs: Any) -> Any:
         return self.sampler.update_priorities(*args, **kwargs)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExpstoreError, NotEnoughData
-from .base import Sampler, check_batch, read_plan
+from .base import Sampler, check_batch
 from .plans import IN_PROCESS, MixturePlan, ReaderView
 from .uniform import UniformSampler
 
@@ -109,7 +109,7 @@ class MixtureSampler:
         for i, p in plan.parts:
             store = self.samplers[i].store
             skip = self.skip_corrupt or bool(getattr(self.samplers[i], "skip_corrupt", False))
-            b = read_plan(store, p, skip)
+            b = store.read_plan(p, skip_corrupt=skip)
             b["source"] = np.full(len(b["index"]), i, np.int64)
             batches.append(b)
         keys = set(batches[0])
