@@ -92,10 +92,7 @@ def backend_for(url: str | os.PathLike, storage_options: dict[str, Any] | None =
     writes survive power loss, not only process crashes. The storage option
     ``shard_cache`` wraps it in a local shard cache (see ``SHARD_CACHE``)."""
     url = os.fspath(url)
-    scheme = urlparse(url).scheme.lower()
-    if len(scheme) == 1 and os.name == "nt":
-        scheme = ""  # a drive letter
-    cls = _resolve(known_backends.get(scheme, DEFAULT_BACKEND))
+    cls = _resolve(known_backends.get(_scheme(url), DEFAULT_BACKEND))
     cache = (storage_options or {}).get(SHARD_CACHE)
     backend = cls.from_url(url, fsspec_options(storage_options), fsync)
     if cache is None:
@@ -109,10 +106,15 @@ def canonical_url(url: str | os.PathLike) -> str:
     """The URL a store's backend names it by (``Backend.url``, what errors and the CLI
     print): ``file:///absolute/path`` for a path or ``file://`` URL, other URLs as given."""
     url = os.fspath(url)
-    scheme = urlparse(url).scheme.lower()
-    if (len(scheme) == 1 and os.name == "nt") or scheme in ("", "file"):
+    if _scheme(url) in ("", "file"):
         return "file://" + os.path.abspath(url.removeprefix("file://"))
     return url
+
+
+def _scheme(url: str) -> str:
+    """The scheme that picks ``url``'s backend (``""``: a plain path, drive letters too)."""
+    scheme = urlparse(url).scheme.lower()
+    return "" if len(scheme) == 1 and os.name == "nt" else scheme
 
 
 def fsspec_options(storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
