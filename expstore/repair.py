@@ -175,7 +175,7 @@ def _rewrite_metadata(backend: Backend, layout: Layout, lane: int,
                 values[a - fs: b - fs] = derive_step_ids(a, b - a)
             else:
                 steps = np.arange(a, b, dtype=np.int64)
-                rows = lane * Lc + steps % Lc
+                rows = layout.lane_rows(lane, steps)
                 m = read_metadata(reader, layout, lane, rows, steps, (lo, st.count), warn=False)
                 got = m.episode_step if name == "_episode_step" else m.flags
                 values[a - fs: b - fs] = np.where(m.lost, 0, got)
@@ -290,7 +290,7 @@ def _count_finals(backend: Backend, layout: Layout, lane: int, lo: int, hi: int)
         return 0
     reader = ShardReader(backend, layout)
     steps = np.arange(lo, hi, dtype=np.int64)
-    rows = lane * layout.lane_capacity + steps % layout.lane_capacity
+    rows = layout.lane_rows(lane, steps)
     flags = np.zeros(len(rows), np.uint8)
     try:
         ok = reader.read("_flags", rows, steps, flags)

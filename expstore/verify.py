@@ -166,7 +166,7 @@ def _derive_metadata(backend: Any, layout: Layout, lane: int, lo: int, hi: int,
     try:
         for a, b in lost_ranges(steps, todo):
             sel = slice(a - lo, b - lo)
-            rows = lane * layout.lane_capacity + steps[sel] % layout.lane_capacity
+            rows = layout.lane_rows(lane, steps[sel])
             m = read_metadata(reader, layout, lane, rows, steps[sel], (lo, hi), warn=False)
             meta["_episode_step"][sel] = m.episode_step
             meta["_flags"][sel] = m.flags

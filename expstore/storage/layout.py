@@ -74,6 +74,12 @@ class Layout:
     def shards_per_lane(self) -> int:
         return self.lane_capacity // self.shard_rows
 
+    def lane_rows(self, lane: int, steps: np.ndarray) -> np.ndarray:
+        """Ring rows (int64) holding lane steps ``steps`` of ``lane`` (``RowIndex.lane_rows``
+        for code of the storage layer, which has no index)."""
+        L = self.lane_capacity
+        return lane * L + np.asarray(steps, np.int64) % L
+
     @property
     def fields(self) -> dict[str, Field]:
         """User fields and metadata arrays, all stored alike."""

@@ -130,7 +130,7 @@ class _Context:
             return None
         f = self.layout.fields[name]
         lay = self.layout
-        row = np.array([self.lane * lay.lane_capacity + step % lay.lane_capacity], np.int64)
+        row = lay.lane_rows(self.lane, np.array([step], np.int64))
         out = np.zeros(1, f.dtype)
         try:
             got = self.reader.read(name, row, np.array([step], np.int64), out)
