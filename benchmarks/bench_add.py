@@ -18,7 +18,7 @@ Cases, each on the same steps given the same way (building the inputs is not tim
 * ``expstore``: ``store.add(obs, action, reward, next_obs, terminated, truncated)`` on a local
   store (defaults: fsync on, shard_rows by capacity), per call timed with
   ``perf_counter``: mean (amortized: shard writes included), p50 and p99 in microseconds.
-  Where the step kernel (``expstore/storage/_step.c``) is built, each ``add`` is one C call
+  Where the step kernel (``expstore/storage/native/_step.c``) is built, each ``add`` is one C call
   (the first ``add`` of a store also builds its plan and opens every lane's first shard).
 * ``vector N``: one call adds one step in each of N lanes (N = 8, 64): expstore
   ``add`` with leading axis N into an N-lane store, the ring writing the same N rows. Lane

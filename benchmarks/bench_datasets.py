@@ -227,7 +227,7 @@ def profile(args: argparse.Namespace, source: dict[str, Any]) -> None:
             + markdown_table(out["top"], ["function", "calls", "tottime_s", "share"])
             + "\n\nPer-frame encode cost of one 84x84 frame (min of 5 x 2048 frames): "
             "`wrapped` = `Layout.codec(name).encode` (numcodecs Blosc + crc32c wrapper, what "
-            "the writer called before `storage.shard.encoder`), `direct` = "
+            "the writer called before `storage.format.shard.encoder`), `direct` = "
             "`numcodecs.blosc.compress` called directly (what `shard.encoder` does):\n\n"
             + markdown_table(enc, ["codec", "call", "us_per_frame"]))
     if not args.no_write:

@@ -49,7 +49,7 @@ from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
 from expstore.storage import LaneState, write_state  # noqa: E402
-from expstore.storage.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
+from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
 
 def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,

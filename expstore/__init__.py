@@ -32,7 +32,7 @@ from .sampling import (
     UniformSampler,
 )
 from .spec import Spec
-from .storage.layout import round_capacity
+from .storage.format import round_capacity
 from .store import Store
 
 __version__ = "0.1.0"

@@ -17,9 +17,16 @@ import numpy as np
 from .errors import SpecError, StoreCorruptError, StoreLockedError
 from .spec import Spec
 from .storage.backends import Backend, backend_for
-from .storage.layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
-from .storage.lease import DEFAULT_TTL, live_holders, require_atomic_writes
-from .storage.state import LaneState, write_state
+from .storage.format import (
+    LaneState,
+    Layout,
+    auto_shard_rows,
+    read_layout,
+    round_capacity,
+    write_metadata,
+    write_state,
+)
+from .storage.ownership import DEFAULT_TTL, live_holders, require_atomic_writes
 from .store import Store
 
 

@@ -31,9 +31,7 @@ import numpy as np
 from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
 from .step_check import LanesCheck, StepCheck
-from .storage.background import FORKS
-from .storage.lane_rows import LaneRows
-from .storage.step_plan import build_plan
+from .storage.write import FORKS, LaneRows, build_plan
 
 _UNBUILT = object()
 
@@ -77,7 +75,7 @@ class Appender:
         return self.lane_rows
 
     def plan(self) -> Any:
-        """The C kernel's plan of this store (``storage.step_plan.build_plan``; ``None``:
+        """The C kernel's plan of this store (``storage.write.step_plan.build_plan``; ``None``:
         the kernel is not built or does not stage this spec), made at the first call."""
         if self._plan is _UNBUILT:
             idx = self.index
@@ -327,7 +325,7 @@ class Appender:
     def add_lanes(self, vals: dict[str, np.ndarray]) -> None:
         """One checked step per lane (``validate_steps`` output with leading axis
         ``lanes``; ``next_<obs field>`` present when ``next_obs`` was given), every lane's
-        row staged at once (:class:`~expstore.storage.lane_rows.LaneRows`): the same rows
+        row staged at once (:class:`~expstore.storage.write.lane_rows.LaneRows`): the same rows
         as :meth:`add_one` for each lane in turn."""
         lanes = len(vals["reward"])
         nxt = ({n: vals["next_" + n] for n in self.obs_names}

@@ -74,7 +74,7 @@ def _human(n: float) -> str:
 def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Facts about a store: spec, geometry, rows, episodes, bytes on disk, compression."""
     from .api import open as open_store
-    from .storage.import_marker import describe_import, import_is_partial, read_import_marker
+    from .storage.format import describe_import, import_is_partial, read_import_marker
 
     store = open_store(url, "r", storage_options=storage_options)
     try:

@@ -34,12 +34,29 @@ import numpy as np
 from .errors import ExpstoreError, StoreCorruptError, StoreNotFoundError, error_detail
 from .rows import FLAG_LAST
 from .storage.backends import Backend, backend_for
-from .storage.layout import Layout, read_layout
-from .storage.metadata_rebuild import derive_step_ids, read_metadata, rewrite_chunks
-from .storage.quarantine import Quarantine, read_quarantine, write_quarantine
-from .storage.shard import HEADER_SIZE, ShardHead, index_size, parse_head
-from .storage.state import STATE_VERSION, LaneState, read_state, state_key, write_state
-from .storage.zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
+from .storage.format import (
+    HEADER_SIZE,
+    ROOT_KEY,
+    STATE_VERSION,
+    LaneState,
+    Layout,
+    Quarantine,
+    ShardHead,
+    check_arrays,
+    derive_step_ids,
+    expected_metadata,
+    index_size,
+    layout_from_arrays,
+    parse_head,
+    read_layout,
+    read_metadata,
+    read_quarantine,
+    read_state,
+    rewrite_chunks,
+    state_key,
+    write_quarantine,
+    write_state,
+)
 from .verify import VerifyReport, verify_store
 
 
@@ -156,7 +173,7 @@ def _rewrite_metadata(backend: Backend, layout: Layout, lane: int,
                       dry_run: bool) -> None:
     """Rewrite the bad chunks of metadata shards with the values their rows' neighbours
     give (rows nothing can rebuild are in ``found.lost``: quarantined, written as 0)."""
-    from .storage.reader import ShardReader
+    from .storage.read import ShardReader
 
     S, Lc = layout.shard_rows, layout.lane_capacity
     st = read_state(backend, lane)
@@ -284,7 +301,7 @@ def _head(backend: Backend, layout: Layout, name: str, shard: int) -> ShardHead 
 
 def _count_finals(backend: Backend, layout: Layout, lane: int, lo: int, hi: int) -> int:
     """Final rows among steps ``[lo, hi)`` of ``lane`` (0 where ``_flags`` is unreadable)."""
-    from .storage.reader import ShardReader
+    from .storage.read import ShardReader
 
     if hi <= lo:
         return 0

@@ -40,24 +40,27 @@ from .loading.execute import assemble
 from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
-from .staged import StagedRows, shared_root
-from .storage import priority_file
-from .storage.backends import Backend
-from .storage.backends.retry import RetryPolicy
-from .storage.layout import (
+from .storage.backends import Backend, RetryPolicy
+from .storage.format import (
+    LaneState,
     Layout,
+    decode_priorities,
+    encode_priorities,
+    lost_ranges,
+    priority_key,
+    read_metadata,
+    read_quarantine,
+    read_state,
+    read_states,
 )
-from .storage.lease import (
+from .storage.ownership import (
     DEFAULT_TTL,
     LeasedBackend,
     acquire_all,
 )
-from .storage.lease import losses as lease_losses
-from .storage.metadata_rebuild import lost_ranges, read_metadata
-from .storage.quarantine import read_quarantine
-from .storage.reader import ShardReader
-from .storage.state import LaneState, read_state, read_states
-from .storage.writer import Background, LaneWriter
+from .storage.ownership import losses as lease_losses
+from .storage.read import ShardReader, StagedRows, shared_root
+from .storage.write import Background, LaneWriter
 from .store_source import StoreSource
 from .validate import refuse_many_steps, step_from_mapping, validate_steps
 
@@ -442,7 +445,7 @@ class Store:
     def refresh(self) -> None:
         """Re-read lane state files and index rows other processes committed since; on a
         local store also the rows their writers staged and did not flush yet (from shared
-        memory, ``expstore/staged.py``), which this process's samplers then see."""
+        memory, ``expstore/storage/read/staged.py``), which this process's samplers then see."""
         lanes = [i for i in range(self.lanes) if i not in self.writers]
         if time.monotonic() - self._quarantine_read >= QUARANTINE_RELOAD:
             self._reload_quarantine()
@@ -671,19 +674,19 @@ class Store:
         if self.mode == "r":
             raise ReadOnlyError(f"{self.url}: store opened read-only; priorities cannot be "
                                 "saved (open with mode='r+')")
-        self.backend.put(priority_file.priority_key(name),
-                         priority_file.encode({"name": name, **payload}))
+        self.backend.put(priority_key(name),
+                         encode_priorities({"name": name, **payload}))
 
     def load_priorities(self, name: str) -> dict[str, Any] | None:
         """The priority payload saved as ``name`` (``None`` if there is none), with
         ``source`` naming where it came from. ``StoreCorruptError`` if it is damaged or was
         saved for another capacity or number of lanes."""
-        key = priority_file.priority_key(name)
+        key = priority_key(name)
         raw = self.backend.get(key)
         if raw is None:
             return None
         where = f"{self.backend.url}/{key}"
-        saved = priority_file.decode(raw, where)
+        saved = decode_priorities(raw, where)
         if saved["capacity"] != self.capacity or saved["lanes"] != self.lanes:
             raise StoreCorruptError(
                 f"{where}: saved for capacity {saved['capacity']} / {saved['lanes']} lanes, "

@@ -25,14 +25,26 @@ import numpy as np
 from .errors import ExpstoreError, StoreNotFoundError, error_detail
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .storage.backends import backend_for
-from .storage.import_marker import describe_import, import_is_partial, read_import_marker
-from .storage.layout import Layout, read_layout
-from .storage.metadata_rebuild import DERIVED, lost_ranges, read_metadata
-from .storage.quarantine import Quarantine, read_quarantine
-from .storage.reader import ShardReader
-from .storage.shard import EMPTY, HEADER_SIZE, index_size, parse_head
-from .storage.state import read_state, state_key
-from .storage.zarr_meta import check_arrays
+from .storage.format import (
+    DERIVED,
+    EMPTY,
+    HEADER_SIZE,
+    Layout,
+    Quarantine,
+    check_arrays,
+    describe_import,
+    import_is_partial,
+    index_size,
+    lost_ranges,
+    parse_head,
+    read_import_marker,
+    read_layout,
+    read_metadata,
+    read_quarantine,
+    read_state,
+    state_key,
+)
+from .storage.read import ShardReader
 
 
 @dataclass

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,6 @@ LAYERS: dict[str, int] = {
     # 2: the in-RAM index and the bytes on storage (siblings, see APART)
     "expstore.index": 2,
     "expstore.storage": 2,
-    "expstore.storage.metadata_rebuild": 2,  # metadata rebuilt from the rows around it
     # 3: samplers: a need -> plans (plain data), from the index only
     "expstore.sampling": 3,
     # 4: plans -> batches against a row source; DataLoader plumbing
@@ -74,7 +73,6 @@ LAYERS: dict[str, int] = {
     "expstore.store": 5,
     "expstore.store_source": 5,
     "expstore.appender": 5,
-    "expstore.staged": 5,
     "expstore.verify": 5,
     "expstore.repair": 5,
     "expstore.episode_view": 5,
@@ -93,6 +91,19 @@ APART: dict[str, tuple[str, ...]] = {
     "expstore.storage": ("expstore.index",),
     "expstore.sampling": ("expstore.storage", "expstore.loading", "expstore.store"),
 }
+
+#: The rooms of ``expstore/storage/``, bottom first (docs/architecture.md, "Storage rooms"). A
+#: room imports from its own room or a lower one; a module outside a room imports it only
+#: through its face (the room's ``__init__``), never one of its modules.
+STORAGE_ROOMS: tuple[str, ...] = (
+    "expstore.storage.faults",  # crash points: a leaf every room may call
+    "expstore.storage.native",  # C kernels and their loaders
+    "expstore.storage.backends",  # where bytes live (and the shard cache in front)
+    "expstore.storage.format",  # what the bytes mean
+    "expstore.storage.ownership",  # who may write a lane: leases, fences
+    "expstore.storage.write",  # the append path
+    "expstore.storage.read",  # the read path
+)
 
 LAYER_NAMES = {0: "errors", 1: "model", 2: "index/storage", 3: "sampling", 4: "loading",
                5: "store", 6: "edges", 7: "face"}
@@ -302,6 +313,29 @@ def layer_violations(edges: Iterable[Import], layers: Mapping[str, int],
     return out
 
 
+def _room(name: str, rooms: Sequence[str]) -> int | None:
+    hits = [i for i, r in enumerate(rooms) if _in_package(name, r)]
+    return hits[0] if hits else None
+
+
+def room_violations(edges: Iterable[Import], rooms: Sequence[str]) -> list[str]:
+    """(e): an import of a higher room, or of a room's module other than its face from
+    outside that room (``rooms``: packages or modules, bottom first)."""
+    out = []
+    for e in edges:
+        src, dst = _room(e.source, rooms), _room(e.target, rooms)
+        if dst is None or src == dst:
+            continue
+        face = rooms[dst]
+        if src is not None and src < dst:
+            out.append(f"{e.where()}: {e.source} (room {rooms[src]}) imports {e.target} "
+                       f"(room {face}): imports a higher room ({e.kind}): {e.text}")
+        elif e.target != face:
+            out.append(f"{e.where()}: {e.source} imports {e.target}, inside {face}: import "
+                       f"it through the face ``{face}`` ({e.kind}): {e.text}")
+    return out
+
+
 def _sccs(nodes: Iterable[str], succ: Mapping[str, Iterable[str]]) -> list[list[str]]:
     """Strongly connected components (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -468,6 +502,15 @@ def test_no_import_of_a_higher_layer(tree):
     _fail("imports against the layers", layer_violations(edges, LAYERS, APART))
 
 
+def test_storage_rooms_in_order_and_entered_through_faces(tree):
+    mods, edges, _ = tree
+    assert all(r in mods for r in STORAGE_ROOMS), "a storage room was moved: update STORAGE_ROOMS"
+    rooms = [r for r in mods if r.startswith("expstore.storage.")
+             and r.count(".") == 2 and _room(r, STORAGE_ROOMS) is None]
+    assert not rooms, f"{rooms}: not in STORAGE_ROOMS (tests/test_architecture.py): place it"
+    _fail("imports between storage rooms", room_violations(edges, STORAGE_ROOMS))
+
+
 def test_no_import_circles(tree):
     _, edges, _ = tree
     _fail("import circles", cycles(edges))
@@ -612,3 +655,23 @@ def test_checker_reports_registry_names_of_missing_modules():
         "p/__init__.py:1: names 'p.mod:Gone': module p.mod defines no Gone",
         "p/registry.py:2: names 'p.gone:Thing': module p.gone does not exist",
         "p/registry.py:3: names 'p.old': module p.old does not exist"]
+
+
+def test_checker_reports_higher_rooms_and_imports_past_a_face():
+    mods = _fake({
+        "fake.__init__": "",
+        "fake.store": "from .storage.low import thing\nfrom .storage.high.mod import x\n",
+        "fake.storage.__init__": "",
+        "fake.storage.low.__init__": "from .a import thing\n",
+        "fake.storage.low.a": "from ..high import y  # upward\nthing = 1\n",
+        "fake.storage.high.__init__": "from .mod import x, y\n",
+        "fake.storage.high.mod": "from ..low import thing\nfrom ..low.a import thing as t\n",
+    })
+    edges, _ = scan(mods, "fake")
+    got = room_violations(edges, ("fake.storage.low", "fake.storage.high"))
+    assert len(got) == 3, got
+    assert any("fake.storage.low.a (room fake.storage.low) imports fake.storage.high" in g
+               and "higher room" in g for g in got)
+    assert any(g.startswith("fake/store.py:2: fake.store imports fake.storage.high.mod")
+               and "through the face" in g for g in got)
+    assert any("fake.storage.high.mod imports fake.storage.low.a" in g for g in got)

@@ -30,7 +30,7 @@ from expstore.storage.backends import (  # the backends subpackage's face
     S3Backend,
     content_tag,
 )
-from expstore.storage.shard_cache import ShardCache
+from expstore.storage.backends.shard_cache import ShardCache
 from expstore.testing import BackendTests, data
 
 SPEC = data.spec()

@@ -18,10 +18,10 @@ import zarr
 
 import expstore as es
 from expstore.errors import StoreLockedError
-from expstore.storage import shard as shard_mod
 from expstore.storage.backends.local import LocalBackend
-from expstore.storage.kernels import native
-from expstore.storage.staging import SharedStaging, StagedLanes, staging_path, sweep
+from expstore.storage.format import shard as shard_mod
+from expstore.storage.native.kernels import native
+from expstore.storage.write.staging import SharedStaging, StagedLanes, staging_path, sweep
 from expstore.testing import data, scratch_dir
 
 
@@ -361,7 +361,7 @@ def scatter(request, monkeypatch):
     if request.param == "native" and native is None:
         pytest.skip("C kernel not built")
     if request.param == "numpy":
-        monkeypatch.setattr("expstore.storage.kernels.native", None)
+        monkeypatch.setattr("expstore.storage.native.kernels.native", None)
     return request.param
 
 
@@ -490,7 +490,7 @@ def test_a_burst_of_small_shards_is_staged_while_storage_stalls(workdir):
 
 
 def test_shard_buffers_per_lane_follow_the_staging_budget():
-    from expstore.storage.writer import MAX_BUFFERS, POOL_BYTES, pool_size
+    from expstore.storage.write.writer import MAX_BUFFERS, POOL_BYTES, pool_size
 
     assert pool_size(90_000, 1) == MAX_BUFFERS  # CartPole-sized shards
     assert pool_size(14 << 20, 1) == 4  # 2048 Atari frames: 4 x 14 MiB within 64 MiB
@@ -503,7 +503,7 @@ def test_an_idle_writer_thread_looks_for_work_less_and_less_often():
     each look that finds nothing, up to ``MAX_POLL`` (each look takes the GIL from the
     training loop); a hurry or a new write brings it back to ``POLL``."""
 
-    from expstore.storage.background import JobRing, _run, _stop
+    from expstore.storage.write.background import JobRing, _run, _stop
 
     class Wake(threading.Event):
         def __init__(self) -> None:

@@ -13,12 +13,13 @@ import os
 import numpy as np
 import pytest
 
-from expstore.storage import kernels, read_cache
-from expstore.storage.read_cache import RowCache, ShardTable
+from expstore.storage.native import kernels
+from expstore.storage.read import read_cache
+from expstore.storage.read.read_cache import RowCache, ShardTable
 
 native = kernels.native
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
-    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
 
 

@@ -18,7 +18,7 @@ from expstore import cli
 from expstore.repair import repair_store
 from expstore.rows import FLAG_BAD
 from expstore.storage import backend_for, read_quarantine
-from expstore.storage.shard import HEADER_SIZE, index_size, parse_head
+from expstore.storage.format.shard import HEADER_SIZE, index_size, parse_head
 from expstore.verify import verify_store
 
 SHARD = 64

@@ -25,8 +25,8 @@ from expstore.datasets import import_dopamine, lane_rows
 from expstore.datasets.dopamine import parse_suffixes
 from expstore.rows import FLAG_LAST, FLAG_TERMINATED
 from expstore.storage.backends import backend_for
-from expstore.storage.import_marker import read_import_marker, write_import_marker
-from expstore.storage.state import read_state, write_state
+from expstore.storage.format.import_marker import read_import_marker, write_import_marker
+from expstore.storage.format.state import read_state, write_state
 from expstore.verify import verify_store
 
 ROOT = Path(__file__).parent.parent
@@ -313,7 +313,7 @@ def test_import_shards_stay_within_16_mib(tmp_path):
     """84x84 frames get 2,048-row shards (a worker's writer stages three of them); small
     frames keep the store's default; an explicit shard_rows wins."""
     from expstore.datasets.dopamine.importer import import_shard_rows
-    from expstore.storage.layout import auto_shard_rows
+    from expstore.storage.format.layout import auto_shard_rows
 
     atari = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
                            action=es.Field((), np.int64, low=0, high=5))

@@ -18,11 +18,11 @@ from test_batch_path import FRAME, make_store, write
 from test_kernel_reads import _filled, _general
 
 from expstore.storage import ShardReader, backend_for
-from expstore.storage.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
-from expstore.storage.kernels import native
+from expstore.storage.native.kernels import native
+from expstore.storage.read.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
-    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
 
 SCALARS = ["action", "reward", "terminated", "truncated", "step"]

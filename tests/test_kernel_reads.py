@@ -16,10 +16,10 @@ from test_batch_path import FRAME, frame, make_store, write
 
 import expstore as es
 from expstore.storage import ShardReader, backend_for
-from expstore.storage.kernels import native
+from expstore.storage.native.kernels import native
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
-    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
 
 
@@ -339,7 +339,7 @@ def test_closing_a_store_gives_its_descriptor_share_back(tmp_path) -> None:
     """A reader's share of the process's descriptor budget comes back when its store is
     closed, not only when the reader is collected: a process that opened and closed many
     stores (a notebook, a test suite) still gives a new reader its full share."""
-    from expstore.storage import kernel_budget as reader_mod
+    from expstore.storage.read import kernel_budget as reader_mod
 
     store, rows, steps = _filled(tmp_path)
     before = reader_mod._fds_taken[0]

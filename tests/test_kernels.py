@@ -15,12 +15,12 @@ import pytest
 from numcodecs import blosc
 
 try:
-    from expstore.storage import _kernels as K  # internals: the C kernel
+    from expstore.storage.native import _kernels as K  # internals: the C kernel
 except ImportError:  # pragma: no cover
     K = None
 
 if K is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
-    raise RuntimeError("expstore.storage._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
 pytestmark = pytest.mark.skipif(K is None, reason="C kernel not built")
 
 
@@ -161,7 +161,7 @@ def test_copy_rows_gathers_and_scatters_with_bounds_checks() -> None:
 def test_same_bytes_and_copy_into_with_and_without_the_step_kernel(monkeypatch) -> None:
     """``kernels.same_bytes`` / ``copy_into`` (one memcmp / memcpy holding the GIL in the step
     kernel) agree with numpy, for contiguous arrays and, through numpy, for others."""
-    from expstore.storage import kernels
+    from expstore.storage.native import kernels
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 255, (4, 84, 84), np.uint8)

@@ -16,7 +16,7 @@ import pytest
 
 import expstore as es
 from expstore.storage.backends import backend_for
-from expstore.storage.shard_cache import ShardCache
+from expstore.storage.backends.shard_cache import ShardCache
 from expstore.testing import data
 from expstore.testing.latency_proxy import LatencyProxy
 

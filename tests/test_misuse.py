@@ -26,7 +26,7 @@ from expstore.cli import main as cli_main
 from expstore.errors import SpecError, ValidationError
 from expstore.field import Field
 from expstore.storage.backends import backend_for
-from expstore.storage.lease import lease_key
+from expstore.storage.ownership.lease import lease_key
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG_ROOT = str(Path(es.__file__).resolve().parent.parent)  # the expstore these tests import

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from expstore.storage.shard import Checked, encoder, make_codec  # internals: the shard codec
+from expstore.storage.format.shard import Checked, encoder, make_codec  # internals: the shard codec
 
 CONFIGS = [{"name": "blosc", "cname": "lz4hc", "clevel": 5},
            {"name": "blosc", "cname": "lz4", "clevel": 1},

@@ -18,10 +18,10 @@ import pytest
 from _writer_spies import count_calls, disk_full
 
 import expstore as es
-from expstore.storage import background, step_plan
-from expstore.storage.background import JobRing
-from expstore.storage.shard_buffer import R_DONE, R_ENTERED, R_FIRST, R_N, ShardBuffer
-from expstore.storage.writer import LaneWriter
+from expstore.storage.write import background, step_plan
+from expstore.storage.write.background import JobRing
+from expstore.storage.write.shard_buffer import R_DONE, R_ENTERED, R_FIRST, R_N, ShardBuffer
+from expstore.storage.write.writer import LaneWriter
 
 kernel = pytest.mark.skipif(step_plan.native is None, reason="step kernel not built")
 
@@ -165,13 +165,14 @@ def test_a_step_kernel_built_for_another_record_is_refused_naming_the_fix(monkey
     write the wrong words of every buffer: importing refuses it, saying to rebuild."""
     import importlib.util
 
-    from expstore.storage import _step, shard_buffer
+    from expstore.storage.native import _step
+    from expstore.storage.write import shard_buffer
 
     if record is None:
         monkeypatch.delattr(_step, "RECORD")
     else:
         monkeypatch.setattr(_step, "RECORD", record)
-    spec = importlib.util.spec_from_file_location("expstore.storage._shard_buffer_copy",
+    spec = importlib.util.spec_from_file_location("expstore.storage.write._shard_buffer_copy",
                                                   shard_buffer.__file__)
     module = importlib.util.module_from_spec(spec)
     with pytest.raises(ImportError, match="rebuild it"):

@@ -18,7 +18,7 @@ from _writer_spies import count_calls, disk_full
 
 import expstore as es
 from expstore.errors import WriteFailedError
-from expstore.storage import step_plan
+from expstore.storage.write import step_plan
 
 pytestmark = pytest.mark.skipif(step_plan.native is None, reason="step kernel not built")
 
@@ -275,7 +275,7 @@ def test_shards_are_handed_over_and_opened_inside_the_kernel(tmp_path, monkeypat
     """The adds that complete a shard or open the next run no Python code of the writer:
     the kernel hands the full shard to the background thread and opens the next buffer
     itself (``hand_off`` / ``enter`` in ``step_shards.h``), and the shards are written."""
-    from expstore.storage.writer import LaneWriter
+    from expstore.storage.write.writer import LaneWriter
 
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64 * lanes,
                       lanes=lanes, shard_rows=16, fsync=False)
@@ -319,8 +319,8 @@ def test_a_sleeping_writer_thread_is_woken_by_the_python_hand_off(tmp_path, monk
     thread sleeps (idle): it must be woken, else the full shard would wait unwritten."""
     import time
 
-    from expstore.storage.background import Background
-    from expstore.storage.writer import LaneWriter
+    from expstore.storage.write.background import Background
+    from expstore.storage.write.writer import LaneWriter
 
     monkeypatch.setattr(Background, "IDLE", 0.02)
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64,

@@ -72,7 +72,7 @@ class ExportReader:
     rather than the store's sampling caches (up to ~200 MB)."""
 
     def __init__(self, store: Any, cache_bytes: int = 8 << 20) -> None:
-        from ..storage.reader import ShardReader
+        from ..storage.read import ShardReader
 
         self.store = store
         self.reader = ShardReader(store.backend, store.layout, chunk_cache_bytes=cache_bytes,

@@ -15,7 +15,7 @@ distribution). The sum tree behind them is private.
 Persistence is someone else's job: :meth:`PriorityIndex.payload` gives the state as plain
 arrays and metadata, and a payload saved earlier (``saved=``) seeds a new index. Rows
 written after that payload was taken get the maximum priority, rows dropped since get 0.
-(The file format is ``expstore.storage.priority_file``; samplers save through the store.)
+(The file format is ``expstore.storage.format.priority_file``; samplers save through the store.)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Samplers ask :meth:`RowIndex.valid` whether a batch of candidate rows can serve 
 (frame-stack history, n-step horizon) and reject the rest. Listeners (priority samplers)
 hear about rows that appear and rows that are dropped.
 
-Rows whose bytes are lost (``storage.quarantine``, marked by ``expstore repair``) get
+Rows whose bytes are lost (``storage.format.quarantine``, marked by ``expstore repair``) get
 ``FLAG_BAD | FLAG_FIRST`` (RAM only) and the rows after them start a new episode, so no
 window reaches them: forward scans stop at a first row, frame stacks and burn-ins stop at
 an episode start, and no sampler takes a bad or final row as an anchor (``NO_ANCHOR``).

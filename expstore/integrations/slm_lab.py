@@ -27,7 +27,7 @@ from ..field import Field
 from ..sampling.prioritized import PrioritizedSampler
 from ..sampling.uniform import UniformSampler
 from ..spec import Spec
-from ..storage.layout import round_capacity
+from ..storage.format import round_capacity
 
 __all__ = ["OnPolicyBatchReplay", "OnPolicyReplay", "PrioritizedReplay", "Replay", "make_memory"]
 

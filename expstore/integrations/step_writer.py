@@ -20,7 +20,7 @@ import numpy as np
 from ..api import create
 from ..api import open as open_store
 from ..errors import SpecError, ValidationError
-from ..storage.layout import round_capacity
+from ..storage.format import round_capacity
 from ..store import Store
 from ..validate import coerce
 

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import StaleBatchError
-from ..storage.kernels import copy_rows, unique_first
-from ..storage.layout import Layout
+from ..storage.format import Layout
+from ..storage.native import copy_rows, unique_first
 
 
 class RowSource(Protocol):

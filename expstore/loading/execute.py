@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import StaleBatchError
 from ..sampling.plans import HERPlan, MixturePlan, ReadPlan, SequencePlan
-from ..storage.layout import Layout
+from ..storage.format import Layout
 from .columns import Allocator, RowSource, numpy_alloc
 from .her_batch import assemble_her
 from .sequence_batch import assemble_sequences

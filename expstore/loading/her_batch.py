@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sampling.plans import HERPlan
-from ..storage.layout import Layout
+from ..storage.format import Layout
 from .columns import RowSource, finish, read_unique
 from .transition_batch import read_columns
 

@@ -32,7 +32,7 @@ from ..errors import StaleBatchError
 from ..sampling.base import Sampler, check_batch
 from ..sampling.plans import ReaderView, ReadPlan, merge_plans
 from ..sampling.uniform import UniformSampler
-from ..storage.layout import Layout
+from ..storage.format import Layout
 from .columns import numpy_alloc
 from .execute import assemble_batches
 from .skip_corrupt import SkipCorruptSource, quarantine_lap
@@ -141,7 +141,7 @@ class StoreDataset(torch.utils.data.Dataset):
             return self._local_source
         if self._reader is None or self._pid != os.getpid():
             from ..storage.backends import backend_for
-            from ..storage.reader import ShardReader
+            from ..storage.read import ShardReader
 
             backend = backend_for(self.url, self.storage_options)
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
@@ -151,7 +151,7 @@ class StoreDataset(torch.utils.data.Dataset):
         if staged is None or not staged[0].any():
             return self._reader
         if self._staged is None:
-            from ..storage.staging import StagedLanes
+            from ..storage.write import StagedLanes
 
             self._staged = PlannedSource(self._reader, StagedLanes(
                 self._reader.backend.root, self.layout), self.layout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sampling.plans import SequencePlan
-from ..storage.layout import Layout
+from ..storage.format import Layout
 from .columns import RowSource, finish, read_unique
 
 

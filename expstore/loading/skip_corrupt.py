@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import StoreCorruptError, error_detail
 from ..rows import FLAG_BAD
-from ..storage.layout import Layout
+from ..storage.format import Layout
 
 log = logging.getLogger("expstore")
 

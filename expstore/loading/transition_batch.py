@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..sampling.plans import ReadPlan
-from ..storage.kernels import copy_rows
-from ..storage.layout import Layout
+from ..storage.format import Layout
+from ..storage.native import copy_rows
 from .columns import Allocator, Gathered, RowSource, choose, read_unique
 
 

@@ -4,11 +4,25 @@ that checks every row's step, per-lane state, leases and quarantine, and the pri
 format. Knows rows and bytes; nothing of sampling or priorities' meaning.
 """
 
-from . import priority_file
 from .backends import Backend, backend_for, known_backends, register_backend
-from .kernels import copy_rows
-from .layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
-from .lease import (
+from .format import (
+    STATE_VERSION,
+    LaneState,
+    Layout,
+    Quarantine,
+    auto_shard_rows,
+    read_layout,
+    read_quarantine,
+    read_state,
+    read_states,
+    round_capacity,
+    state_key,
+    write_metadata,
+    write_quarantine,
+    write_state,
+)
+from .native import copy_rows
+from .ownership import (
     DEFAULT_TTL,
     LaneLease,
     LeasedBackend,
@@ -17,10 +31,8 @@ from .lease import (
     live_holders,
     require_atomic_writes,
 )
-from .quarantine import Quarantine, read_quarantine, write_quarantine
-from .reader import ShardReader
-from .state import STATE_VERSION, LaneState, read_state, read_states, state_key, write_state
-from .writer import LaneWriter
+from .read import ShardReader
+from .write import LaneWriter
 
 __all__ = [
     "DEFAULT_TTL",
@@ -40,7 +52,6 @@ __all__ = [
     "known_backends",
     "lease_key",
     "live_holders",
-    "priority_file",
     "read_layout",
     "read_quarantine",
     "read_state",

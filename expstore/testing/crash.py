@@ -291,7 +291,7 @@ def _staged_child(url: str, log_path: str, session: int, seed: int, steps: int,
                   fd: int) -> None:
     import json
 
-    from ..storage.staging import staging_path
+    from ..storage.write import staging_path
 
     try:
         store = store_api.open(url, "r+")

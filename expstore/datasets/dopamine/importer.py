@@ -10,8 +10,7 @@ from typing import Any
 from ...api import create
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.import_marker import read_import_marker, write_import_marker
-from ...storage.layout import auto_shard_rows
+from ...storage.format import auto_shard_rows, read_import_marker, write_import_marker
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
 from ..streaming import check_block_rows

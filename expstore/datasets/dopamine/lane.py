@@ -19,7 +19,7 @@ import numpy as np
 from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.state import read_state, write_state
+from ...storage.format import read_state, write_state
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 

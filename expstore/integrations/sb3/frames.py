@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ValidationError
-from ...storage.kernels import copy_into, same_bytes
+from ...storage.native import copy_into, same_bytes
 
 
 class FrameRing:

@@ -54,7 +54,7 @@ class StoreLifecycle:
         if isinstance(url, Store):
             return True
         from ...storage.backends import backend_for
-        from ...storage.layout import read_layout
+        from ...storage.format import read_layout
 
         try:
             read_layout(backend_for(os.fspath(url), self._options["storage_options"]))
@@ -65,7 +65,7 @@ class StoreLifecycle:
     def _check_existing(self, url: Any) -> None:
         """Fail now, naming the differences, if a store at ``url`` cannot serve this buffer."""
         from ...storage.backends import backend_for
-        from ...storage.layout import read_layout
+        from ...storage.format import read_layout
 
         try:
             layout = read_layout(backend_for(os.fspath(url), self._options["storage_options"]))

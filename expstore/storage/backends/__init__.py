@@ -20,7 +20,7 @@ from .azure import AzureBackend
 from .base import Backend, Handle, check_then_put, content_tag
 from .fsspec import FsspecBackend
 from .gcs import GCSBackend
-from .local import LocalBackend
+from .local import LocalBackend, write_all
 from .memory import MemoryBackend
 from .retry import RetryPolicy
 from .s3 import S3Backend
@@ -33,6 +33,7 @@ __all__ = [
     "GCSBackend",
     "Handle",
     "LocalBackend",
+    "write_all",
     "MemoryBackend",
     "RetryPolicy",
     "S3Backend",
@@ -60,7 +61,7 @@ known_backends: dict[str, type[Backend] | str] = {
     "abfss": "expstore.storage.backends.azure:AzureBackend",
 }
 #: storage option naming a local read-through cache of shard objects
-#: (:class:`~expstore.storage.shard_cache.ShardCache`): a folder, or a dict with ``path``,
+#: (:class:`~expstore.storage.backends.shard_cache.ShardCache`): a folder, or a dict with ``path``,
 #: ``max_bytes`` and ``max_object_bytes``; not passed on to fsspec
 SHARD_CACHE = "shard_cache"
 #: backend of every scheme without an entry in ``known_backends``
@@ -97,7 +98,7 @@ def backend_for(url: str | os.PathLike, storage_options: dict[str, Any] | None =
     backend = cls.from_url(url, fsspec_options(storage_options), fsync)
     if cache is None:
         return backend
-    from ..shard_cache import ShardCache
+    from .shard_cache import ShardCache
 
     return ShardCache.from_options(backend, cache)
 

@@ -1,114 +1,23 @@
 """A store root on local disk: plain paths and ``file://`` URLs.
 
-Replacing an object is a temp file + rename. On some file systems (ext4 mounted with
-``discard`` here) a rename over a file frees the old inode, and that costs ~150 µs of
-the ~200 µs of a small put. The writer's flushes of a partly filled shard (one put per
-field, and the lane state, at every flush) avoid it with :class:`Rewrite`: each such
-object alternates between two inodes of a :class:`Lineage`. The new version is written
-*in place* into the inode the object held one version before (kept as a hidden spare
-name, with its descriptor open), then swapped with the object's name in one atomic
-``renameat2(RENAME_EXCHANGE)``. No inode is created or freed, and for a shard only the
-bytes appended since that version are written: ~10 µs per object instead of ~200.
-
-This is safe for readers holding the older inode open because every version of a shard
-within one lap extends the one before (``shard.ShardImage``): the bytes an older index
-points at never change, and the index and header are written last; a reader that reads
-them while they are rewritten sees a crc32c mismatch and reads again (so does a reader
-of a lane state that raced its rewrite). Where renames cannot exchange, or hard links
-are refused, the plain put is used.
+Replacing an object is a temp file + rename, so readers see the old or the new bytes. A
+payload that knows a faster way to replace an object on local disk (the writer's in-place
+rewrite, ``storage/write/rewrite.py``) brings it along: :meth:`LocalBackend.put` hands such
+a payload the backend and the key (``data.put_into(backend, key)``) instead of writing it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import faults
 from .base import Backend, check_then_put
 
-
-class Lineage:
-    """The two inodes one object alternates between while it is rewritten in place (one
-    lap of a shard, or a writer's lane state). ``spare``: key of the hidden name of the
-    inode not linked to the object. ``append``: each version extends the one before
-    beyond ``prefix`` bytes, so only the new bytes are written (else: all, truncated).
-    Owned by one writer; :meth:`close` once the object is replaced another way."""
-
-    def __init__(self, spare: str, append: bool = True) -> None:
-        self.spare = spare
-        self.append = append
-        self.fds: list[int | None] = [None, None]
-        self.written = [0, 0]  # bytes of each inode holding this lineage's content
-        self.current = -1  # which inode the object's name links to (-1: neither)
-
-    def close(self) -> None:
-        for i, fd in enumerate(self.fds):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                self.fds[i] = None
-        self.current = -1
-
-
-@dataclass
-class Rewrite:
-    """A :meth:`LocalBackend.put` payload: the object's new version is ``buf[:size]``,
-    of which the first ``prefix`` bytes (index and header) change in place, written
-    through ``lineage``."""
-
-    buf: Any  # bytes-like
-    size: int
-    prefix: int
-    lineage: Lineage
-
-    def __len__(self) -> int:
-        return self.size
-
-
-class RewritingPuts:
-    """``backend`` whose puts (of a small object such as a lane state) go through one
-    :class:`Lineage`, rewritten in place; everything else passes through."""
-
-    def __init__(self, backend: Any, lineage: Lineage) -> None:
-        self._backend = backend
-        self._lineage = lineage
-
-    def put(self, key: str, data: bytes) -> None:
-        self._backend.put(key, Rewrite(data, len(data), 0, self._lineage))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-
-_RENAME_EXCHANGE = 2
-
-
-def _exchanger() -> Any:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                       ctypes.c_uint]
-    except (OSError, AttributeError):
-        return None
-
-    def exchange(a: str, b: str) -> None:
-        if fn(-100, os.fsencode(a), -100, os.fsencode(b), _RENAME_EXCHANGE) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e), b)
-
-    return exchange
-
-
-_EXCHANGE = _exchanger()
 _SEQ = itertools.count()  # temp file names: unique within the process
 
 
@@ -124,7 +33,6 @@ class LocalBackend(Backend):
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
         self.fsync = fsync
-        self.exchange = _EXCHANGE is not None  # renames can swap two names (Rewrite puts)
         self._made: set[str] = set()  # folders known to exist
         _raise_fd_limit()
 
@@ -134,12 +42,9 @@ class LocalBackend(Backend):
         """A path or ``file://`` URL (``storage_options`` do not apply)."""
         return cls(url[len("file://"):] if url.startswith("file://") else url, fsync)
 
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, key)
-
     def open_object(self, key: str) -> int | None:
         try:
-            return os.open(self._path(key), os.O_RDONLY)
+            return os.open(self.path(key), os.O_RDONLY)
         except FileNotFoundError:
             return None
 
@@ -153,41 +58,43 @@ class LocalBackend(Backend):
 
     def get(self, key: str) -> bytes | None:
         try:
-            with open(self._path(key), "rb") as f:
+            with open(self.path(key), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None
 
-    def put(self, key: str, data: bytes | Rewrite) -> None:
+    def put(self, key: str, data: Any) -> None:
         """Temp file, fsync (when ``fsync``), rename: readers see the old or the new bytes.
-        A :class:`Rewrite` goes through its lineage (see the module docstring)."""
-        if isinstance(data, Rewrite):
-            if self.exchange and data.lineage.current >= 0:
-                return self._rewrite(key, data)
-            return self._replace(key, data, keep=self.exchange)
-        self._replace(key, data)
+        ``data``: bytes-like, or a payload with ``put_into(backend, key)`` that replaces
+        the object its own way (the writer's in-place rewrite)."""
+        put_into = getattr(data, "put_into", None)
+        if put_into is not None:
+            put_into(self, key)
+            return
+        self.replace(key, data, len(data))
 
-    def _folder(self, path: str) -> str:
+    def path(self, key: str) -> str:
+        """The file that holds object ``key``."""
+        return os.path.join(self.root, key)
+
+    def make_folder(self, path: str) -> str:
+        """Create the folder of file ``path`` (once per folder); returns it."""
         folder = os.path.dirname(path)
         if folder not in self._made:
             os.makedirs(folder, exist_ok=True)
             self._made.add(folder)
         return folder
 
-    def _replace(self, key: str, data: Any, keep: bool = False) -> None:
-        """A new file renamed over ``key``; ``keep``: its descriptor starts ``data``'s
-        lineage (``data`` is then a :class:`Rewrite`)."""
-        path = self._path(key)
-        folder = self._folder(path)
+    def replace(self, key: str, buf: Any, size: int, keep: bool = False) -> int | None:
+        """Write ``buf[:size]`` to a new file, fsync it (when ``fsync``) and rename it over
+        ``key``. ``keep``: return the new file's descriptor, open, instead of closing it."""
+        path = self.path(key)
+        folder = self.make_folder(path)
         tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{next(_SEQ)}.tmp")
-        rw = data if isinstance(data, Rewrite) else None
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             try:
-                if rw is not None:
-                    _write_all(fd, rw.buf, 0, rw.size, 0)
-                else:
-                    _write_all(fd, data, 0, len(data), 0)
+                write_all(fd, buf, 0, size, 0)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -202,47 +109,11 @@ class LocalBackend(Backend):
             with contextlib.suppress(OSError):  # a failed write leaves no partial temp file
                 os.remove(tmp)
             raise
-        if keep:
-            lin = rw.lineage
-            lin.close()
-            lin.fds[0], lin.written[0], lin.current = fd, rw.size, 0
-
-    def _rewrite(self, key: str, rw: Rewrite) -> None:
-        lin = rw.lineage
-        t = 1 - lin.current
-        spare = self._path(lin.spare)
-        fd = lin.fds[t]
-        if fd is None:  # the second version: its inode is new
-            self._folder(spare)
-            fd = lin.fds[t] = os.open(spare, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            lin.written[t] = 0
-        start = lin.written[t] if lin.append else 0
-        if start:  # what an older index points at is there: the new bytes, then the head
-            _write_all(fd, rw.buf, start, rw.size, start)
-            _write_all(fd, rw.buf, 0, rw.prefix, 0)
-        else:
-            _write_all(fd, rw.buf, 0, rw.size, 0)
-            if not lin.append:
-                os.ftruncate(fd, rw.size)
-        if self.fsync:
-            os.fsync(fd)
-        if faults.ARMED:
-            faults.hit("put.rename")
-        path = self._path(key)
-        try:
-            _EXCHANGE(spare, path)
-        except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
-                raise
-            self.exchange = False  # not here: new files renamed over from now on
-            lin.close()
-            return self._replace(key, rw)
-        lin.written[t] = rw.size
-        lin.current = t
+        return fd if keep else None
 
     def remove_tree(self, prefix: str) -> None:
         """Delete everything under ``prefix`` (a folder), if it exists."""
-        root = self._path(prefix)
+        root = self.path(prefix)
         self._made = {f for f in self._made if f != root and not f.startswith(root + os.sep)}
         shutil.rmtree(root, ignore_errors=True)
 
@@ -250,7 +121,7 @@ class LocalBackend(Backend):
         """Conditional write, atomic between processes of this host (``flock`` on the folder)."""
         import fcntl
 
-        folder = os.path.dirname(self._path(key))
+        folder = os.path.dirname(self.path(key))
         os.makedirs(folder, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -261,19 +132,19 @@ class LocalBackend(Backend):
 
     def delete(self, key: str) -> None:
         try:
-            os.remove(self._path(key))
+            os.remove(self.path(key))
         except FileNotFoundError:
             pass
 
     def size(self, key: str) -> int | None:
         try:
-            return os.stat(self._path(key)).st_size
+            return os.stat(self.path(key)).st_size
         except FileNotFoundError:
             return None
 
     def list(self, prefix: str) -> list[str]:
         out = []
-        for folder, _, files in os.walk(self._path(prefix)):
+        for folder, _, files in os.walk(self.path(prefix)):
             for f in files:
                 out.append(os.path.relpath(os.path.join(folder, f), self.root))
         return sorted(out)
@@ -283,7 +154,7 @@ class LocalBackend(Backend):
         with several links (a shard and its writer's spare) counts once."""
         total = 0
         seen = set()
-        for folder, _, files in os.walk(self._path(prefix)):
+        for folder, _, files in os.walk(self.path(prefix)):
             for f in files:
                 st = os.stat(os.path.join(folder, f))
                 if st.st_nlink > 1:
@@ -294,7 +165,7 @@ class LocalBackend(Backend):
         return total
 
 
-def _write_all(fd: int, data: Any, start: int, end: int, offset: int) -> None:
+def write_all(fd: int, data: Any, start: int, end: int, offset: int) -> None:
     """Write ``data[start:end]`` at ``offset``. The views are released even on errors, so
     a ``bytearray`` passed in can grow again while a traceback is still around."""
     with memoryview(data) as whole:

@@ -1,0 +1,42 @@
+"""Format: what a store is on disk. The zarr v3 layout and metadata, the shard codec, the
+lane state file, the quarantine and import marker, the priority file, and the per-row
+metadata rebuilt from the rows around a bad chunk. Pure bytes <-> values; no threads,
+no ownership.
+"""
+
+from .import_marker import (
+    describe_import,
+    import_is_partial,
+    read_import_marker,
+    write_import_marker,
+)
+from .layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
+from .metadata_rebuild import DERIVED, derive_step_ids, lost_ranges, read_metadata, rewrite_chunks
+from .priority_file import decode as decode_priorities
+from .priority_file import encode as encode_priorities
+from .priority_file import priority_key
+from .quarantine import Quarantine, read_quarantine, write_quarantine
+from .shard import (
+    EMPTY,
+    HEADER_SIZE,
+    ShardHead,
+    ShardImage,
+    decoder,
+    encoder,
+    index_size,
+    parse_head,
+    rows_encoder,
+)
+from .state import STATE_VERSION, LaneState, read_state, read_states, state_key, write_state
+from .zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
+
+__all__ = [
+    "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
+    "STATE_VERSION", "ShardHead", "ShardImage", "auto_shard_rows", "check_arrays",
+    "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
+    "encoder", "expected_metadata", "import_is_partial", "index_size", "layout_from_arrays",
+    "lost_ranges", "parse_head", "priority_key", "read_import_marker", "read_layout",
+    "read_metadata", "read_quarantine", "read_state", "read_states", "rewrite_chunks",
+    "round_capacity", "rows_encoder", "state_key", "write_import_marker", "write_metadata",
+    "write_quarantine", "write_state",
+]

@@ -1,0 +1,252 @@
+/* expstore.storage.native._kernels: the shard bookkeeping of ``read_rows``. Included once, by
+ * ``_kernels.c``, after the decoders it uses.
+ *
+ * - open_shard / holds: the descriptors read_rows keeps per shard (``tab``, ``ring``).
+ * - sort_rows: a call's rows in (shard, slot) order, so that one shard's rows come one
+ *   after another: the index entries of neighbouring chunks are read with one pread
+ *   (chunk_entry), and chunks lying one after another in the file with one more (a stack
+ *   of 4 frames and its next frame: 2 reads, not 10).
+ * - held chunks: for fields of one multi-row chunk per shard (scalars) whose decoded
+ *   values do not fit their budget, the compressed chunk of each shard read is kept in a
+ *   byte arena (a ring: the oldest chunks are overwritten first) with the version it came
+ *   from; a later row of that version is decoded from RAM, with no descriptor and no read.
+ */
+
+/* Columns of the per-shard table `tab` (int64, n_shards x TAB_COLS) that read_rows keeps:
+   the descriptor it holds open for the shard (-1: none), the first lane step and row count
+   of that version's header, the committed count that version is trusted for, and the
+   shard's position in `ring` (the open descriptors, closed oldest first beyond its size),
+   and the number of the open (state[2] counts them) that got the descriptor: index entries
+   remembered in `ecache` are used only with the descriptor they were read through. */
+enum {
+    TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_GEN = 5,
+    TAB_COLS = 6
+};
+/* Columns of `ecache` (int64, E x ECACHE_COLS), direct-mapped by chunk (shard * n_chunks +
+   chunk): the chunk's number, the open it was read through, its offset and size. */
+enum { EC_KEY = 0, EC_GEN = 1, EC_OFF = 2, EC_NB = 3, ECACHE_COLS = 4 };
+
+#define SHARD_MAGIC "EXPS"
+#define SHARD_HEADER 32
+#define SHARD_FORMAT_VERSION 1
+#define SHARD_CHECKSUMS 1
+
+static int pread_all(int fd, uint8_t *buf, size_t want, int64_t at) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)(at + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static uint64_t le64(const uint8_t *p) {
+    return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
+}
+
+/* Open shard `shard` (path prefix + number + suffix), read and check its header (magic,
+   format version, crc32c), and record it in row `e` of the table, taking a ring position
+   (closing the oldest descriptor when the ring is full). 0 on success, -1 when the shard
+   is missing or its header does not check (the caller's general path retries and
+   reports). */
+static int open_shard(const char *prefix, const char *suffix, int64_t shard, int64_t hoff,
+                      int64_t trusted, int64_t *tab, int64_t *ring, int64_t ring_n,
+                      int64_t *state) {
+    int64_t *e = tab + shard * TAB_COLS;
+    if (e[TAB_FD] >= 0) {
+        close((int)e[TAB_FD]);
+        e[TAB_FD] = -1;
+    }
+    char path[4096];
+    int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
+    if (len < 0 || (size_t)len >= sizeof path) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* out of descriptors (the process holds others too): close this table's oldest */
+    for (int tries = 0; fd < 0 && (errno == EMFILE || errno == ENFILE) && tries < 8; tries++) {
+        int closed = 0;
+        for (int64_t k = 0; k < state[0] && !closed; k++) {
+            int64_t at = (state[1] + k) % ring_n, victim = ring[at];
+            if (victim < 0 || victim == shard) continue;
+            int64_t *v = tab + victim * TAB_COLS;
+            if (v[TAB_RINGPOS] == at && v[TAB_FD] >= 0) {
+                close((int)v[TAB_FD]);
+                v[TAB_FD] = -1;
+                closed = 1;
+            }
+        }
+        if (!closed) break;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0) return -1;
+    uint8_t h[SHARD_HEADER];
+    if (pread_all(fd, h, SHARD_HEADER, hoff) != 0 || memcmp(h, SHARD_MAGIC, 4) != 0) {
+        close(fd);
+        return -1;
+    }
+    unsigned version = (unsigned)h[4] | ((unsigned)h[5] << 8);
+    unsigned flags = (unsigned)h[6] | ((unsigned)h[7] << 8);
+    uint32_t crc = le32(h + 20);
+    if (version > SHARD_FORMAT_VERSION) {
+        close(fd);
+        return -1;
+    }
+    if ((flags & SHARD_CHECKSUMS) || crc) {
+        uint8_t body[SHARD_HEADER - 4];
+        memcpy(body, h, 20);
+        memcpy(body + 20, h + 24, SHARD_HEADER - 24);
+        if (crc32c(body, sizeof body) != crc) {
+            close(fd);
+            return -1;
+        }
+    }
+    int64_t k = e[TAB_RINGPOS];
+    if (k < 0 || k >= ring_n || ring[k] != shard) { /* a new ring position */
+        if (state[0] < ring_n) {
+            k = state[0]++;
+        } else {
+            k = state[1];
+            state[1] = (state[1] + 1) % ring_n;
+            int64_t victim = ring[k];
+            if (victim >= 0) {
+                int64_t *v = tab + victim * TAB_COLS;
+                if (v[TAB_RINGPOS] == k) {
+                    if (v[TAB_FD] >= 0) close((int)v[TAB_FD]);
+                    v[TAB_FD] = -1;
+                    v[TAB_RINGPOS] = -1;
+                }
+            }
+        }
+        ring[k] = shard;
+        e[TAB_RINGPOS] = k;
+    }
+    e[TAB_FD] = fd;
+    e[TAB_FIRST] = (int64_t)le64(h + 8);
+    e[TAB_NROWS] = (int64_t)(int32_t)le32(h + 16);
+    e[TAB_TRUSTED] = trusted;
+    e[TAB_GEN] = ++state[2];
+    return 0;
+}
+
+static int holds(const int64_t *e, int64_t slot, int64_t step) {
+    return e[TAB_FD] >= 0 && e[TAB_FIRST] + slot == step && slot < e[TAB_NROWS] &&
+           step < e[TAB_TRUSTED];
+}
+
+/* ---- rows in (shard, slot) order -------------------------------------------------- */
+
+typedef struct {
+    int64_t key;   /* shard * rows per shard + slot */
+    Py_ssize_t i;  /* the row's place in the call */
+} read_order;
+
+static int cmp_order(const void *a, const void *b) {
+    const read_order *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static void sort_rows(read_order *ord, const int64_t *shards, const int64_t *slots,
+                      Py_ssize_t n, int64_t shard_rows) {
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ord[i].key = shards[i] * shard_rows + slots[i];
+        ord[i].i = i;
+        if (i && ord[i].key < ord[i - 1].key) sorted = 0;
+    }
+    if (!sorted) qsort(ord, (size_t)n, sizeof *ord, cmp_order);
+}
+
+/* ---- index entries ------------------------------------------------------------------ */
+
+/* index entries read with one pread at most (4 KiB) */
+#define ENTRY_RUN 256
+
+static int entry_ok(uint64_t off, uint64_t nb, uint64_t max_blob, int64_t hoff) {
+    return off != UINT64_MAX && nb != 0 && nb <= max_blob &&
+           off >= (uint64_t)hoff + SHARD_HEADER;
+}
+
+/* The remembered entry of chunk `c` of `shard` (read through the descriptor of open
+   `gen`), or NULL. */
+static const int64_t *remembered(const int64_t *ec, Py_ssize_t ec_n, int64_t shard,
+                                 int64_t n_chunks, int64_t c, int64_t gen) {
+    if (!ec) return NULL;
+    int64_t key = shard * n_chunks + c;
+    const int64_t *ce = ec + (key % ec_n) * ECACHE_COLS;
+    return ce[EC_KEY] == key && ce[EC_GEN] == gen ? ce : NULL;
+}
+
+/* The last chunk, within ENTRY_RUN of row p's, that rows p+1.. of the same shard need
+   (rows in read_order): the index entries to read with row p's. */
+static int64_t last_chunk_near(const read_order *ord, Py_ssize_t p, Py_ssize_t n,
+                               const int64_t *shards, const int64_t *slots,
+                               int64_t chunk_rows) {
+    int64_t shard = shards[ord[p].i], c = slots[ord[p].i] / chunk_rows, last = c;
+    for (Py_ssize_t q = p + 1; q < n && shards[ord[q].i] == shard; q++) {
+        int64_t cq = slots[ord[q].i] / chunk_rows;
+        if (cq - c >= ENTRY_RUN) break;
+        last = cq;
+    }
+    return last;
+}
+
+/* Offset and size of chunk `c` of the shard open as `e`: remembered, else read from its
+   index together with the entries of chunks c+1..c_last (all remembered, when `ec`).
+   0 when the entry is there and sane; -1 (a missing chunk, a bad entry, a failed read:
+   the caller's general path reports it). */
+static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t c_last,
+                       int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t hoff,
+                       uint64_t max_blob, uint64_t *off, uint64_t *nb, Py_ssize_t *reads) {
+    const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
+    if (ce) {
+        *off = (uint64_t)ce[EC_OFF];
+        *nb = (uint64_t)ce[EC_NB];
+        return 0;
+    }
+    if (!ec || c_last < c) c_last = c;
+    if (c_last - c >= ENTRY_RUN) c_last = c + ENTRY_RUN - 1;
+    uint8_t ent[16 * ENTRY_RUN];
+    (*reads)++;
+    if (pread_all((int)e[TAB_FD], ent, (size_t)(16 * (c_last - c + 1)), 16 * c) != 0)
+        return -1;
+    for (int64_t k = c; k <= c_last && ec; k++) {
+        uint64_t o = le64(ent + 16 * (k - c)), s = le64(ent + 16 * (k - c) + 8);
+        if (!entry_ok(o, s, max_blob, hoff)) continue;
+        int64_t key = shard * n_chunks + k;
+        int64_t *slot = ec + (key % ec_n) * ECACHE_COLS;
+        slot[EC_KEY] = key;
+        slot[EC_GEN] = e[TAB_GEN];
+        slot[EC_OFF] = (int64_t)o;
+        slot[EC_NB] = (int64_t)s;
+    }
+    *off = le64(ent);
+    *nb = le64(ent + 8);
+    return entry_ok(*off, *nb, max_blob, hoff) ? 0 : -1;
+}
+
+/* ---- held chunks -------------------------------------------------------------------- */
+
+/* Columns of `held_tab` (int64, n_shards x HELD_COLS): where the shard's chunk starts in
+   the arena (a position counted from the arena's first byte ever written, -1: none), its
+   size (crc32c included), and the version it came from: first step, rows, trusted count.
+   `held_state[0]`: bytes written so far. A chunk at position p is intact while
+   p >= held_state[0] - arena bytes (chunks never wrap around the arena's end). */
+enum { H_POS = 0, H_NB = 1, H_FIRST = 2, H_NROWS = 3, H_TRUSTED = 4, HELD_COLS = 5 };
+
+static int held_holds(const int64_t *a, const int64_t *held_state, int64_t arena_n,
+                      int64_t slot, int64_t step) {
+    return a[H_POS] >= 0 && a[H_POS] >= held_state[0] - arena_n &&
+           a[H_FIRST] + slot == step && slot < a[H_NROWS] && step < a[H_TRUSTED];
+}
+
+/* Room for a chunk of `nb` bytes (nb <= arena_n): its position, counted as held_state[0]
+   is. Taken before the bytes are written, so no chunk still counted intact is
+   overwritten even if the read fails. */
+static int64_t held_reserve(int64_t *held_state, int64_t arena_n, int64_t nb) {
+    int64_t at = held_state[0];
+    if (at % arena_n + nb > arena_n) at += arena_n - at % arena_n;
+    held_state[0] = at + nb;
+    return at;
+}

@@ -1,0 +1,108 @@
+"""What a reader's C kernel may hold: its share of the process's file descriptors, and
+how a reader's descriptors and value bytes are split over the fields it reads.
+
+Descriptors let the kernel read a shard again without opening it (~8 µs: open, header
+read, the close of the oldest); value bytes let it serve scalar rows from RAM. Frames
+(one row per chunk) need descriptors most: each missed frame is read from its shard.
+Scalars (one multi-row chunk per shard) are served from decoded values or held
+compressed chunks, and need a descriptor only while a shard's chunk is read.
+"""
+
+from __future__ import annotations
+
+import resource
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..format import Layout
+
+#: descriptors the kernel may hold for the readers of this process that are alive
+_fds_taken = [0]
+
+#: descriptors for each field of one multi-row chunk per shard (scalars)
+FDS_ONE_CHUNK = 64
+#: descriptors for each of the store's own metadata fields (read when a store opens)
+FDS_METADATA = 16
+
+
+def kernel_fd_budget(max_open: int) -> int:
+    """File descriptors the kernel may hold open for a new reader, all fields together:
+    half of what the process may still open beyond what other readers' kernels took,
+    ``max_open`` (this reader's general path) and 1024 spare; at least 64, at most 16,384.
+    (When the process runs out anyway, the kernel closes its oldest descriptors.)"""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, min(16384, (soft - _fds_taken[0] - max_open - 1024) // 2))
+
+
+def take_fds(owner: object, n: int) -> weakref.finalize:
+    """Count ``n`` descriptors as taken by ``owner``'s kernel until the returned finalizer
+    is called (at close) or ``owner`` is collected."""
+    _fds_taken[0] += n
+    return weakref.finalize(owner, _give_back_fds, n)
+
+
+def _give_back_fds(n: int) -> None:
+    _fds_taken[0] -= n
+
+
+@dataclass
+class KernelShare:
+    """One field's share of a reader's kernel budgets: descriptors held open, bytes of
+    decoded values (``ShardTable``), bytes of held compressed chunks (``FdTable``)."""
+
+    fds: int
+    values_bytes: int
+    held_bytes: int
+
+
+def row_bytes(field) -> int:
+    """Bytes of one decoded row of ``field``."""
+    return field.dtype.itemsize * int(np.prod(field.shape, dtype=np.int64))
+
+
+def decoded_slots(n_shards: int, shard_bytes: int, budget: int) -> int:
+    """Shards of ``shard_bytes`` decoded bytes each that ``budget`` bytes hold (at most
+    all ``n_shards``)."""
+    return int(min(n_shards, budget // max(1, shard_bytes)))
+
+
+def worth_filling(slots: int, n_shards: int) -> bool:
+    """Whether decoded values for ``slots`` of ``n_shards`` shards are worth filling as
+    rows are read: at least half of them (else most slots are evicted before they are read
+    again, and the same bytes hold more shards as compressed chunks)."""
+    return 2 * slots >= n_shards
+
+
+def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, KernelShare]:
+    """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
+
+    Multi-row-chunk fields batches read share ``values_budget`` by row bytes. A field of
+    one chunk per shard (scalars) keeps it as decoded values where those hold at least
+    half its shards, else as held compressed chunks (an Atari action is 8 B decoded,
+    about 1 B compressed), and gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an
+    even split of ``fds`` gives fewer). The store's metadata fields get
+    :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
+    """
+    n_shards = layout.capacity // layout.shard_rows
+    spec = layout.spec.fields
+    multi = {n: row_bytes(f) for n, f in spec.items() if layout.chunk_rows(n) > 1}
+    one_chunk = {n for n in multi if layout.chunk_rows(n) == layout.shard_rows}
+    rest = [n for n in spec if n not in one_chunk] or list(spec)
+    light = [n for n in one_chunk if n not in rest]
+    left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
+    light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
+    per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
+    shares = {}
+    for n, f in layout.fields.items():
+        budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
+        shard_bytes = layout.shard_rows * row_bytes(f)
+        if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
+                                                n_shards):
+            budget, held = 0, budget
+        count = FDS_METADATA if n not in spec else light_fds if n in light else per_field
+        shares[n] = KernelShare(count, budget, held)
+    return shares

@@ -1,0 +1,12 @@
+"""Write: the append path. Lane writers stage rows in shard buffers (in shared memory on a
+local store), background threads write full shards, a flush commits the lane state.
+"""
+
+from .background import FORKS, Background
+from .lane_rows import LaneRows
+from .staging import ENABLED, StagedLanes, staging_path
+from .step_plan import build_plan
+from .writer import LaneWriter
+
+__all__ = ["ENABLED", "FORKS", "Background", "LaneRows", "LaneWriter", "StagedLanes",
+           "build_plan", "staging_path"]

@@ -1,0 +1,572 @@
+"""The append path of one lane: stage rows in a small pool of shard buffers, write full
+shards on a background thread, flush the open shard incrementally.
+
+Rows arrive already validated. The lane stages them in the current shard buffer (raw per
+field: in shared memory on local stores, ``staging.py``, so readers on this machine see
+them at once). A full shard is handed to the store's :class:`Background` thread serving
+the lane, which encodes it (blosc/zstd release the GIL) and writes it, followed by the lane
+state that commits it (docs/architecture.md §4), in the order the lane's shards were
+handed over; its buffer returns to the pool once written. The ``advance`` that completes
+a shard only swaps buffers; when every buffer is waiting for its write (storage slower
+than the caller), it waits for the oldest one: RAM stays bounded. ``flush()`` waits for
+the queued shards, writes the open one and commits. Each field's shard object is
+assembled incrementally (``shard.ShardImage``): a flush encodes only rows added since the
+last one, and on local disk rewrites the object in place through a spare link
+(``rewrite.Rewrite``).
+
+A write that fails (disk full, read-only storage) changes nothing committed and drops no
+row: the shard waits in ``pending`` (RAM), later shards of the lane wait behind it, the
+error surfaces on the caller's thread (:meth:`LaneWriter.poll`, then the store's next
+``add``/``extend``/``flush``), and the next :meth:`LaneWriter.flush` writes everything
+in order. A forked child's copy of a writer refuses to write (its parent owns the lane).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...errors import StoreLockedError, WriteFailedError
+from ...rows import FLAG_LAST
+from .. import faults
+from ..backends import Backend
+from ..format import LaneState, Layout, ShardImage, encoder, rows_encoder, state_key, write_state
+from .background import FORKS, Background, check_lease
+from .lane_rows import shard_addresses
+from .rewrite import Lineage, Rewrite, RewritingPuts
+from .shard_buffer import ShardBuffer
+from .staging import N_WORD as _N
+from .staging import SharedStaging
+
+#: shard buffers of a store's lanes together (bytes): each lane gets its share of this as
+#: 3 to ``MAX_BUFFERS`` buffers (small shards: more, so that a burst of adds never waits
+#: for storage), or 2 where one shard's buffer (all fields) exceeds it
+POOL_BYTES = 64 << 20
+MAX_BUFFERS = 16
+
+
+def pool_size(shard_bytes: int, lanes: int) -> int:
+    """Shard buffers per lane for shards of ``shard_bytes`` bytes in a store of ``lanes``."""
+    if shard_bytes > POOL_BYTES:
+        return 2
+    share = POOL_BYTES // max(1, lanes)
+    return max(3, min(MAX_BUFFERS, share // max(1, shard_bytes)))
+
+
+class LaneWriter:
+    """Appends rows to lane ``lane``; ``count`` counts rows added (staged or committed).
+
+    ``committed`` is the lane state on storage as this thread last learnt it (results of
+    background writes are applied by :meth:`poll`). ``background``: the store's writing
+    thread (one of its own if ``None``). ``shared_root``: a local store's root, to stage
+    in shared memory (``None``: private memory).
+    """
+
+    def __init__(self, backend: Backend, layout: Layout, state: LaneState,
+                 on_shard_written: Callable[[int], None] | None = None,
+                 background: Background | None = None, shared_root: str | None = None,
+                 n_buffers: int | None = None) -> None:
+        self.backend = backend
+        self.layout = layout
+        self.lane = state.lane
+        self._disk = state  # what storage holds (owned by the background thread meanwhile)
+        self.committed = LaneState(**vars(state))
+        self.count = state.count
+        self.valid_from = state.valid_from
+        self.episodes = state.episodes
+        self.on_shard_written = on_shard_written
+        self.codecs = {n: layout.codec(n) for n in layout.fields}
+        self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
+        self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
+        self.bg = background if background is not None else Background(1)
+        self._worker = self.bg.worker(self.lane)  # its thread writing this lane (started now,
+        # not inside the add that fills the first shard)
+        #: called with the lane when the open shard moves to another buffer (``_promote``)
+        self.on_move: Callable[[int], None] | None = None
+        self.forks = FORKS[0]
+        S = layout.shard_rows
+        shard_bytes = sum(S * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+                          for f in layout.fields.values())
+        self.n_buffers = n_buffers or pool_size(shard_bytes, layout.lanes)
+        self.shared = (SharedStaging.create(shared_root, self.lane, layout, self.n_buffers)
+                       if shared_root is not None else None)
+        self._free = [self._buffer(b) for b in range(self.n_buffers)]
+        self._rows = S
+        # the shared header's per-buffer words (staging.py): rows published at 4b + _N
+        self._published = self.shared.published if self.shared is not None else None
+        self._size = self.n_buffers
+        #: full shards whose write failed, oldest first (changed in place: the step kernel
+        #: holds this list)
+        self.pending: list[ShardBuffer] = []
+        self.queued: list[ShardBuffer] = []  # full shards handed to the background thread
+        self._cv = threading.Condition()  # the background thread finished a shard
+        self._results: deque = deque()  # (shard, error, state) from the background thread
+        self._halted = False  # a background write failed: later ones of the lane wait
+        #: 1 while full shards must be handed over by :meth:`_hand_off` (spare lineages to
+        #: attach, or writes halted), not by the step kernel, which reads this byte
+        self.gate = np.zeros(1, np.uint8)
+        self._lost_to = 0  # rows before this step were dropped unwritten (a lap behind)
+        self.error: BaseException | None = None  # a background error not yet reported
+        self._spares: dict[str, Lineage] = {}  # the open shard's objects (partial flushes)
+        self._spare_root = f"_state/spare/lane_{self.lane}"
+        self._session = os.urandom(4).hex()
+        self._local = getattr(backend, "is_local", False) and hasattr(backend, "remove_tree")
+        self._state_lineage = Lineage(f"{self._spare_root}/{self._session}/state", False)
+        if self._local:
+            backend.remove_tree(self._spare_root)  # a dead writer's leftovers
+        self.cur = self._free.pop()
+        self.cur.first_step = self.count - self.count % S
+        self.cur.n = self.count % S
+        self.cur.entered = self.cur.n > 0  # (else the first row opens it)
+        if self.cur.slot >= 0:
+            self.shared.begin(self.cur.slot, self.cur.first_step)
+            self.shared.set_committed(self.count)
+
+    def _buffer(self, b: int) -> ShardBuffer:
+        L = self.layout
+        if self.shared is not None and 0 <= b < self.n_buffers:
+            staging = self.shared.buffers[b]
+        else:
+            b = -1
+            staging = {n: np.empty((L.shard_rows, *f.shape), f.dtype)
+                       for n, f in L.fields.items()}
+        images = {n: ShardImage(L.chunks_per_shard(n), L.chunk_rows(n), self.encoders[n],
+                                -1 if n == "_step_id" else 0, self.many[n]) for n in L.fields}
+        # (the addresses now, not inside the add that first stages a row there)
+        return ShardBuffer(b, staging, images,
+                           shard_addresses(staging, list(L.fields), self.shared, b))
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def first_step(self) -> int:
+        return self.cur.first_step
+
+    @property
+    def n(self) -> int:
+        return self.cur.n
+
+    @property
+    def staging(self) -> dict[str, np.ndarray]:
+        return self.cur.staging
+
+    @property
+    def dirty(self) -> bool:
+        return self.count != self.committed.count
+
+    @property
+    def session(self) -> int:
+        """Number of the shared staging this writer publishes (0: none)."""
+        return self.shared.session if self.shared is not None else 0
+
+    def shard_index(self, step: int) -> int:
+        """Global shard number of ``step`` in this lane."""
+        L = self.layout
+        return self.lane * L.shards_per_lane + (step % L.lane_capacity) // L.shard_rows
+
+    def load_partial(self, rows: dict[str, np.ndarray]) -> None:
+        """Restore the staged rows of a partly written shard (after reopening)."""
+        for name, arr in rows.items():
+            self.cur.staging[name][: len(arr)] = arr
+        if self.cur.slot >= 0:
+            self.shared.publish(self.cur.slot, self.cur.n)
+
+    def staged(self, name: str, steps: np.ndarray) -> np.ndarray:
+        """Values of rows still only in RAM (``committed.count <= steps < count``)."""
+        steps = np.asarray(steps, np.int64)
+        cur = self.cur
+        if not self.pending and not self.queued:
+            return cur.staging[name][steps - cur.first_step]
+        out = np.empty((len(steps), *self.layout.fields[name].shape),
+                       self.layout.fields[name].dtype)
+        for sh in (*self.pending, *self.queued, cur):
+            sel = (steps >= sh.first_step) & (steps < sh.first_step + sh.n)
+            out[sel] = sh.staging[name][steps[sel] - sh.first_step]
+        return out
+
+    @property
+    def inherited(self) -> bool:
+        """This object was copied into a forked child (its parent owns the lane)."""
+        return self.forks != FORKS[0]
+
+    def _check_owner(self) -> None:
+        if self.forks != FORKS[0]:
+            raise StoreLockedError(
+                f"{self.backend.url}: lane {self.lane}: this store object was inherited "
+                "from the process that opened it (a fork), which owns the lane: open the "
+                "store again in this process to write")
+
+    # -- appending -----------------------------------------------------------------------
+    def slot(self, retry: bool = True) -> tuple[dict[str, np.ndarray], int]:
+        """Where the next row goes: the current shard's staging buffers (field -> array of
+        ``shard_rows`` rows) and the row index in them (room for one row). Write every field
+        of that row (meta fields included), then call :meth:`advance`. ``retry``: first
+        write shards whose write failed (raising before anything is staged if it fails
+        again); ``False`` for a row that must follow the row just staged (a final row)."""
+        if self.forks != FORKS[0]:
+            self._check_owner()
+        if retry and self.pending:  # an earlier write failed: retry before staging more
+            self.flush()
+        if self.cur.n == 0:
+            self._enter_shard()
+        return self.cur.staging, self.cur.n
+
+    def advance(self, rows: int = 1) -> None:
+        """The row written at :meth:`slot` is staged (published to readers); a full shard
+        goes to the background thread and a free buffer becomes current (waiting for the
+        oldest write when none is free)."""
+        cur = self.cur
+        n = cur.n = cur.n + rows
+        self.count += rows
+        if cur.slot >= 0:
+            self._published[cur.slot * 4 + _N] = n  # after the row's data (staging.py)
+        if n == self._rows:
+            self._hand_off()
+
+    def append(self, rows: dict[str, np.ndarray], retry: bool = True) -> tuple[int, int]:
+        """Stage ``m`` consecutive rows; full shards are written as they fill, and the call
+        returns once they are (their write overlaps with staging the rows after them).
+
+        Returns ``(first_step, m)``. Every field (meta included) must be present. If a
+        shard write fails, every row is still staged and :class:`WriteFailedError` is
+        raised at the end (``count`` tells what was staged). ``retry``: as for :meth:`slot`.
+        """
+        self._check_owner()
+        if retry and self.pending:  # an earlier write failed: retry before staging more
+            self.flush()
+        m = len(rows["_flags"])
+        start = self.count
+        S = self.layout.shard_rows
+        done = 0
+        while done < m:
+            cur = self.cur
+            if cur.n == 0:
+                self._enter_shard()
+            take = min(S - cur.n, m - done)
+            for name, buf in cur.staging.items():
+                buf[cur.n : cur.n + take] = rows[name][done : done + take]
+            done += take
+            self.advance(take)
+        self.wait()
+        error = self.take_error()
+        if error is not None:
+            raise error
+        return start, m
+
+    def _enter_shard(self) -> None:
+        """The lane's next row opens a shard in the current buffer. (The step kernel does
+        the common case itself: ``enter`` in ``step_shards.h``; change both together.)"""
+        L = self.layout
+        if self.cur.slot < 0:
+            self._promote()
+        cur = self.cur
+        cur.first_step = self.count
+        if not cur.clean:
+            self._reset(cur)
+        if cur.slot >= 0:
+            self.shared.begin(cur.slot, cur.first_step)
+        # Rows of the previous lap in this shard's slots are gone for this process now.
+        self.valid_from = max(self.valid_from, self.count + L.shard_rows - L.lane_capacity)
+        cur.entered = True
+
+    def _hand_off(self) -> None:
+        """The current shard is full: queue its write (behind a failed one: keep it) and
+        make a free buffer current. (Kept to a few operations: this runs inside an add.
+        The step kernel does the common case itself: ``hand_off`` in ``step_shards.h``;
+        change both together.)"""
+        if self.forks != FORKS[0]:
+            self._check_owner()
+        sh = self.cur
+        if self._spares:
+            sh.spare_dir = self._spare_dir(sh)
+            sh.lineages = list(self._spares.values())
+            self._spares = {}
+            self._regate()
+        if self.pending or self._halted:
+            self.wait()  # (skipped behind the failed one: now in ``pending``, in order)
+            self._keep(sh)
+        else:
+            sh.done = False
+            self.queued.append(sh)
+            wk = self._worker
+            wk.jobs.append((self, sh))
+            if wk.sleeping[0]:
+                wk.wake.set()
+        free = self._free  # (finished writes are applied by the next poll, not here)
+        self.cur = free.pop() if free else self._take()  # (no rows, not opened: _recycle)
+
+    def _promote(self) -> None:
+        """Move the current shard from a private buffer (taken while writes failed) into a
+        free shared one, so that readers on this machine see its rows again."""
+        cur = self.cur
+        shm = next((b for b in self._free if b.slot >= 0), None)
+        if cur.slot >= 0 or shm is None:
+            return
+        self._free.remove(shm)
+        n = cur.n
+        for name, arr in cur.staging.items():
+            shm.staging[name][:n] = arr[:n]
+        shm.images, cur.images = cur.images, shm.images
+        shm.clean, cur.clean = cur.clean, shm.clean
+        shm.first_step, shm.n = cur.first_step, n
+        self.shared.begin(shm.slot, shm.first_step)
+        self.shared.publish(shm.slot, n)
+        self.cur = shm
+        self._recycle(cur)
+        if self.on_move is not None:
+            self.on_move(self.lane)
+
+    def _spare_dir(self, sh: ShardBuffer) -> str:
+        return f"{self._spare_root}/{self._session}/{sh.first_step}"
+
+    def _reset(self, sh: ShardBuffer) -> None:
+        for img in sh.images.values():
+            img.reset()
+        sh.clean = True
+
+    def _keep(self, sh: ShardBuffer) -> None:
+        """Keep a full shard not written in ``pending``; shards a lap older than it are
+        overwritten by it and dropped unwritten."""
+        L = self.layout
+        keep = []
+        for p in self.pending:
+            if p.first_step + L.lane_capacity > sh.first_step:
+                keep.append(p)
+            else:
+                self._lost_to = max(self._lost_to, p.first_step + p.n)
+                self._recycle(p)
+        self.pending[:] = keep + [sh]  # (the same list for the writer's life: see __init__)
+
+    def _take(self) -> ShardBuffer:
+        """A free buffer: waits for the oldest queued write when none is free; grows the
+        pool (private memory) when the others all hold shards whose write failed."""
+        self.poll()
+        while not self._free:
+            if not self.queued:
+                self._size += 1
+                return self._buffer(-1)
+            self._wait_for(self.queued[0])
+            self.poll()
+        return self._free.pop()
+
+    def _wait_for(self, sh: ShardBuffer) -> None:
+        self.bg.hurry()
+        with self._cv:
+            while not sh.done:
+                self._cv.wait()
+
+    def _recycle(self, sh: ShardBuffer) -> None:
+        """Return ``sh`` to the free buffers, with no rows and not opened (a free buffer
+        is made current as it is, by :meth:`_hand_off` and the step kernel)."""
+        if self._size > self.n_buffers and sh.slot < 0:
+            self._size -= 1  # an extra buffer: dropped
+        else:
+            sh.n = 0
+            sh.entered = False
+            self._free.append(sh)
+
+    def _regate(self) -> None:
+        self.gate[0] = 1 if (self._spares or self._halted) else 0
+
+    # -- the background thread's side -----------------------------------------------------
+    def _background_write(self, sh: ShardBuffer) -> None:
+        state = error = None
+        try:
+            if not self._halted:
+                self._commit(sh, partial=False, background=True)
+                state = LaneState(**vars(self._disk))
+                self._reset(sh)  # ready for its next shard (here: not inside an add)
+        except BaseException as e:  # reported on the caller's thread
+            self._halted = True
+            self._regate()
+            error = e
+        self._results.append((sh, error, state))
+        with self._cv:
+            sh.done = True
+            self._cv.notify_all()
+
+    def poll(self) -> BaseException | None:
+        """Apply finished background writes on the caller's thread: commits, recycled
+        buffers, shards whose write failed moved to ``pending``. Returns the first error
+        not yet reported (also kept in ``error`` until :meth:`take_error`)."""
+        if self.forks != FORKS[0]:
+            return None
+        results = self._results
+        while results:
+            sh, err, state = results.popleft()
+            self.queued.remove(sh)
+            if state is not None:
+                self.committed = state
+                self._recycle(sh)
+                if self.on_shard_written is not None:
+                    self.on_shard_written(self.shard_index(sh.first_step))
+            else:
+                self.pending.append(sh)
+                if err is not None and self.error is None:
+                    self.error = err
+        return self.error
+
+    def take_error(self) -> BaseException | None:
+        """The background error not reported yet (cleared)."""
+        error, self.error = self.error, None
+        return error
+
+    def wait(self) -> None:
+        """Wait for every queued shard of the lane to be written (or to fail)."""
+        while self.queued:
+            self._wait_for(self.queued[0])
+            self.poll()
+
+    # -- committing ----------------------------------------------------------------------
+    def flush(self) -> bool:
+        """Write staged shards and commit the lane state; ``False`` if nothing to do.
+
+        Waits for the shards queued for the background thread first. Raises
+        :class:`WriteFailedError` (an ``OSError``) naming the object that could not be
+        written; committed rows stay intact and staged rows stay in RAM.
+        """
+        self._check_owner()
+        self.wait()
+        if not self.dirty:
+            self.error = None
+            return False
+        while self.pending:
+            sh = self.pending[0]
+            self._commit(sh, partial=False)
+            self.pending.pop(0)
+            self.committed = LaneState(**vars(self._disk))
+            self._recycle(sh)
+            if self.on_shard_written is not None:
+                self.on_shard_written(self.shard_index(sh.first_step))
+        self._halted = False
+        self._regate()
+        self.error = None  # what failed before is written now
+        self._promote()
+        if self.count > self._disk.count:
+            self._commit(self.cur, partial=True)
+            self.committed = LaneState(**vars(self._disk))
+            if self.on_shard_written is not None:
+                self.on_shard_written(self.shard_index(self.cur.first_step))
+        return True
+
+    def close(self) -> None:
+        """After the last flush: the open shard's objects are rewritten without the bytes
+        its in-place flushes left unreferenced; stop publishing staged rows, drop spares."""
+        if self.forks != FORKS[0]:
+            return
+        cur, L = self.cur, self.layout
+        if self._local and cur.n and not self.dirty:
+            with contextlib.suppress(OSError):  # committed either way; only tidier
+                for name, img in cur.images.items():
+                    if img.loose and img.n == cur.n:
+                        self.backend.put(L.shard_key(name, self.shard_index(cur.first_step)),
+                                         img.compact(cur.first_step, cur.n, L.checksum))
+        if self.shared is not None:
+            self.shared.close()
+        for lin in (*self._spares.values(), self._state_lineage):
+            lin.close()
+        if self._local:
+            self.backend.remove_tree(f"{self._spare_root}/{self._session}")
+
+    def _commit(self, sh: ShardBuffer, partial: bool, background: bool = False) -> None:
+        """Write ``sh`` (every field's object) and the lane state covering it (§4)."""
+        L = self.layout
+        st = self._disk
+        end = sh.first_step + sh.n
+        # replacing the shard object drops the previous lap's rows in all its slots
+        valid_from = max(st.valid_from, sh.first_step + L.shard_rows - L.lane_capacity,
+                         min(self._lost_to, sh.first_step))
+        shard = self.shard_index(sh.first_step)
+        backend = self._background_backend() if background else self.backend
+        states = (RewritingPuts(backend, self._state_lineage) if self._local
+                  else backend)
+        key = "_state"
+        try:
+            if background:  # (the caller's thread: LeasedBackend checks it)
+                self._check_lease()
+            if valid_from > st.valid_from:
+                if faults.ARMED:
+                    faults.hit("flush.drop")
+                key = state_key(self.lane)
+                drop = min(valid_from, st.count)
+                write_state(states, LaneState(st.lane, st.count, drop, st.episodes,
+                                              st.generation))
+                st.valid_from = drop
+                st.generation += 1
+            sh.clean = False
+            if self._local:
+                for i, name in enumerate(L.fields):
+                    key = L.shard_key(name, shard)
+                    img = sh.images[name]
+                    img.update(sh.staging[name], sh.n)
+                    self._put(backend, key, name, img, sh, partial)
+                    if faults.ARMED and i == 0:
+                        faults.hit("flush.shards")
+            else:  # object stores: every field's object of the shard uploaded at once
+                uploads = []
+                for name in L.fields:
+                    img = sh.images[name]
+                    img.update(sh.staging[name], sh.n)
+                    uploads.append((L.shard_key(name, shard),
+                                    img.compact(sh.first_step, sh.n, L.checksum)))
+                key = f"{uploads[0][0]} (and the shard's other fields)"
+                backend.put_many(uploads)
+            if faults.ARMED:
+                faults.hit("flush.state")
+            key = state_key(self.lane)
+            if background and not hasattr(backend, "commit_state"):  # (a fence refuses a
+                self._check_lease()  # commit after a takeover: no check needed)
+            new_rows = slice(max(st.count - sh.first_step, 0), sh.n)
+            finals = int(np.count_nonzero(sh.staging["_flags"][new_rows] & FLAG_LAST))
+            new = LaneState(st.lane, end, valid_from, st.episodes + finals, st.generation)
+            write_state(states, new)
+        except OSError as e:
+            raise WriteFailedError(
+                e.errno, f"{self.backend.url}/{key}: write failed ({e.strerror or e}); lane "
+                f"{self.lane} keeps {self.count - st.count} uncommitted rows in RAM for the "
+                f"next flush(); committed rows are intact") from e
+        self._disk = new
+        if self.shared is not None:
+            self.shared.set_committed(end)
+        if faults.ARMED:
+            faults.hit("flush.done")
+        if not partial and sh.spare_dir is not None:
+            for lin in sh.lineages:
+                lin.close()
+            backend.remove_tree(sh.spare_dir)  # the shard's next lap starts from new files
+            sh.spare_dir, sh.lineages = None, []
+
+    def _put(self, backend: Any, key: str, name: str, img: ShardImage, sh: ShardBuffer,
+             partial: bool) -> None:
+        L = self.layout
+        if not partial or not self._local:
+            if self._local and not img.loose:  # the image as it is, without a copy
+                img.seal(sh.first_step, sh.n, L.checksum)
+                backend.put(key, img.buf)
+            else:
+                backend.put(key, img.compact(sh.first_step, sh.n, L.checksum))
+            return
+        lin = self._spares.get(name)
+        if lin is None:
+            lin = self._spares[name] = Lineage(f"{self._spare_dir(sh)}/{name.replace('/', '%')}")
+            self._regate()
+        img.seal(sh.first_step, sh.n, L.checksum)
+        backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
+
+    def _background_backend(self) -> Any:
+        """The backend for the background thread: a lane lease is checked there
+        (:func:`check_lease`), not renewed (the caller's thread renews it on every add; two
+        threads renewing at once would see each other's renewal as a takeover). On object
+        stores, the lease's fence: shard uploads and the state commit are conditional."""
+        lease = getattr(self.backend, "lease", None)
+        if lease is None:
+            return self.backend
+        return lease.fence if lease.fence is not None else self.backend._backend
+
+    def _check_lease(self) -> None:
+        check_lease(getattr(self.backend, "lease", None), self.backend.url, self.lane)
