@@ -42,7 +42,7 @@ from ..spec import Spec
 from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
 from .streaming import Prefetch, blocks, check_block_rows
-from .summary import ImportSummary
+from .summary import ImportSummary, store_bytes
 
 SPEC_ATTR = "expstore_spec"  # file attribute: the exported store's spec (JSON)
 CORE = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
@@ -276,18 +276,8 @@ def _import(src: Any, where: str, url: Any, capacity: int | None, shard_rows: in
         prog.close()
         store.close()
         summary.seconds = time.perf_counter() - t0
-    summary.bytes_out = _bytes_on_disk(url, storage_options)
+    summary.bytes_out = store_bytes(url, storage_options)
     return summary
-
-
-def _bytes_on_disk(url: Any, storage_options: Any) -> int:
-    from ..storage.backends import backend_for
-
-    backend = backend_for(os.fspath(url), storage_options, fsync=False)
-    try:
-        return int(backend.total_bytes())
-    finally:
-        backend.close()
 
 
 # -- export ------------------------------------------------------------------------------

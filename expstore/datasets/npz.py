@@ -34,7 +34,7 @@ from ..spec import Spec
 from .episodes import ExportReader, capacity_for, lane_rows
 from .progress import Progress, ProgressArg, interruptible
 from .streaming import check_block_rows
-from .summary import ImportSummary
+from .summary import ImportSummary, store_bytes
 
 FORMAT = "expstore-npz/1"
 _META = ("lane", "episode_step", "flags", "__spec__", "__format__")
@@ -344,19 +344,9 @@ def _import_members(zf: zipfile.ZipFile, spec: Spec, names: list[str], where: st
     finally:
         for mem in members.values():
             mem.close()
-    summary.bytes_out = _total_bytes(url, storage_options)
+    summary.bytes_out = store_bytes(url, storage_options)
     summary.seconds = time.perf_counter() - t0
     return summary
-
-
-def _total_bytes(url: Any, storage_options: Any) -> int:
-    from ..storage.backends import backend_for
-
-    backend = backend_for(os.fspath(url), storage_options, fsync=False)
-    try:
-        return int(backend.total_bytes())
-    finally:
-        backend.close()
 
 
 def _split_carry(block: dict[str, np.ndarray]) -> tuple[dict, dict]:

@@ -4,7 +4,11 @@ in one style for every format, and :func:`human_bytes` (decimal units: 1 MB = 10
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..storage import backend_for
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -17,6 +21,15 @@ def human_bytes(n: float) -> str:
             return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1000
     raise AssertionError  # pragma: no cover
+
+
+def store_bytes(url: Any, storage_options: Any = None) -> int:
+    """Bytes the store at ``url`` takes on its storage (blocks allocated, on local disk)."""
+    backend = backend_for(os.fspath(url), storage_options, fsync=False)
+    try:
+        return int(backend.total_bytes())
+    finally:
+        backend.close()
 
 
 @dataclass

@@ -9,14 +9,13 @@ with a checksum); a store reads it on open and on ``refresh()``.
 
 from __future__ import annotations
 
-import json
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import StoreCorruptError
 from ..backends import Backend
+from .envelope import seal, unseal
 
 QUARANTINE_KEY = "_state/quarantine.json"
 QUARANTINE_VERSION = 1
@@ -59,26 +58,16 @@ class Quarantine:
         return sum(max(0, min(b, hi) - max(a, lo)) for a, b in self.lanes.get(lane, []))
 
     def encode(self) -> bytes:
-        body = {"version": QUARANTINE_VERSION,
-                "lanes": {str(k): [list(r) for r in v] for k, v in sorted(self.lanes.items())}}
-        text = json.dumps(body, sort_keys=True)
-        return json.dumps({"quarantine": body, "crc32": zlib.crc32(text.encode())}).encode()
+        return seal("quarantine", QUARANTINE_VERSION, {
+            "lanes": {str(k): [list(r) for r in v] for k, v in sorted(self.lanes.items())}})
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> Quarantine:
+        body = unseal(raw, "quarantine", QUARANTINE_VERSION, where, "quarantine file")
         try:
-            doc = json.loads(raw)
-            body = doc["quarantine"]
-            text = json.dumps(body, sort_keys=True)
-            if zlib.crc32(text.encode()) != doc.get("crc32"):
-                raise StoreCorruptError(f"{where}: quarantine file fails its checksum")
-            if body.get("version", 0) > QUARANTINE_VERSION:
-                raise StoreCorruptError(f"{where}: quarantine format version "
-                                        f"{body['version']} is newer than this expstore "
-                                        f"supports ({QUARANTINE_VERSION})")
             lanes = {int(k): _merge([(int(a), int(b)) for a, b in v])
                      for k, v in body["lanes"].items()}
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreCorruptError(f"{where}: quarantine file is not valid ({e})") from e
         return cls({k: v for k, v in lanes.items() if v})
 

@@ -6,12 +6,11 @@ data shards it covers. Steps ``[valid_from, count)`` of the lane are committed a
 
 from __future__ import annotations
 
-import json
-import zlib
 from dataclasses import asdict, dataclass
 
 from ...errors import StoreCorruptError
 from ..backends import Backend
+from .envelope import seal, unseal
 
 STATE_VERSION = 1
 
@@ -31,25 +30,15 @@ class LaneState:
     generation: int = 0  # commits so far
 
     def encode(self) -> bytes:
-        body = {"version": STATE_VERSION, **asdict(self)}
-        text = json.dumps(body, sort_keys=True)
-        return json.dumps({"state": body, "crc32": zlib.crc32(text.encode())}).encode()
+        return seal("state", STATE_VERSION, asdict(self))
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> LaneState:
+        body = unseal(raw, "state", STATE_VERSION, where, "lane state file")
         try:
-            doc = json.loads(raw)
-            body = doc["state"]
-            text = json.dumps(body, sort_keys=True)
-        except (ValueError, KeyError, TypeError) as e:
+            st = cls(**body)
+        except TypeError as e:
             raise StoreCorruptError(f"{where}: lane state file is not valid ({e})") from e
-        if zlib.crc32(text.encode()) != doc.get("crc32"):
-            raise StoreCorruptError(f"{where}: lane state file fails its checksum")
-        if body.get("version", 0) > STATE_VERSION:
-            raise StoreCorruptError(f"{where}: lane state format version {body['version']} is "
-                                    f"newer than this expstore supports ({STATE_VERSION})")
-        body.pop("version", None)
-        st = cls(**body)
         if not 0 <= st.valid_from <= st.count:
             raise StoreCorruptError(f"{where}: lane state has valid_from={st.valid_from} "
                                     f"outside [0, count={st.count}]")
