@@ -148,10 +148,10 @@ print(json.dumps({"mode": mode, "rows": len(store), "open_s": opened, "tps": rat
 OPEN_CHILD = r"""
 import json, resource, sys, time
 import expstore as es
-import expstore.store as store_mod
+import expstore.index_loader as loader_mod
 path, block = sys.argv[1], int(sys.argv[2])
 if block:
-    store_mod.LOAD_BLOCK_ROWS = block
+    loader_mod.LOAD_BLOCK_ROWS = block
 def status_mb(key):
     with open("/proc/self/status") as f:
         line = next(x for x in f if x.startswith(key + ":"))
@@ -300,9 +300,9 @@ def main() -> None:
                      "imports done), when its peak (VmHWM) is reset (`/proc/self/clear_refs`);"
                      " peak_mb = VmHWM after open; open_peak = the difference; settled_mb = "
                      "RSS after open minus before_mb; index_mb = the row index "
-                     "(5 B/row). load 'one pass' sets `expstore.store.LOAD_BLOCK_ROWS` above "
-                     "the lane size: every row of a lane indexed at once, as before "
-                     "streaming.")
+                     "(5 B/row). load 'one pass' sets "
+                     "`expstore.index_loader.LOAD_BLOCK_ROWS` above the lane size: every "
+                     "row of a lane indexed at once, as before streaming.")
             save_json("rss_open", {"results": res})
             if not a.no_write:
                 write_section("Memory: open", body, command=command_line())

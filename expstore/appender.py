@@ -1,8 +1,10 @@
 """Env steps into a store's lanes: checked values -> rows (``rows.py``) -> each lane's
 writer (storage) and the row index (RAM).
 
+:meth:`Appender.add` and :meth:`Appender.extend` (``Store.add``/``extend``) choose the
+path, after :class:`~expstore.write_access.WriteAccess` says the lanes may be written.
 Three paths store the same rows. Where the C kernel was built and the spec is one it
-stages (``storage/step_plan.py``), one step (``Store.add``, one lane or one step in every
+stages (``storage/write/step_plan.py``), one step (one lane or one step in every
 lane) is checked and staged, final row, index entries and held ``next_obs`` included, by
 one C call (:meth:`Appender.add_fast`); it hands back to the Python paths a step it does
 not take as is (a value to cast, clip or refuse, a stream break, a failed shard write
@@ -24,6 +26,7 @@ instead. Within an ``extend`` batch that gives every ``next_obs``, a step whose
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,12 +35,22 @@ from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
 from .step_check import LanesCheck, StepCheck
 from .storage.write import FORKS, LaneRows, build_plan
+from .validate import (
+    extend_batch,
+    refuse_many_steps,
+    step_from_mapping,
+    validate_batch,
+    validate_steps,
+)
+from .write_access import WriteAccess
 
 _UNBUILT = object()
 
 
 class Appender:
-    """The write path of one store: ``writers`` (lane -> LaneWriter), ``index`` (RowIndex).
+    """The write path of one store: ``writers`` (lane -> LaneWriter), ``index`` (RowIndex),
+    ``access`` (the checks before a write), ``poll_writes`` (applies the results of
+    background shard writes, raising a failed one's error).
 
     ``open_step[lane]``: position in its episode of the lane's next row (0: a new episode).
     ``held_ok[lane]``: whether the lane holds the ``next_obs`` of its newest step (its
@@ -45,11 +58,13 @@ class Appender:
     frame stack's newest frame); ``False`` when unknown or the episode ended.
     """
 
-    def __init__(self, spec: Any, writers: dict[int, Any], index: Any,
-                 strict: bool = False) -> None:
+    def __init__(self, spec: Any, writers: dict[int, Any], index: Any, access: WriteAccess,
+                 poll_writes: Callable[[], None], strict: bool = False) -> None:
         self.spec = spec
         self.writers = writers
         self.index = index
+        self.access = access
+        self.poll_writes = poll_writes
         self.strict = strict
         self.check = StepCheck(spec)
         self.obs_names = list(spec.obs_names)
@@ -67,6 +82,64 @@ class Appender:
         self.lane_rows: LaneRows | None = None  # staging addresses per lane (first use)
         self.lanes_check = LanesCheck(spec, index.lanes)  # a vector step's common case
         self._plan: Any = _UNBUILT  # the C kernel's plan (first add_fast)
+
+    # -- which path ---------------------------------------------------------------------------
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
+            truncated: Any, lane: int | None, extras: dict[str, Any]) -> None:
+        """``Store.add``: one step of ``lane`` (``None``: the one writable lane, else one
+        step in every lane), by one C call where it can (:meth:`add_fast`), else
+        :meth:`add_lanes` or :meth:`add_one`."""
+        self.poll_writes()  # background shard writes: commits, or an error raised here
+        access, writers, lanes = self.access, self.writers, self.index.lanes
+        write_lanes = access.write_lanes
+        if not extras and not access.closed and writers:  # one C call, where it can
+            at = lane
+            if at is None:
+                at = (write_lanes[0] if len(write_lanes) == 1 else
+                      -1 if lanes > 1 and len(writers) == lanes else None)
+            if at == -1 and lane is None:
+                access.ensure_leases()
+            elif at is not None and at in writers:
+                access.writer(at)  # renews the lane's lease when due
+            else:
+                at = None
+            if at is not None and self.add_fast(at, obs, action, reward, next_obs,
+                                                terminated, truncated):
+                return
+        if action is None and reward is None:  # one mapping (or no step at all)
+            obs, action, reward, next_obs, terminated, truncated, extras = step_from_mapping(
+                obs, next_obs, terminated, truncated, extras)
+        if lane is None and len(write_lanes) == 1:
+            lane = write_lanes[0]
+        if type(reward) is np.ndarray and reward.ndim and lane is not None:
+            refuse_many_steps(self.spec, reward, lane, lanes, len(write_lanes))
+        if lane is None and lanes > 1:
+            if access.closed or len(writers) != lanes:
+                for i in range(lanes):
+                    access.writer(i)  # raises, naming what is not writable
+            access.ensure_leases()
+            batch = self.lanes_check.check(obs, action, reward, next_obs, terminated,
+                                           truncated, extras)
+            if batch is None:  # anything else: cast, checked, or refused naming the field
+                batch = validate_steps(self.spec, obs, action, reward, next_obs, terminated,
+                                       truncated, extras, (lanes,))
+            self.add_lanes(batch)
+            return
+        lane = 0 if lane is None else lane
+        access.writer(lane)
+        self.add_one(lane, obs, action, reward, next_obs, terminated, truncated, extras)
+
+    def extend(self, batch: Mapping[str, Any] | None, lane: int | None, check_next_obs: bool,
+               fields: dict[str, Any]) -> None:
+        """``Store.extend``: ``T`` consecutive steps of ``lane`` (``None``: the one
+        writable lane, else 0), given as one mapping or as keywords (``fields``)."""
+        batch = extend_batch(batch, fields)
+        if lane is None:
+            write_lanes = self.access.write_lanes
+            lane = write_lanes[0] if len(write_lanes) == 1 else 0
+        self.access.writer(lane)
+        self.poll_writes()  # background shard writes: commits, or an error raised here
+        self.add_many(lane, validate_batch(self.spec, batch), check_next_obs)
 
     # -- one step through the C kernel --------------------------------------------------------
     def _table(self) -> LaneRows:

@@ -209,6 +209,43 @@ def step_from_mapping(step: Any, next_obs: Any, terminated: Any, truncated: Any,
             step["terminated"], step["truncated"], rest)
 
 
+def extend_batch(batch: Mapping[str, Any] | None, fields: dict[str, Any]) -> Mapping[str, Any]:
+    """``extend``'s steps, given as one mapping (``batch``) or as keywords (``fields``),
+    never both."""
+    if batch is None:
+        if not fields:
+            raise ValidationError("extend: no steps given; expected a mapping "
+                                  "extend({'obs': ..., 'action': ..., ...}) or keywords "
+                                  "extend(obs=..., action=..., ...)")
+        return fields
+    if fields:
+        raise ValidationError(f"extend: give the steps either as one mapping or as "
+                              f"keywords, not both (got a mapping and {sorted(fields)})")
+    return batch
+
+
+def validate_batch(spec: Spec, batch: Any) -> dict[str, np.ndarray]:
+    """``extend``'s ``T`` steps (field -> values with leading axis ``T``), checked and cast
+    (:func:`validate_steps`); ``ValidationError`` naming what is wrong."""
+    try:
+        b = dict(batch)
+    except (TypeError, ValueError) as e:
+        raise ValidationError(f"extend: expected a mapping of field -> values with "
+                              f"leading axis T, got {type(batch).__name__}") from e
+    missing = [k for k in ("obs", "action", "reward", "terminated", "truncated")
+               if k not in b]
+    if missing:
+        raise ValidationError(f"extend: missing key(s) {missing}")
+    try:
+        T = len(b["reward"])
+    except TypeError as e:
+        raise ValidationError("reward: expected an array with leading axis T") from e
+    known = {"obs", "action", "reward", "terminated", "truncated", "next_obs"}
+    extras = {k: v for k, v in b.items() if k not in known}
+    return validate_steps(spec, b["obs"], b["action"], b["reward"], b.get("next_obs"),
+                          b["terminated"], b["truncated"], extras, (T,))
+
+
 def refuse_many_steps(spec: Spec, reward: np.ndarray, lane: int, lanes: int,
                       writable: int) -> None:
     """Raise when ``reward`` holds ``N >= 2`` steps (a vector env's ``num_envs`` axis)

@@ -73,6 +73,8 @@ LAYERS: dict[str, int] = {
     "expstore.store": 5,
     "expstore.store_source": 5,
     "expstore.appender": 5,
+    "expstore.write_access": 5,
+    "expstore.index_loader": 5,
     "expstore.verify": 5,
     "expstore.repair": 5,
     "expstore.episode_view": 5,

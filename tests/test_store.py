@@ -397,11 +397,11 @@ def test_open_streams_the_index_in_blocks(tmp_path, monkeypatch):
     (5 B/row) stays a few MB: one pass over all rows took ~64 B/row."""
     import tracemalloc
 
-    import expstore.store as store_mod
+    import expstore.index_loader as loader_mod
 
     rows = _metadata_store(tmp_path / "m.zarr", rows=1 << 18)
     full = es.open(tmp_path / "m.zarr")
-    monkeypatch.setattr(store_mod, "LOAD_BLOCK_ROWS", 8192)
+    monkeypatch.setattr(loader_mod, "LOAD_BLOCK_ROWS", 8192)
     tracemalloc.start()
     try:
         store = es.open(tmp_path / "m.zarr")
@@ -417,7 +417,7 @@ def test_open_streams_the_index_in_blocks(tmp_path, monkeypatch):
 
 
 def test_blockwise_open_marks_lost_rows_like_one_pass(tmp_path, monkeypatch):
-    import expstore.store as store_mod
+    import expstore.index_loader as loader_mod
     from expstore.storage import Quarantine, backend_for, write_quarantine
 
     url = tmp_path / "m.zarr"
@@ -427,7 +427,7 @@ def test_blockwise_open_marks_lost_rows_like_one_pass(tmp_path, monkeypatch):
     q.add(0, 8190, 8200)  # across a block boundary
     write_quarantine(backend_for(str(url)), q)
     one = es.open(url)
-    monkeypatch.setattr(store_mod, "LOAD_BLOCK_ROWS", 4096)
+    monkeypatch.setattr(loader_mod, "LOAD_BLOCK_ROWS", 4096)
     blocks = es.open(url)
     assert np.array_equal(one.index.flags, blocks.index.flags)
     assert np.array_equal(one.index.episode_step, blocks.index.episode_step)

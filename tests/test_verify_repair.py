@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore import cli
-from expstore import store as store_mod
+from expstore import cli, index_loader
 from expstore.errors import StoreCorruptError
 from expstore.repair import repair_store
 from expstore.rows import FLAG_BAD
@@ -171,7 +170,7 @@ def test_a_live_reader_picks_up_the_quarantine_on_refresh(written, monkeypatch):
     _flip(path, os.path.getsize(path) - 30)
     rep = repair_store(url)
     assert rep.lost_rows == 1
-    monkeypatch.setattr(store_mod, "QUARANTINE_RELOAD", 0.0)
+    monkeypatch.setattr(index_loader, "QUARANTINE_RELOAD", 0.0)
     reader.refresh()
     assert np.count_nonzero(reader.index.flags & FLAG_BAD) == 1
     sessions = crash.Log.read(log, 3).session_of
