@@ -2,9 +2,12 @@
 
 ``create``/``open`` (``api.py``) give a :class:`Store`. Writes go to one
 :class:`LaneWriter` per lane the store may write (full shards are written by background
-threads); the :class:`RowIndex` learns every row as it is staged, so the writing process
-can sample rows not yet flushed (read from the staging buffers). Other processes call
-:meth:`Store.refresh`: they see rows once flushed, and on a local store the rows its
+threads), through the :class:`Appender` (``appender.py``: which path a step takes), once
+:class:`WriteAccess` (``write_access.py``: leases, open, writable) allows them; the
+:class:`RowIndex` learns every row as it is staged, so the writing process can sample rows
+not yet flushed (read from the staging buffers). Opening, and other processes'
+:meth:`Store.refresh`, load committed rows into the index with the :class:`IndexLoader`
+(``index_loader.py``): they see rows once flushed, and on a local store the rows its
 writers staged too (shared memory, ``staged.py``). :class:`StoreSource`
 (``store_source.py``) serves rows to plans from wherever they are.
 """

@@ -74,22 +74,22 @@ def release_at_end(leases: list[LaneLease]) -> None:
     release_all(leases)
 
 
+@dataclasses.dataclass(eq=False)
 class WriteAccess:
     """The checks before a write through one store: ``mode`` (``"r"``: none), the lanes
     it writes (``writers``: lane -> LaneWriter) and their ``leases``; ``closed`` once the
     store is closed."""
 
-    def __init__(self, url: str, mode: str, write_lanes: list[int],
-                 writers: dict[int, LaneWriter], leases: dict[int, LaneLease]) -> None:
-        self.url = url
-        self.mode = mode
-        self.write_lanes = write_lanes
-        self.writers = writers
-        self.leases = leases
-        self.closed = False
-        #: ``time.monotonic()`` when the first lease is due for renewal (0: check them now)
-        self._lease_due = 0.0
-        self._lease_losses = 0  # lease_losses() when every lease was last checked
+    url: str
+    mode: str
+    write_lanes: list[int]
+    writers: dict[int, LaneWriter]
+    leases: dict[int, LaneLease]
+    closed: bool = dataclasses.field(default=False, init=False)
+    #: ``time.monotonic()`` when the first lease is due for renewal (0: check them now)
+    _lease_due: float = dataclasses.field(default=0.0, init=False)
+    #: ``lease_losses()`` when every lease was last checked
+    _lease_losses: int = dataclasses.field(default=0, init=False)
 
     def refuse_closed(self) -> NoReturn:
         raise ValueError(f"{self.url}: the store is closed; open it again "
