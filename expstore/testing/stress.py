@@ -93,18 +93,18 @@ class LearnerResult:
 def learner(url: str, seconds: float, refresh_every: float, batch_size: int = 64,
             workers: int = 2) -> LearnerResult:
     """Sample ``url`` through ``workers`` DataLoader workers for ``seconds``."""
-    from .. import store as store_module
+    from .. import index_loader
     from ..loading import make_loader
     from ..sampling import PrioritizedSampler
 
     res = LearnerResult()
-    read_state = store_module.read_state
+    read_state = index_loader.read_state
 
-    def counted_read_state(*args: Any) -> Any:  # (the store reads one only when lapped)
+    def counted_read_state(*args: Any) -> Any:  # (the loader reads one only when lapped)
         res.lapped += 1
         return read_state(*args)
 
-    store_module.read_state = counted_read_state
+    index_loader.read_state = counted_read_state
     t0 = time.monotonic()
     store = None
     try:
