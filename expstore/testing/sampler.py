@@ -2,17 +2,10 @@
 is for backends (and as TorchRL runs its replay-buffer tests over sampler x storage).
 
 Subclass :class:`SamplerTests` in a test module and provide two fixtures: ``case`` (a
-:class:`SamplerCase`: how to build the sampler and what its batches look like) and
-``url`` (a fresh store URL: a local folder, ``memory://...``)::
-
-    class TestSamplers(SamplerTests):
-        @pytest.fixture(params=SAMPLER_CASES, ids=str)
-        def case(self, request):
-            return request.param
-
-        @pytest.fixture(params=["local", "memory"])
-        def url(self, request, tmp_path):
-            return store_url(request.param, tmp_path)
+:class:`SamplerCase`: how to build the sampler and what its batches look like; the
+built-in samplers are ``SAMPLER_CASES``) and ``url`` (a fresh store URL, e.g. from
+:func:`store_url`: a local folder or ``memory://``), as ``tests/test_sampler_conformance.py``
+does.
 
 Stores hold :func:`~expstore.testing.episodes.ident_spec` observations (every frame says
 its ``(lane, step, episode, position)``), written by an
