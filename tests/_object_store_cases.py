@@ -1,5 +1,5 @@
 """Store-level cases every object-store backend runs against its real local server
-(``tests/test_gcs.py``, ``tests/test_azure.py``).
+(``tests/test_s3.py``, ``tests/test_gcs.py``, ``tests/test_azure.py``).
 
 A subclass of :class:`ObjectStoreCases` provides ``remote`` (``(url, storage_options)`` of a
 fresh bucket), ``server`` (the session's server, with ``port``), ``options_for(endpoint)``

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# the conformance suites' asserts say what they compared, as in test modules
+pytest.register_assert_rewrite("expstore.testing.backend", "expstore.testing.sampler")
+
 # --- S3: a real S3-protocol server (moto's server mode) on loopback -------------------------
 
 

@@ -4,6 +4,9 @@ scheme registry, and the refusal of leases where conditional writes are not atom
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Sequence
@@ -219,10 +222,86 @@ def test_declared_atomicity():
 # -- the registry --------------------------------------------------------------------------------
 @pytest.fixture
 def registry():
-    saved = dict(backends.known_backends)
+    saved, hints = dict(backends.known_backends), dict(backends.install_hints)
     yield backends.known_backends
     backends.known_backends.clear()
     backends.known_backends.update(saved)
+    backends.install_hints.clear()
+    backends.install_hints.update(hints)
+
+
+def _run_python(code: str) -> str:
+    """``code`` run in a fresh interpreter that imports this checkout; its stdout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(es.__file__)))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_importing_expstore_imports_no_remote_backend():
+    """Backends load on first use: ``import expstore`` pulls in no S3/GCS/Azure/fsspec code."""
+    out = _run_python(
+        "import sys, expstore\n"
+        "remote = ('azure', 'gcs', 's3', 'fsspec', 'memory', 'versioned')\n"
+        "print(*[m for m in [f'expstore.storage.backends.{r}' for r in remote] +\n"
+        "        ['fsspec', 's3fs', 'gcsfs', 'adlfs'] if m in sys.modules])\n"
+        "from expstore.storage.backends import S3Backend  # the face still names it\n"
+        "print(S3Backend.__module__)\n")
+    assert out.splitlines() == ["", "expstore.storage.backends.s3"]
+
+
+def test_a_missing_dependency_names_the_scheme_and_the_install_command():
+    if not importlib.util.find_spec("s3fs"):
+        pytest.skip("needs fsspec's s3 entry to fail on s3fs, not on fsspec itself")
+    out = _run_python(
+        "import sys\n"
+        "sys.modules['s3fs'] = None  # as if not installed\n"
+        "from expstore.storage.backends import backend_for\n"
+        "try:\n"
+        "    backend_for('s3://bucket/x', {'anon': True})\n"
+        "except ImportError as e:\n"
+        "    print(e)\n")
+    assert 's3://bucket/x: the s3:// backend (expstore.storage.backends.s3:S3Backend)' in out
+    assert out.rstrip().endswith('install it with: pip install "expstore[s3]"'), out
+
+
+def test_a_registered_backend_that_fails_to_import_says_its_hint(registry):
+    register_backend("broken", "expstore_no_such_plugin.backend:Broken",
+                     install_hint="pip install expstore-no-such-plugin")
+    with pytest.raises(ImportError, match=r"^broken://x: the broken:// backend "
+                       r"\(expstore_no_such_plugin.backend:Broken\) needs a package that failed "
+                       r".*expstore_no_such_plugin.*install it with: pip install "
+                       r"expstore-no-such-plugin$"):
+        backend_for("broken://x")
+    register_backend("nohint", "expstore_no_such_plugin.backend:Broken")
+    with pytest.raises(ImportError, match="expstore_no_such_plugin") as caught:
+        backend_for("nohint://x")
+    assert "install it with" not in str(caught.value)
+
+
+def test_a_scheme_is_not_replaced_without_clobber(registry):
+    register_backend("dict", DictBackend)
+    register_backend("dict", DictBackend)  # the same entry again: fine
+    register_backend("DICT", f"{__name__}:DictBackend")  # the same class, by name
+    with pytest.raises(ValueError, match=r"dict:// is already served by "
+                       r".*:DictBackend; pass clobber=True to replace it with .*:NoCasBackend"):
+        register_backend("dict", NoCasBackend)
+    assert type(backend_for("dict://x")) is DictBackend
+    with pytest.raises(ValueError, match=r"s3:// is already served by "
+                       r"expstore.storage.backends.s3:S3Backend"):
+        register_backend("s3", DictBackend)
+    assert registry["s3"] == "expstore.storage.backends.s3:S3Backend"
+
+
+def test_clobber_replaces_a_scheme_and_drops_its_old_install_hint(registry):
+    register_backend("s3", DictBackend, clobber=True)
+    assert type(backend_for("s3://bucket/x")) is DictBackend
+    assert "s3" not in backends.install_hints  # the hint was about S3Backend's s3fs
+    register_backend("dict", DictBackend)
+    register_backend("dict", f"{__name__}:NoCasBackend", clobber=True)
+    assert type(backend_for("dict://x")) is NoCasBackend
 
 
 def test_schemes_map_to_their_backends(tmp_path):

@@ -1,99 +1,47 @@
 """expstore on a real S3-protocol server (moto's server mode, a subprocess on loopback).
 
-Every row is checked byte for byte against what its writer wrote (``testing.data``).
-Server outages are made with a TCP proxy in front of moto (``testing.s3.TcpProxy``): the
-endpoint refuses connections and resets open ones, then comes back on the same port.
+The store-level cases every object store runs (``tests/_object_store_cases.py``: round
+trip, object-for-object equality with a local store, loader workers, many writers, lease
+races, fencing, version pins, outages, a killed writer) run in :class:`TestStoreOnMoto`;
+the functions below are what only S3 checks. Every row is checked byte for byte against
+what its writer wrote (``testing.data``). Server outages are made with a TCP proxy in front
+of moto (``testing.s3.TcpProxy``): the endpoint refuses connections and resets open ones,
+then comes back on the same port.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
-import threading
 import time
 
 import numpy as np
 import pytest
 import zarr
-from _object_store_cases import fenced_takeover, write
+from _object_store_cases import SPEC, ObjectStoreCases, write
 
 import expstore as es
 from expstore.errors import PreconditionFailed
-from expstore.storage import LaneState, read_state, state_key
+from expstore.storage import read_state, state_key
 from expstore.storage.backends import RetryPolicy, S3Backend  # the backends subpackage's face
 from expstore.testing import data
+from expstore.testing.s3 import s3_options
 
 pytest.importorskip("s3fs")
 
-SPEC = data.spec()
 
+class TestStoreOnMoto(ObjectStoreCases):
+    backend_cls = S3Backend
+    atomic = True
 
-def all_objects(backend, skip=(".lease",)) -> dict[str, bytes]:
-    keys = [k for k in backend.list("") if not k.endswith(skip)
-            and not os.path.basename(k).startswith(".")]
-    return dict(zip(keys, backend.get_many(keys)))
+    @pytest.fixture
+    def remote(self, s3_url):
+        return s3_url
 
+    @pytest.fixture
+    def server(self, s3_server):
+        return s3_server
 
-def test_create_append_flush_reopen_sample(s3_url):
-    url, so = s3_url
-    store = es.create(url, SPEC, capacity=96, shard_rows=32, storage_options=so)
-    assert isinstance(store.backend, S3Backend) and store.backend.pins_versions
-    nxt = write(store, 0, 0, 130, session=1)  # wraps the 96-row ring
-    store.flush()
-    store.close()
-
-    r = es.open(url, storage_options=so)
-    assert int(r.index.count[0]) == nxt and len(r) <= 96
-    assert data.check_lane(r, 0) == len(r)  # every intact row, every field, every byte
-    for _ in range(3):
-        data.check_batch(r.sample(64), r.index)
-
-    w = es.open(url, mode="r+", storage_options=so)  # continue where the store ended
-    end = write(w, 0, nxt, 30, session=2)
-    w.close()
-    r.refresh()
-    assert int(r.index.count[0]) == end
-    data.check_lane(r, 0, starts={nxt})
-    data.check_batch(r.sample(64), r.index)
-
-    # plain zarr (its FsspecStore on s3fs) reads every field back
-    z = zarr.open_group(url, mode="r", storage_options=so)
-    steps = np.arange(int(r.index.lower_bound()[0]), end)
-    rows = r.index.lane_rows(0, steps)
-    for name in r.layout.fields:
-        assert np.array_equal(z[name][:][rows], r.read(name, rows, steps)), name
-    assert z.attrs["expstore"]["capacity"] == 96
-
-
-def test_s3_store_equals_local_store_object_for_object(s3_url, tmp_path):
-    url, so = s3_url
-    local = tmp_path / "local.zarr"
-    stores = [es.create(u, SPEC, capacity=128, lanes=2, shard_rows=16, storage_options=o)
-              for u, o in ((url, so), (local, None))]
-    for st in stores:
-        a = write(st, 0, 0, 90, session=1, per=23, flush=True)  # lane 0 wraps its 64 rows
-        b = write(st, 1, 0, 30, session=1, per=9)
-        st.close()
-    s3_objs = all_objects(es.open(url, storage_options=so).backend)
-    local_objs = all_objects(es.open(local).backend)
-    assert sorted(s3_objs) == sorted(local_objs)
-    for key, raw in local_objs.items():
-        if key.startswith("_state/lane_"):  # S3 counts the fencing bump of the one open
-            s3_st, local_st = (LaneState.decode(r, key) for r in (s3_objs[key], raw))
-            assert s3_st.generation == local_st.generation + 1, key
-            s3_st.generation -= 1
-            assert s3_st.encode() == raw, key
-            continue
-        assert s3_objs[key] == raw, key  # shards and metadata, byte for byte
-    zs, zl = (zarr.open_group(url, mode="r", storage_options=so),
-              zarr.open_group(local, mode="r"))
-    for name in stores[1].layout.fields:
-        assert np.array_equal(zs[name][:], zl[name][:]), name
-    r = es.open(url, storage_options=so)
-    assert r.index.count.tolist() == [a, b]
-    data.check_lane(r, 0)
-    data.check_lane(r, 1)
+    def options_for(self, endpoint):
+        return s3_options(endpoint)
 
 
 def test_a_new_shard_is_opened_for_every_field_in_one_round_trip(s3_url):
@@ -167,34 +115,6 @@ def test_warm_batch_costs_one_ranged_get_per_shard_touched(s3_url, s3_proxy):
     assert max(counts) < 32 * 2  # far below one request per frame read (64 frames)
 
 
-def test_replaced_shard_is_never_read_as_the_old_version(s3_url):
-    """A reader whose cached index predates a wrap-around must not return the new lap's
-    bytes for the old steps: S3 range GETs carry If-Match and the rows come back stale.
-    (No frame cache here: a cached frame is the old step's own, see
-    test_frames_cached_before_a_wrap_are_the_old_steps_own.)"""
-    url, so = s3_url
-    store = es.create(url, SPEC, capacity=64, shard_rows=16, storage_options=so)
-    nxt = write(store, 0, 0, 40, session=1)
-    store.flush()
-    r = es.open(url, storage_options=so, cache_bytes=0)
-    old_steps = np.arange(0, 16)
-    rows = r.index.lane_rows(0, old_steps)
-    buf = np.empty((16, *SPEC.fields["obs.pixels"].shape), np.uint8)
-    assert r.reader.read("obs.pixels", rows, old_steps, buf).all()  # caches shard 0's head
-    write(store, 0, nxt, 60, session=1)  # the ring wraps: shard 0 now holds a new lap
-    store.flush()
-    ok = r.reader.read("obs.pixels", rows, old_steps, buf)
-    assert not ok.any()  # reported overwritten, not served from the new object
-    # rows of a partly written shard that grew meanwhile still read correctly
-    r.refresh()
-    cur = int(r.index.count[0])
-    steps = np.arange(cur - cur % 16, cur)
-    rows = r.index.lane_rows(0, steps)
-    got = np.empty((len(rows), *buf.shape[1:]), np.uint8)
-    assert r.reader.read("obs.pixels", rows, steps, got).all()
-    assert np.array_equal(data.frame_header(got)[0], steps)
-
-
 def test_frames_cached_before_a_wrap_are_the_old_steps_own(s3_url):
     """With the frame cache, a reader whose index predates a wrap-around may serve old steps
     from frames it decoded before the wrap: they are those steps' own bytes, never the new
@@ -214,31 +134,6 @@ def test_frames_cached_before_a_wrap_are_the_old_steps_own(s3_url):
     ok = r.reader.read("obs.pixels", rows, old_steps, buf)
     assert np.array_equal(data.frame_header(buf[ok])[0], old_steps[ok])
     store.close()
-
-
-def test_writes_ride_through_an_endpoint_restart(s3_url, s3_server, s3_proxy):
-    url, _ = s3_url
-    so = s3_proxy.storage_options
-    store = es.create(url, SPEC, capacity=2048, shard_rows=16, storage_options=so)
-    store.backend.retry = RetryPolicy(attempts=60, base=0.05, max_delay=0.3, deadline=30)
-    cut = threading.Timer(0.4, s3_proxy.cut)
-    back = threading.Timer(2.4, s3_proxy.restore)
-    cut.start()
-    back.start()
-    nxt, flushes, after = 0, 0, 0
-    while after < 3:  # writing and flushing all through the outage, and 3 flushes after
-        nxt = write(store, 0, nxt, 10, session=1, per=10)
-        store.flush()
-        flushes += 1
-        after += s3_proxy._up and not back.is_alive()
-    back.join()
-    assert store.backend.requests["retried"] > 0, "the outage did not hit a request"
-    store.close()
-    direct = s3_server.storage_options  # check on moto itself, not through the proxy
-    r = es.open(url, storage_options=direct)
-    assert int(r.index.count[0]) == nxt >= 10 * flushes and flushes >= 4
-    data.check_lane(r, 0)
-    data.check_batch(r.sample(64), r.index)
 
 
 def test_permanent_outage_fails_clearly_and_loses_nothing(s3_url, s3_server, s3_proxy):
@@ -267,45 +162,6 @@ def test_permanent_outage_fails_clearly_and_loses_nothing(s3_url, s3_server, s3_
     assert int(r.index.count[0]) == more
     data.check_lane(r, 0)
     store.close()
-
-
-def _kill_target(url: str, so: dict, ready) -> None:
-    store = es.open(url, mode="r+", storage_options=so)
-    nxt = int(store.index.count[0])
-    ready.set()
-    while True:
-        nxt = write(store, 0, nxt, 12, session=2, per=12)
-        store.flush()
-
-
-def test_writer_killed_mid_write_reopens_at_last_commit(s3_url):
-    url, so = s3_url
-    store = es.create(url, SPEC, capacity=4096, shard_rows=16, storage_options=so)
-    start = write(store, 0, 0, 30, session=1)
-    store.close()
-    ctx = mp.get_context("fork")
-    ready = ctx.Event()
-    p = ctx.Process(target=_kill_target, args=(url, so, ready), daemon=True)
-    p.start()
-    assert ready.wait(60)
-    time.sleep(1.0)  # several flushes, then die in the middle of whatever it was doing
-    os.kill(p.pid, signal.SIGKILL)
-    p.join()
-    r = es.open(url, storage_options=so)
-    assert int(r.index.count[0]) > start
-    data.check_lane(r, 0, starts={start})  # every committed row exact, nothing torn
-    # the dead writer's lease does not block a new writer on this machine
-    w = es.open(url, mode="r+", storage_options=so)
-    write(w, 0, int(w.index.count[0]), 10, session=3)
-    w.close()
-
-
-@pytest.mark.parametrize("point", ["commit.shards", "commit.state"])
-def test_a_writer_that_lost_its_lane_commits_nothing(s3_url, point):
-    """Fencing: paused between its ownership check and its shard uploads / lane state PUT
-    while another process takes the lane over, the old owner fails with a lease-lost error
-    and overwrites nothing of the new owner's."""
-    fenced_takeover(*s3_url, point)
 
 
 def test_memory_and_file_urls(tmp_path):
@@ -360,4 +216,4 @@ def test_conditional_writes_are_decided_by_the_server(s3_url, monkeypatch):
     with pytest.raises(PreconditionFailed):
         b.put_if("_state/x.lease", b"d", tag)  # stale tag: refused by the server
     monkeypatch.undo()
-    assert b.get("_state/x.lease") == b"c" and b.atomic_conditional_writes
+    assert b.get("_state/x.lease") == b"c" and b.atomic_conditional_writes and b.pins_versions

@@ -65,19 +65,6 @@ def test_every_row_matches_reference(tmp_path, seed, n, stack):
     _check(w, good, batch, history, n)
 
 
-@pytest.mark.parametrize("cls", ["uniform", "prioritized"])
-def test_sampler_n_step_batches_match_reference(tmp_path, cls):
-    w = _store(tmp_path, 2, 2, seed=11)
-    store = w.store
-    for n in (1, 4):
-        kw = dict(n_step=n, gamma=GAMMA, guard=3, seed=n)
-        s = (es.UniformSampler(store, **kw) if cls == "uniform"
-             else es.PrioritizedSampler(store, persist=False, **kw))
-        for _ in range(20):
-            b = s.sample(16)
-            _check(w, b["index"], b, store.history, n, guard=3)
-
-
 def test_truncated_bootstraps_terminated_does_not(tmp_path):
     spec = ident_spec()
     store = es.create(tmp_path / "t.zarr", spec, capacity=64, shard_rows=16, fsync=False)

@@ -228,8 +228,10 @@ class Sampler:
         return self.store.read_plan(self.plan(batch_size, view=view),
                                     skip_corrupt=self.skip_corrupt)
 
-    def update_priorities(self, index: Any, priority: Any) -> None:
-        """Uniform samplers ignore priorities."""
+    def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:
+        """Uniform samplers ignore priorities: 0 rows set (the prioritized samplers'
+        arguments, so one training loop serves every sampler)."""
+        return 0
 
 
 def check_batch(batch_size: Any, batches: Any = 1) -> tuple[int, int]:

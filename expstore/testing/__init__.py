@@ -6,6 +6,7 @@ that kills it and verifies what survived; ``concurrent``: reader processes (samp
 DataLoader workers) checking every sample while a writer wraps the ring; ``episodes``:
 episodes written into a store and a plain reference model of what samplers may return;
 ``backend``: the conformance suite every storage backend passes (:class:`BackendTests`);
+``sampler``: the one every sampler passes (:class:`SamplerTests`, over ``SAMPLER_CASES``);
 ``s3``: a moto S3 server (:class:`MotoServer`) and a TCP proxy that cuts connections
 (:class:`TcpProxy`); ``gcs``: local GCS servers (:class:`GCSEmulator`); ``azure``: azurite
 (:class:`Azurite`).
@@ -25,10 +26,12 @@ from collections.abc import Iterator
 from typing import Any
 
 #: helper modules (``from expstore.testing import crash, data``), loaded on first use
-_MODULES = ("azure", "backend", "concurrent", "crash", "data", "episodes", "gcs", "s3")
+_MODULES = ("azure", "backend", "concurrent", "crash", "data", "episodes", "gcs", "s3",
+            "sampler")
 #: public name -> the helper module that defines it
 _NAMES = {
     "BackendTests": "backend",
+    **dict.fromkeys(("SAMPLER_CASES", "SamplerCase", "SamplerTests"), "sampler"),
     **dict.fromkeys(("LANE", "POS", "STEP", "UID", "EpisodeWriter", "Row", "ident_spec",
                      "ref_sequence", "ref_transition"), "episodes"),
     **dict.fromkeys(("MotoServer", "TcpProxy", "create_bucket", "free_port", "s3_options"),
