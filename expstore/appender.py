@@ -1,18 +1,18 @@
 """Env steps into a store's lanes: checked values -> rows (``rows.py``) -> each lane's
-writer (storage) and the row index (RAM).
+writer (storage) and the row index (RAM): which path a step takes, and the Python paths.
 
 :meth:`Appender.add` and :meth:`Appender.extend` (``Store.add``/``extend``) choose the
 path, after :class:`~expstore.write_access.WriteAccess` says the lanes may be written.
 Three paths store the same rows. Where the C kernel was built and the spec is one it
-stages (``storage/write/step_plan.py``), one step (one lane or one step in every
-lane) is checked and staged, final row, index entries and held ``next_obs`` included, by
-one C call (:meth:`Appender.add_fast`); it hands back to the Python paths a step it does
-not take as is (a value to cast, clip or refuse, a stream break, a failed shard write
-waiting) and, of a vector step, the lanes whose rows open or complete a shard. In Python,
-one step is written field by field straight into the lane's staging buffers
-(``LaneWriter.slot``/``advance``): a handful of Python operations per field, no arrays
-built. Many steps (``Store.extend``, vector ``add``) go through
-:func:`~expstore.rows.encode_steps` and ``LaneWriter.append``.
+stages, one step (one lane or one step in every lane) is staged by one C call
+(:class:`~expstore.step_kernel_path.StepKernelPath`, ``step_kernel_path.py``); it hands
+back to the Python paths here a step it does not take as is, and the final rows that open
+a lane's next shard. In Python, one step is written field by field straight into the
+lane's staging buffers (:meth:`Appender.add_one`: ``LaneWriter.slot``/``advance``, a
+handful of Python operations per field, no arrays built); one step in every lane is
+staged at once through ``LaneRows`` (:meth:`Appender.add_lanes`); many steps
+(``Store.extend``) go through :func:`~expstore.rows.encode_steps` and
+``LaneWriter.append`` (:meth:`Appender.add_many`).
 
 **Never a wrong ``next_obs``.** The store keeps ``next_obs`` only where an episode ends; it is
 otherwise the next row's ``obs``. So each lane holds the ``next_obs`` given with its newest
@@ -34,7 +34,8 @@ import numpy as np
 from .errors import ValidationError, WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
 from .step_check import LanesCheck, StepCheck
-from .storage.write import FORKS, LaneRows, build_plan
+from .step_kernel_path import StepKernelPath
+from .storage.write import LaneRows
 from .validate import (
     extend_batch,
     refuse_many_steps,
@@ -43,8 +44,6 @@ from .validate import (
     validate_steps,
 )
 from .write_access import WriteAccess
-
-_UNBUILT = object()
 
 
 class Appender:
@@ -81,13 +80,15 @@ class Appender:
                           for n in self.obs_names}
         self.lane_rows: LaneRows | None = None  # staging addresses per lane (first use)
         self.lanes_check = LanesCheck(spec, index.lanes)  # a vector step's common case
-        self._plan: Any = _UNBUILT  # the C kernel's plan (first add_fast)
+        self.step_kernel = StepKernelPath(spec, writers, index, self._table, self.open_step,
+                                          self.held_ok, self.held_vals[self.obs_names[0]],
+                                          self.add_one)
 
     # -- which path ---------------------------------------------------------------------------
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
             truncated: Any, lane: int | None, extras: dict[str, Any]) -> None:
         """``Store.add``: one step of ``lane`` (``None``: the one writable lane, else one
-        step in every lane), by one C call where it can (:meth:`add_fast`), else
+        step in every lane), by one C call where it can (``step_kernel.add``), else
         :meth:`add_lanes` or :meth:`add_one`."""
         self.poll_writes()  # background shard writes: commits, or an error raised here
         access, writers, lanes = self.access, self.writers, self.index.lanes
@@ -103,8 +104,8 @@ class Appender:
                 access.writer(at)  # renews the lane's lease when due
             else:
                 at = None
-            if at is not None and self.add_fast(at, obs, action, reward, next_obs,
-                                                terminated, truncated):
+            if at is not None and self.step_kernel.add(at, obs, action, reward, next_obs,
+                                                       terminated, truncated):
                 return
         if action is None and reward is None:  # one mapping (or no step at all)
             obs, action, reward, next_obs, terminated, truncated, extras = step_from_mapping(
@@ -141,86 +142,13 @@ class Appender:
         self.poll_writes()  # background shard writes: commits, or an error raised here
         self.add_many(lane, validate_batch(self.spec, batch), check_next_obs)
 
-    # -- one step through the C kernel --------------------------------------------------------
     def _table(self) -> LaneRows:
+        """The lanes' staging table (made at first use), shared with the C path."""
         if self.lane_rows is None:
             self.lane_rows = LaneRows([self.writers.get(j) for j in range(self.index.lanes)])
         return self.lane_rows
 
-    def plan(self) -> Any:
-        """The C kernel's plan of this store (``storage.write.step_plan.build_plan``; ``None``:
-        the kernel is not built or does not stage this spec), made at the first call."""
-        if self._plan is _UNBUILT:
-            idx = self.index
-            self._plan = build_plan(self.spec, self._table(), self.open_step, self.held_ok,
-                                    self.held_vals[self.obs_names[0]], idx.episode_step,
-                                    idx.flags, idx.count, idx.valid_from, idx.committed,
-                                    idx.lane_capacity,
-                                    (FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED))
-        return self._plan
-
-    def add_fast(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
-                 terminated: Any, truncated: Any) -> bool:
-        """Stage one step of ``lane`` (``-1``: one step in every lane, values with leading
-        axis ``lanes``) with one C call: the rows :meth:`add_one` (:meth:`add_lanes`) would
-        stage. ``False``: nothing was staged; the caller takes the general path."""
-        plan = self._plan if self._plan is not _UNBUILT else self.plan()
-        idx = self.index
-        if plan is None or idx._listeners:  # (listeners hear rows from the Python paths)
-            return False
-        table = self.lane_rows
-        if table.stale:
-            table.reload()
-        w = table.writers[lane]  # (lane -1: any lane; all are written here)
-        if w is None or w.forks != FORKS[0]:
-            return False  # the general path names the problem
-        step = (lane, obs, action, reward, next_obs, terminated, truncated)
-        got = plan.add(*step)
-        if got is None:
-            idx.last_lane = plan.last_lane
-            return True
-        if got is False:
-            return False
-        if got[0] == 1:  # lanes whose next row opens a shard: open them, then stage
-            for j in got[1]:
-                self._moved(j, table, enter=True)
-            got = plan.add(*step)
-            if got is None:
-                idx.last_lane = plan.last_lane
-                return True
-            if got is False:  # (the Python path takes the shards as opened)
-                return False
-        errors = []
-        for j in got[1]:  # full shards: to the background writer
-            try:
-                self._moved(j, table, enter=False)
-            except WriteFailedError as e:  # staged; a shard write failed
-                errors.append(e)
-        for j in got[2]:  # final rows that open the next shard: through the writer
-            try:
-                self.add_one(j, obs[j], action[j], reward[j], next_obs[j], terminated[j],
-                             truncated[j], {})
-            except WriteFailedError as e:
-                errors.append(e)
-        idx.last_lane = plan.last_lane
-        if errors:
-            raise errors[0]
-        return True
-
-    def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
-        """Open the lane's next shard (``enter``) or hand its full one to the background
-        writer, then bring the table and the index up to date (as :meth:`_row` does), in
-        one C call (``plan.load``: no numpy call here, this runs inside an add)."""
-        w = self.writers[lane]
-        try:
-            if enter:
-                w._enter_shard()
-            else:
-                w._hand_off()
-        finally:
-            self._plan.load(lane)
-            table.stale.discard(lane)
-
+    # -- one step of one lane ------------------------------------------------------------------
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                 terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:
         """Check one step of ``lane`` and stage its row (and its final row if it ends an

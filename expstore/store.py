@@ -113,7 +113,7 @@ class Store:
                     on_shard_written=self._forget_shard, background=self._bg,
                     shared_root=shared_root(backend))
             if self.writers:
-                self._appender.plan()  # the step kernel's plan: now, not in the first add
+                self._appender.step_kernel.plan()  # built now, not in the first add
         except BaseException:
             self._access.release()
             raise

@@ -73,6 +73,7 @@ LAYERS: dict[str, int] = {
     "expstore.store": 5,
     "expstore.store_source": 5,
     "expstore.appender": 5,
+    "expstore.step_kernel_path": 5,
     "expstore.write_access": 5,
     "expstore.index_loader": 5,
     "expstore.verify": 5,

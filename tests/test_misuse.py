@@ -506,7 +506,7 @@ def test_add_refuses_a_next_obs_of_the_wrong_shape_naming_it(tmp_path, kernel):
     spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
     store = es.create(str(tmp_path / "s.zarr"), spec, capacity=64, shard_rows=16)
     if not kernel:
-        store._appender._plan = None
+        store._appender.step_kernel._plan = None  # the Python paths only
     obs = np.ones(4, np.float32)
     store.add(obs, 0, 1.0, obs, False, False)
     with pytest.raises(es.ValidationError, match=r"^next_obs: .*shape"):

@@ -1,8 +1,8 @@
-"""The per-step C kernel (``storage/_step.c``, ``Appender.add_fast``): one ``add`` (one lane,
-or one step in every lane) staged by one C call stores exactly the rows, index entries and
-held ``next_obs`` of the Python paths (``add_one`` / ``add_lanes``), which every step the
-kernel does not take as is goes through: values to cast, clip or refuse, stream breaks,
-failed shard writes waiting, shard boundaries.
+"""The per-step C kernel (``storage/native/_step.c``, ``StepKernelPath.add``): one ``add``
+(one lane, or one step in every lane) staged by one C call stores exactly the rows, index
+entries and held ``next_obs`` of the Python paths (``add_one`` / ``add_lanes``), which
+every step the kernel does not take as is goes through: values to cast, clip or refuse,
+stream breaks, failed shard writes waiting, shard boundaries.
 
 Each case writes the same steps into a store using the kernel and into one whose kernel
 is switched off (the Python paths: a build without a C compiler), and compares them.
@@ -40,21 +40,21 @@ def pair(tmp_path, spec, lanes=1, shard_rows=16, shards=4, **kw):
                      shard_rows=shard_rows, fsync=False, **kw)
     slow = es.create(str(tmp_path / "slow.zarr"), spec, capacity=cap, lanes=lanes,
                      shard_rows=shard_rows, fsync=False, **kw)
-    slow._appender._plan = None  # the Python paths only
+    slow._appender.step_kernel._plan = None  # the Python paths only
     return fast, slow
 
 
 def spy(store) -> list:
-    """Results of the store's ``add_fast`` calls (True: the kernel took the step)."""
-    app, taken = store._appender, []
-    real = app.add_fast
+    """Results of the store's ``step_kernel.add`` calls (True: the kernel took the step)."""
+    kernel, taken = store._appender.step_kernel, []
+    real = kernel.add
 
-    def add_fast(*a):
+    def add(*a):
         r = real(*a)
         taken.append(r)
         return r
 
-    app.add_fast = add_fast
+    kernel.add = add
     return taken
 
 
@@ -361,12 +361,12 @@ def test_plan_is_not_built_where_the_kernel_does_not_stage_the_spec(tmp_path, mo
     half = es.Spec.create(obs=es.Field((4,), np.float16), action=es.Field((), np.int64))
     store = es.create(str(tmp_path / "h.zarr"), half, capacity=64, shard_rows=16)
     store.add(np.ones(4, np.float16), 0, 1.0, np.ones(4, np.float16), False, False)
-    assert store._appender.plan() is None and len(store) == 1
+    assert store._appender.step_kernel.plan() is None and len(store) == 1
     store.close()
     monkeypatch.setattr(step_plan, "native", None)  # a build without a C compiler
     store = es.create(str(tmp_path / "n.zarr"), cartpole_spec(), capacity=64, shard_rows=16)
     store.add(np.ones(4, np.float32), 0, 1.0, np.ones(4, np.float32), True, False)
-    assert store._appender.plan() is None and len(store) == 2
+    assert store._appender.step_kernel.plan() is None and len(store) == 2
     store.close()
 
 
@@ -507,7 +507,7 @@ def test_a_store_that_staged_through_the_kernel_is_collected(tmp_path):
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64, shard_rows=16)
     obs = np.ones(4, np.float32)
     store.add(obs, 0, 1.0, obs, False, False)
-    assert store._appender.plan() is not None
+    assert store._appender.step_kernel.plan() is not None
     gone = weakref.ref(store)
     del store
     gc.collect()
