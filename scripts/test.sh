@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Install expstore with its test extras into a virtualenv (created if missing) and run the tests.
-# Usage: bash scripts/test.sh [pytest args...]      (EXPSTORE_VENV picks the venv folder)
+# Usage: bash scripts/test.sh                 every test but the slow ones (-m "not slow"), on
+#                                             EXPSTORE_TEST_WORKERS pytest-xdist workers (auto)
+#        bash scripts/test.sh -m slow         the slow ones (soaks, stress, long integrations)
+#        bash scripts/test.sh [pytest args]   anything else: pytest with those arguments
+# CI (.ci/run) runs the first two. EXPSTORE_VENV picks the venv folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${EXPSTORE_VENV:-.venv}
@@ -37,8 +41,15 @@ if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
   "$V029/bin/python" -m pip install -q --disable-pip-version-check --ignore-installed --no-deps \
     "gymnasium==0.29.1"
   "$V029/bin/python" -c "import gymnasium; assert gymnasium.__version__ == '0.29.1', gymnasium.__version__"
-  "$V029/bin/python" -m pytest -q -p no:cacheprovider tests/test_sb3.py tests/test_sb3_contract.py \
-    tests/test_sb3_arrays.py tests/test_sb3_frames.py tests/test_sb3_store_path.py \
+  "$V029/bin/python" -m pytest -q -p no:cacheprovider -n "${EXPSTORE_TEST_WORKERS:-auto}" \
+    tests/test_sb3.py tests/test_sb3_contract.py tests/test_sb3_arrays.py tests/test_sb3_frames.py \
+    tests/test_sb3_store_path.py \
     tests/test_sb3_sync.py tests/test_torchrl_bridge.py
+fi
+WORKERS=(-n "${EXPSTORE_TEST_WORKERS:-auto}")
+if [ $# -eq 0 ]; then
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "not slow"
+elif [ "$*" = "-m slow" ]; then
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m slow
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

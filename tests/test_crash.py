@@ -150,6 +150,7 @@ def test_kill_with_rows_staged_in_shared_memory(workdir):
     assert crash.check_store(url, log).rows > res.rows
 
 
+@pytest.mark.slow  # ~13 s: kills writers mid-upload on moto
 def test_s3_kills_mid_upload_keep_the_last_committed_state(s3_url):
     """The same harness on S3 (a real moto server): a flush uploads a shard's objects
     concurrently, and a writer killed with some uploaded and others not (``put.upload``),

@@ -196,6 +196,7 @@ def _cli(*args: str) -> list[str]:
             "import sys; from expstore.cli import main; sys.exit(main(sys.argv[1:]))", *args]
 
 
+@pytest.mark.slow  # ~9 s: kills an import
 def test_killed_import_is_partial_and_the_same_command_resumes_it(tmp_path):
     """SIGKILL of the import's main process mid-run (its worker processes die with it):
     the store opens, info/verify call it partial, and re-running the command finishes it

@@ -92,6 +92,7 @@ def test_dqn_cartpole_no_workers(tmp_path):
     check_store(url, res, wrapped=False)
 
 
+@pytest.mark.slow  # ~14 s: trains a tiny DQN on Atari frames
 def test_dqn_atari_tiny(tmp_path):
     pytest.importorskip("ale_py")
     url = tmp_path / "replay.zarr"
@@ -137,6 +138,7 @@ CARTPOLE_SHORT = ("--total-steps", "400", "--learning-starts", "200", "--train-f
                   "--eval-episodes", "1", "--num-workers", "0", "--prioritized", "--keep")
 
 
+@pytest.mark.slow  # ~10 s: three training runs
 def test_dqn_cartpole_refuses_an_existing_store_and_resumes_it(tmp_path):
     """A second run on the same ``--url`` stops with one line naming the path and both
     flags, the store untouched; ``--resume`` goes on writing it, from the priorities

@@ -124,6 +124,7 @@ class TestStoreOnFakeGcsServer(ObjectStoreCases):
         return gcs_options(endpoint)
 
 
+@pytest.mark.slow  # ~150 s: the second GCS emulator (pure Python); fake-gcs-server runs the same cases
 class TestStoreOnGcpStorageEmulator(ObjectStoreCases):
     backend_cls = GCSBackend
     atomic = False

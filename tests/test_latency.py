@@ -75,6 +75,7 @@ def test_proxy_stops_by_itself_and_refuses_bad_delays(s3_server):
 
 
 # -- concurrent uploads -------------------------------------------------------------------
+@pytest.mark.slow  # ~7 s behind a slow endpoint
 def test_flush_uploads_a_shards_objects_concurrently(slow_s3):
     """A flush of one shard writes one object per field (10 here: 7 fields, 3 row arrays)
     and a lane state. Uploaded one at a time (``max_uploads=1``) that is 10 request delays
@@ -121,6 +122,7 @@ def read_all(store: es.Store) -> int:
     return n
 
 
+@pytest.mark.slow  # ~10 s behind a slow endpoint
 def test_shard_cache_serves_hot_shards_without_requests(slow_s3, tmp_path):
     url, so, proxy = slow_s3
     fill(url, so, 300).close()
@@ -184,6 +186,7 @@ def test_shard_cache_notices_a_rewritten_shard(s3_url, tmp_path):
     w.close()
 
 
+@pytest.mark.slow  # ~10 s behind a slow endpoint
 def test_shard_cache_stays_within_its_bound(slow_s3, tmp_path):
     url, so, _ = slow_s3
     fill(url, so, 600).close()
@@ -208,6 +211,7 @@ def test_shard_cache_bad_options_name_the_field(s3_url, tmp_path):
         backend_for(url, {**so, "shard_cache": 5})
 
 
+@pytest.mark.slow  # ~8 s behind a slow endpoint
 def test_loader_workers_read_through_the_cache(slow_s3, tmp_path):
     """DataLoader workers build their backends from the store's storage options: with a
     shard cache they share its folder, and their batches are the committed rows."""

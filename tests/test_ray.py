@@ -44,6 +44,7 @@ def call_when_back(method, timeout: float = 120.0):
             time.sleep(0.5)
 
 
+@pytest.mark.slow  # ~11 s: a Ray cluster, actors killed
 def test_lane_actors_survive_kill_and_restart(ray_cluster, s3_url):
     url, so = s3_url
     es.create(url, data.spec(), capacity=2 * 256, lanes=2, shard_rows=32,

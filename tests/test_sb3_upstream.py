@@ -60,6 +60,7 @@ def _tests(results: dict[str, Any]) -> dict[str, dict]:
     return results["tests"]
 
 
+@pytest.mark.slow  # ~31 s: SB3's own test suite
 def test_sb3_tests_pass_on_expstore_buffer(upstream: dict[str, Any]) -> None:
     """Every selected SB3 test passes; the documented differences fail as expected."""
     bad = {k: v for k, v in _tests(upstream).items()

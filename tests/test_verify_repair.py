@@ -375,6 +375,7 @@ def _corrupt_store(tmp_path):
     return url, range(192, 256)
 
 
+@pytest.mark.slow  # ~13 s with workers
 @pytest.mark.parametrize("workers", [0, 2])
 def test_skip_corrupt_trains_through_a_bad_shard(tmp_path, workers, caplog):
     url, bad_rows = _corrupt_store(tmp_path)
