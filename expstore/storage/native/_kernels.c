@@ -12,15 +12,6 @@
  *   decode_blobs(blobs, dst, out, row_bytes, checksum)
  *       the same for chunks already in memory (remote stores).
  *
- *   encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, checksum)
- *       the writer's side: encode many rows, one blosc frame each (numcodecs' own
- *       blosc_compress_ctx, passed by address), crc32c appended, in one call without the
- *       GIL, so a background writer does not take the GIL from the env loop per frame.
- *
- *   stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full)
- *       the writer's side: one env step of every lane of a vector env into each lane's
- *       staging buffer, one memcpy per lane and field, then each lane's published count.
- *
  *   first_index / table_rows / place_rows: a batch's lookups around the reads
  *       (``batch_lookup.h``).
  *
@@ -46,6 +37,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "buffers.h" /* held_buffer, take, release */
+#include "crc32c.h"  /* crc_init, crc32c */
+
 enum {
     STATUS_OK = 0,
     STATUS_READ = 1,        /* pread failed or came back short */
@@ -54,44 +48,6 @@ enum {
     STATUS_UNSUPPORTED = 4, /* a codec this kernel does not decode (fall back) */
     STATUS_BOUNDS = 5,      /* dst row outside `out` */
 };
-
-/* ---- crc32c (Castagnoli), slicing-by-8 ------------------------------------------- */
-
-static uint32_t crc_table[8][256];
-
-static void crc_init(void) {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = crc_table[0][n];
-        for (int k = 1; k < 8; k++) {
-            c = crc_table[0][c & 0xff] ^ (c >> 8);
-            crc_table[k][n] = c;
-        }
-    }
-}
-
-static uint32_t crc32c(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        w ^= c;
-        c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-            crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-            crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-            crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
-        p += 8;
-        n -= 8;
-    }
-#endif
-    while (n--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
 
 static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
@@ -322,29 +278,6 @@ static int decode_chunk(const uint8_t *blob, size_t n, int checksum, uint8_t *ds
 }
 
 /* ---- Python face ---------------------------------------------------------------- */
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} held_buffer;
-
-static int take(PyObject *obj, held_buffer *b, size_t itemsize, int writable,
-                const char *what) {
-    int flags = writable ? (PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) : PyBUF_C_CONTIGUOUS;
-    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) return -1;
-    b->held = 1;
-    if (itemsize && b->view.len % (Py_ssize_t)itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: length is not a multiple of %zu bytes", what,
-                     itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(held_buffer *b) {
-    if (b->held) PyBuffer_Release(&b->view);
-    b->held = 0;
-}
 
 static PyObject *decode_pread(PyObject *self, PyObject *args) {
     PyObject *fds_o, *starts_o, *sizes_o, *dst_o, *out_o;
@@ -751,187 +684,6 @@ done:
     return result;
 }
 
-/* stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps)
-   One row in each lane of `lanes` (int64, k distinct lanes): field f's row i (srcs[f], k
-   rows of row_bytes[f] bytes; None for the step-id field `step_field`) goes to address
-   base[f, lane] + n[lane] * row_bytes[f] (base: int64 (fields, L), the lane's current shard
-   buffer of that field). The step id first[lane] + n[lane] is written to the step-id field
-   and to steps[i]. Then, after every row, the lane's published row count (the int64 at
-   address pub[lane], 0: none) becomes n[lane] + 1, and n[lane] is incremented. Returns how
-   many of the lanes now hold `full` rows. The addresses are the caller's: rows of arrays it holds alive, each with room for a row. */
-static PyObject *stage_lanes(PyObject *self, PyObject *args) {
-    PyObject *srcs_o, *lanes_o, *base_o, *n_o, *first_o, *pub_o, *rb_o, *steps_o;
-    Py_ssize_t step_field, full;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnOn", &srcs_o, &lanes_o, &base_o, &n_o, &first_o,
-                          &pub_o, &rb_o, &step_field, &steps_o, &full))
-        return NULL;
-    if (!PyTuple_Check(srcs_o)) {
-        PyErr_SetString(PyExc_TypeError, "stage_lanes: srcs must be a tuple");
-        return NULL;
-    }
-    Py_ssize_t F = PyTuple_GET_SIZE(srcs_o);
-    if (F > 256) {
-        PyErr_SetString(PyExc_ValueError, "stage_lanes: at most 256 fields");
-        return NULL;
-    }
-    held_buffer ln = {0}, bs = {0}, nb = {0}, fs = {0}, pb = {0}, rb = {0}, st = {0};
-    held_buffer src[256];
-    memset(src, 0, sizeof(src));
-    PyObject *result = NULL;
-    if (take(lanes_o, &ln, 8, 0, "lanes") || take(base_o, &bs, 8, 0, "base") ||
-        take(n_o, &nb, 8, 1, "n") || take(first_o, &fs, 8, 0, "first") ||
-        take(pub_o, &pb, 8, 0, "pub") || take(rb_o, &rb, 8, 0, "row_bytes") ||
-        take(steps_o, &st, 8, 1, "steps"))
-        goto done;
-    Py_ssize_t k = ln.view.len / 8, L = nb.view.len / 8;
-    if (rb.view.len / 8 != F || bs.view.len / 8 != F * L || fs.view.len / 8 != L ||
-        pb.view.len / 8 != L || st.view.len / 8 < k || step_field < 0 || step_field >= F) {
-        PyErr_SetString(PyExc_ValueError, "stage_lanes: base must be (fields, lanes), n, "
-                                          "first and pub one per lane, steps one per row");
-        goto done;
-    }
-    const int64_t *lanes = ln.view.buf, *base = bs.view.buf, *first = fs.view.buf;
-    const int64_t *pub = pb.view.buf, *row_bytes = rb.view.buf;
-    int64_t *n = nb.view.buf, *steps = st.view.buf;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (lanes[i] < 0 || lanes[i] >= L) {
-            PyErr_Format(PyExc_IndexError, "stage_lanes: lane %lld out of range",
-                         (long long)lanes[i]);
-            goto done;
-        }
-    }
-    for (Py_ssize_t f = 0; f < F; f++) {
-        if (row_bytes[f] <= 0) {
-            PyErr_SetString(PyExc_ValueError, "stage_lanes: row_bytes must be positive");
-            goto done;
-        }
-        if (f == step_field) {
-            if (row_bytes[f] != 8) {
-                PyErr_SetString(PyExc_ValueError, "stage_lanes: step ids are int64");
-                goto done;
-            }
-            continue;
-        }
-        if (take(PyTuple_GET_ITEM(srcs_o, f), &src[f], 0, 0, "src")) goto done;
-        if (src[f].view.len < k * row_bytes[f]) {
-            PyErr_Format(PyExc_ValueError, "stage_lanes: field %zd holds fewer than %zd rows",
-                         f, k);
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        int64_t j = lanes[i];
-        steps[i] = first[j] + n[j];
-        for (Py_ssize_t f = 0; f < F; f++) {
-            int64_t at = base[f * L + j];
-            if (at == 0) {
-                PyErr_Format(PyExc_ValueError, "stage_lanes: lane %lld has no buffer",
-                             (long long)j);
-                goto done;
-            }
-            uint8_t *d = (uint8_t *)(intptr_t)at + n[j] * row_bytes[f];
-            if (f == step_field)
-                memcpy(d, &steps[i], 8);
-            else
-                memcpy(d, (const uint8_t *)src[f].view.buf + i * row_bytes[f],
-                       (size_t)row_bytes[f]);
-        }
-    }
-    /* the rows first, then their counts: a reader that sees a count sees its rows */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    Py_ssize_t n_full = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        int64_t j = lanes[i];
-        n[j] += 1;
-        if (pub[j]) __atomic_store_n((int64_t *)(intptr_t)pub[j], n[j], __ATOMIC_RELEASE);
-        if (n[j] == full) n_full++;
-    }
-    result = PyLong_FromSsize_t(n_full);
-done:
-    for (Py_ssize_t f = 0; f < F && f < 256; f++) release(&src[f]);
-    release(&ln);
-    release(&bs);
-    release(&nb);
-    release(&fs);
-    release(&pb);
-    release(&rb);
-    release(&st);
-    return result;
-}
-
-/* ---- batch encoding ------------------------------------------------------------ */
-
-/* numcodecs' blosc_compress_ctx (the function numcodecs.blosc.compress calls): its address
-   comes from the caller, so the frames are byte for byte what numcodecs would write. */
-typedef int (*blosc_compress_ctx_fn)(int clevel, int doshuffle, size_t typesize,
-                                     size_t nbytes, const void *src, void *dest,
-                                     size_t destsize, const char *compressor,
-                                     size_t blocksize, int numinternalthreads);
-
-#define BLOSC_MAX_OVERHEAD 16
-
-static PyObject *encode_rows(PyObject *self, PyObject *args) {
-    unsigned long long fn_addr;
-    PyObject *src_o;
-    Py_ssize_t n, row_bytes, typesize, blocksize;
-    int clevel, shuffle, checksum;
-    const char *cname;
-    if (!PyArg_ParseTuple(args, "KOnnniisnp", &fn_addr, &src_o, &n, &row_bytes, &typesize,
-                          &clevel, &shuffle, &cname, &blocksize, &checksum))
-        return NULL;
-    held_buffer src = {0};
-    PyObject *blob = NULL, *sizes = NULL, *result = NULL;
-    if (take(src_o, &src, 0, 0, "src")) goto done;
-    if (n < 0 || row_bytes <= 0 || typesize <= 0 || src.view.len < n * row_bytes ||
-        fn_addr == 0) {
-        PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
-        goto done;
-    }
-    Py_ssize_t each = row_bytes + BLOSC_MAX_OVERHEAD + 4;
-    blob = PyBytes_FromStringAndSize(NULL, n * each);
-    sizes = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (blob == NULL || sizes == NULL) goto done;
-    blosc_compress_ctx_fn fn = (blosc_compress_ctx_fn)(uintptr_t)fn_addr;
-    const uint8_t *in = src.view.buf;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(blob);
-    int64_t *sz = (int64_t *)PyBytes_AS_STRING(sizes);
-    Py_ssize_t at = 0, failed = -1;
-    int code = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int k = fn(clevel, shuffle, (size_t)typesize, (size_t)row_bytes, in + i * row_bytes,
-                   out + at, (size_t)(row_bytes + BLOSC_MAX_OVERHEAD), cname,
-                   (size_t)blocksize, 1);
-        if (k <= 0) {
-            failed = i;
-            code = k;
-            break;
-        }
-        if (checksum) {
-            uint32_t c = crc32c(out + at, (size_t)k);
-            uint8_t le[4] = {(uint8_t)c, (uint8_t)(c >> 8), (uint8_t)(c >> 16),
-                             (uint8_t)(c >> 24)};
-            memcpy(out + at + k, le, 4);
-            k += 4;
-        }
-        sz[i] = k;
-        at += k;
-    }
-    Py_END_ALLOW_THREADS
-    if (failed >= 0) {
-        PyErr_Format(PyExc_RuntimeError, "error during blosc compression of row %zd: %d",
-                     failed, code);
-        goto done;
-    }
-    if (_PyBytes_Resize(&blob, at) != 0) goto done;
-    result = Py_BuildValue("(OO)", blob, sizes);
-done:
-    release(&src);
-    Py_XDECREF(blob);
-    Py_XDECREF(sizes);
-    return result;
-}
-
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     held_buffer b = {0};
     if (take(arg, &b, 0, 0, "data")) {
@@ -977,18 +729,6 @@ static PyMethodDef methods[] = {
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
      "then copied without the GIL."},
-    {"stage_lanes", stage_lanes, METH_VARARGS,
-     "stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full) -> "
-     "int\n\nOne row in each lane of lanes: field f's row i to base[f, lane] + n[lane] * "
-     "row_bytes[f], the step id first[lane] + n[lane] into field step_field and steps[i]; "
-     "then each lane's published count (int64 at pub[lane], unless 0) = ++n[lane]. Returns "
-     "the lanes now holding full rows."},
-    {"encode_rows", encode_rows, METH_VARARGS,
-     "encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, "
-     "checksum) -> (blob, sizes)\n\nEncode rows 0..n of src (row_bytes each) as one blosc "
-     "frame each with blosc_compress_ctx at address fn (numcodecs' own), each followed by "
-     "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
-     "Runs without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
     {"first_index", first_index, METH_VARARGS,
      "first_index(keys, first, inv) -> u\n\nDistinct keys (int64 >= 0) in order of first "

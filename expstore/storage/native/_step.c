@@ -41,6 +41,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "buffers.h"       /* held_buffer, take, release */
+#include "write_kernels.h" /* the batch kernels of _write.c, registered here */
+
 enum { V_OBS = 0, V_ACTION, V_REWARD, V_TERM, V_TRUNC, NV };
 /* a shard buffer's record (int64 words; ``shard_buffer.py``, the same order): rows staged,
    first step, opened, images clean, write done, staging slot, then the field buffers' and
@@ -509,16 +512,14 @@ static PyObject *addresses(PyObject *self, PyObject *args) {
 static PyObject *same_bytes(PyObject *self, PyObject *args) {
     PyObject *a, *b;
     if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
-    Py_buffer x, y;
-    if (PyObject_GetBuffer(a, &x, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (PyObject_GetBuffer(b, &y, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    int same = x.len == y.len && memcmp(x.buf, y.buf, (size_t)x.len) == 0;
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&y);
-    return PyBool_FromLong(same);
+    held_buffer x = {0}, y = {0};
+    PyObject *result = NULL;
+    if (!take(a, &x, 0, 0, "a") && !take(b, &y, 0, 0, "b"))
+        result = PyBool_FromLong(x.view.len == y.view.len &&
+                                 memcmp(x.view.buf, y.view.buf, (size_t)x.view.len) == 0);
+    release(&x);
+    release(&y);
+    return result;
 }
 
 /* copy_bytes(dst, src): memcpy of one C-contiguous buffer into another of the same size,
@@ -527,21 +528,20 @@ static PyObject *same_bytes(PyObject *self, PyObject *args) {
 static PyObject *copy_bytes(PyObject *self, PyObject *args) {
     PyObject *a, *b;
     if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
-    Py_buffer dst, src;
-    if (PyObject_GetBuffer(a, &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    if (PyObject_GetBuffer(b, &src, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
+    held_buffer dst = {0}, src = {0};
+    PyObject *result = NULL;
+    if (!take(a, &dst, 0, 1, "dst") && !take(b, &src, 0, 0, "src")) {
+        if (dst.view.len == src.view.len) {
+            memmove(dst.view.buf, src.view.buf, (size_t)src.view.len);
+            result = Py_None;
+            Py_INCREF(result);
+        } else {
+            PyErr_SetString(PyExc_ValueError, "copy_bytes: buffers of different sizes");
+        }
     }
-    int ok = dst.len == src.len;
-    if (ok) memmove(dst.buf, src.buf, (size_t)src.len);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&src);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "copy_bytes: buffers of different sizes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    release(&dst);
+    release(&src);
+    return result;
 }
 
 static PyMethodDef module_methods[] = {
@@ -584,7 +584,9 @@ static PyTypeObject PlanType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_step", "One env step staged with one C call.", -1,
+    PyModuleDef_HEAD_INIT, "_step",
+    "The write side: one env step staged with one C call (StepPlan), and the writer's batch "
+    "kernels (stage_lanes, encode_rows: _write.c).", -1,
     module_methods,
 };
 
@@ -604,6 +606,11 @@ PyMODINIT_FUNC PyInit__step(void) {
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    write_kernels_init();
+    if (PyModule_AddFunctions(m, write_kernel_methods) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     PyObject *record = Py_BuildValue("(iiiiiii)", R_N, R_FIRST, R_ENTERED, R_CLEAN, R_DONE,
                                      R_SLOT, R_ADDRESSES);
     if (record == NULL || PyModule_AddObject(m, "RECORD", record) < 0) {
