@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..native import write_kernel
 from ..native import step_kernel as _step
+from ..native import write_kernel
 from .background import FORKS
 from .staging import _BUF0, N_WORD
 
