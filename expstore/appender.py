@@ -6,7 +6,9 @@ stages (``storage/step_plan.py``), one step (``Store.add``, one lane or one step
 lane) is checked and staged, final row, index entries and held ``next_obs`` included, by
 one C call (:meth:`Appender.add_fast`); it hands back to the Python paths a step it does
 not take as is (a value to cast, clip or refuse, a stream break, a failed shard write
-waiting) and, of a vector step, the lanes whose rows open or complete a shard. In Python,
+waiting) and, of a vector step, the lanes whose final row would open the next shard (at a
+shard boundary the kernel calls the lane's writer: ``LaneWriter._enter_shard`` /
+``_hand_off``, the one place that moves a lane to another shard buffer). In Python,
 one step is written field by field straight into the lane's staging buffers
 (``LaneWriter.slot``/``advance``): a handful of Python operations per field, no arrays
 built. Many steps (``Store.extend``, vector ``add``) go through
@@ -108,22 +110,8 @@ class Appender:
             return True
         if got is False:
             return False
-        if got[0] == 1:  # lanes whose next row opens a shard: open them, then stage
-            for j in got[1]:
-                self._moved(j, table, enter=True)
-            got = plan.add(*step)
-            if got is None:
-                idx.last_lane = plan.last_lane
-                return True
-            if got is False:  # (the Python path takes the shards as opened)
-                return False
         errors = []
-        for j in got[1]:  # full shards: to the background writer
-            try:
-                self._moved(j, table, enter=False)
-            except WriteFailedError as e:  # staged; a shard write failed
-                errors.append(e)
-        for j in got[2]:  # final rows that open the next shard: through the writer
+        for j in got:  # final rows that open the next shard: through the writer
             try:
                 self.add_one(j, obs[j], action[j], reward[j], next_obs[j], terminated[j],
                              truncated[j], {})
@@ -133,20 +121,6 @@ class Appender:
         if errors:
             raise errors[0]
         return True
-
-    def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
-        """Open the lane's next shard (``enter``) or hand its full one to the background
-        writer, then bring the table and the index up to date (as :meth:`_row` does), in
-        one C call (``plan.load``: no numpy call here, this runs inside an add)."""
-        w = self.writers[lane]
-        try:
-            if enter:
-                w._enter_shard()
-            else:
-                w._hand_off()
-        finally:
-            self._plan.load(lane)
-            table.stale.discard(lane)
 
     def add_one(self, lane: int, obs: Any, action: Any, reward: Any, next_obs: Any,
                 terminated: Any, truncated: Any, extras: dict[str, Any]) -> None:

@@ -38,10 +38,9 @@ if hasattr(os, "register_at_fork"):
 class JobRing:
     """A writing thread's jobs, oldest first: job ``k`` (``taken <= k < added``, with
     ``ends = [taken, added]``, int64) is ``(writers[k % size], shards[k % size])``; a
-    ``None`` writer stops the thread. Adding a job allocates nothing (the slots are fixed
-    lists): the step kernel adds one inside the add that completes a shard (``hand_off``
-    in ``step_shards.h``; it leaves a full ring to :meth:`append`, which grows it). One
-    thread adds (the store's caller), one takes (the writing thread)."""
+    ``None`` writer stops the thread. Adding a job allocates nothing while the ring has
+    room (the slots are fixed lists); a full ring grows (:meth:`append`). One thread adds
+    (the store's caller, ``LaneWriter._hand_off``), one takes (the writing thread)."""
 
     def __init__(self, size: int = 16) -> None:
         self.writers: list = [None] * size
@@ -81,8 +80,8 @@ class JobRing:
 
 class Worker:
     """One writing thread: its jobs (:class:`JobRing`), its wake-up event, and
-    ``sleeping`` (one byte, 1 while the thread blocks until woken: read by the step
-    kernel, which then leaves the hand-off to the Python path)."""
+    ``sleeping`` (one byte, 1 while the thread blocks until woken: a hand-over then wakes
+    it, ``LaneWriter._hand_off``)."""
 
     def __init__(self, news: dict, poll: tuple[float, float], idle: float,
                  ring: int = 16) -> None:
