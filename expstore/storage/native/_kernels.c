@@ -352,66 +352,132 @@ static int decode_into(const uint8_t *blob, size_t nb, int checksum, size_t chun
     return decode_range(blob, nb, checksum, chunk_bytes, lo, lo + row_bytes, row_dst, tmp);
 }
 
+/* ---- a reader's state: what read_rows keeps between calls ------------------------------ */
+
+/* ReadState(prefix, suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes, checksum,
+             known, tab, ring, state, ecache[, arena, held_tab, held_state])
+   Built once per field of a reader (``FdTable``): the shard files' path parts, the chunk
+   geometry, and the arrays read_rows reads and updates in place (held here, checked
+   once): the reader's committed counts per lane, the descriptors per shard and their
+   ring, the index entries remembered, and (chunks of more than one row) the arena of
+   compressed chunks held with its table and counter (``shard_reads.h``). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *prefix, *suffix; /* bytes */
+    Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
+    int checksum, hold;
+    held_buffer known, tab, ring, state, ecache, arena, held_tab, held_state;
+} ReadState;
+
+static void ReadState_release(ReadState *r) {
+    release(&r->known), release(&r->tab), release(&r->ring), release(&r->state);
+    release(&r->ecache), release(&r->arena), release(&r->held_tab), release(&r->held_state);
+    Py_CLEAR(r->prefix);
+    Py_CLEAR(r->suffix);
+    r->hold = 0;
+}
+
+static void ReadState_dealloc(ReadState *r) {
+    ReadState_release(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
+    PyObject *prefix, *suffix, *known_o, *tab_o, *ring_o, *state_o, *ec_o;
+    PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
+    ReadState_release(r);
+    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOO", &PyBytes_Type, &prefix, &PyBytes_Type,
+                          &suffix, &r->n_chunks, &r->chunk_rows, &r->spl, &r->row_bytes,
+                          &r->checksum, &known_o, &tab_o, &ring_o, &state_o, &ec_o, &arena_o,
+                          &htab_o, &hstate_o))
+        return -1;
+    Py_INCREF(prefix);
+    r->prefix = prefix;
+    Py_INCREF(suffix);
+    r->suffix = suffix;
+    if (take(known_o, &r->known, 8, 0, "known") || take(tab_o, &r->tab, 8 * TAB_COLS, 1, "tab") ||
+        take(ring_o, &r->ring, 8, 1, "ring") || take(state_o, &r->state, 8, 1, "state") ||
+        take(ec_o, &r->ecache, 8 * ECACHE_COLS, 1, "ecache"))
+        return -1;
+    if (r->row_bytes <= 0 || r->chunk_rows <= 0 || r->n_chunks <= 0 || r->spl <= 0 ||
+        r->ring.view.len <= 0 || r->known.view.len <= 0 || r->state.view.len / 8 != 3) {
+        PyErr_SetString(PyExc_ValueError, "ReadState: sizes positive, state of three");
+        return -1;
+    }
+    r->hold = arena_o != Py_None;
+    if (r->hold && (take(arena_o, &r->arena, 0, 1, "arena") ||
+                    take(htab_o, &r->held_tab, 8 * HELD_COLS, 1, "held_tab") ||
+                    take(hstate_o, &r->held_state, 8, 1, "held_state")))
+        return -1;
+    if (r->hold && (r->chunk_rows == 1 || r->arena.view.len <= 0 || r->held_state.view.len < 8 ||
+                    r->held_tab.view.len / (8 * HELD_COLS) !=
+                        r->tab.view.len / (8 * TAB_COLS))) {
+        PyErr_SetString(PyExc_ValueError, "ReadState: held chunks need chunks of more than "
+                                          "one row, a non-empty arena and a held_tab row "
+                                          "per shard");
+        return -1;
+    }
+    return 0;
+}
+
+static PyTypeObject ReadStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "expstore.storage.native._kernels.ReadState",
+    .tp_basicsize = sizeof(ReadState),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What read_rows keeps for one field of a reader between calls (see read_rows).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ReadState_init,
+    .tp_dealloc = (destructor)ReadState_dealloc,
+};
+
 /* read_rows: see the method table. */
 static PyObject *read_rows(PyObject *self, PyObject *args) {
-    const char *prefix, *suffix;
-    Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
-    int checksum;
-    PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
-    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None, *ec_o = Py_None;
-    PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
-    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOOOOO", &prefix, &suffix, &n_chunks,
-                          &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
-                          &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
-                          &ok_o, &chunks_o, &cdst_o, &ec_o, &arena_o, &htab_o, &hstate_o))
+    ReadState *rs;
+    PyObject *shards_o, *slots_o, *steps_o, *dst_o, *out_o, *ok_o;
+    PyObject *chunks_o = Py_None, *cdst_o = Py_None;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO|OO", &ReadStateType, &rs, &shards_o, &slots_o,
+                          &steps_o, &dst_o, &out_o, &ok_o, &chunks_o, &cdst_o))
         return NULL;
-    held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
-                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0}, ar = {0},
-                ht = {0}, hs = {0};
+    if (rs->prefix == NULL) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: the ReadState was not set up");
+        return NULL;
+    }
+    const char *prefix = PyBytes_AS_STRING(rs->prefix), *suffix = PyBytes_AS_STRING(rs->suffix);
+    const Py_ssize_t n_chunks = rs->n_chunks, chunk_rows = rs->chunk_rows, spl = rs->spl;
+    const Py_ssize_t row_bytes = rs->row_bytes;
+    const int checksum = rs->checksum;
+    held_buffer sh = {0}, sl = {0}, sp = {0}, ds = {0}, out = {0}, okb = {0}, ch = {0},
+                cd = {0};
     PyObject *result = NULL;
     read_order *ord = NULL;
-    if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
-        take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
-        take(slots_o, &sl, 8, 0, "slots") || take(steps_o, &sp, 8, 0, "steps") ||
-        take(dst_o, &ds, 8, 0, "dst") || take(known_o, &kn, 8, 0, "known") ||
+    if (take(shards_o, &sh, 8, 0, "shards") || take(slots_o, &sl, 8, 0, "slots") ||
+        take(steps_o, &sp, 8, 0, "steps") || take(dst_o, &ds, 8, 0, "dst") ||
         take(out_o, &out, 0, 1, "out") || take(ok_o, &okb, 1, 1, "ok"))
         goto done;
-    if (ec_o != Py_None && take(ec_o, &ecb, 8 * ECACHE_COLS, 1, "ecache")) goto done;
-    int64_t *ec = ec_o != Py_None ? ecb.view.buf : NULL;
-    Py_ssize_t ec_n = ec ? ecb.view.len / (8 * ECACHE_COLS) : 0;
+    int64_t *ec = rs->ecache.view.buf;
+    Py_ssize_t ec_n = rs->ecache.view.len / (8 * ECACHE_COLS);
     if (ec_n == 0) ec = NULL;
     int keep_chunks = chunks_o != Py_None;
     if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
                         take(cdst_o, &cd, 8, 0, "chunk_dst")))
         goto done;
-    int hold = arena_o != Py_None;
-    if (hold && (take(arena_o, &ar, 0, 1, "arena") || take(htab_o, &ht, 8 * HELD_COLS, 1,
-                                                          "held_tab") ||
-                 take(hstate_o, &hs, 8, 1, "held_state")))
-        goto done;
-    Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
-    Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
+    int hold = rs->hold && !keep_chunks; /* (chunks kept by the caller: not held here) */
+    Py_ssize_t n = sh.view.len / 8, n_shards = rs->tab.view.len / (8 * TAB_COLS);
+    Py_ssize_t ring_n = rs->ring.view.len / 8, lanes = rs->known.view.len / 8;
     if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
-        okb.view.len != n || stt.view.len / 8 != 3 || row_bytes <= 0 || chunk_rows <= 0 ||
-        n_chunks <= 0 || spl <= 0 || ring_n <= 0 || lanes <= 0) {
+        okb.view.len != n) {
         PyErr_SetString(PyExc_ValueError, "read_rows: shards, slots, steps, dst and ok need "
-                                          "one entry per row; state three; sizes positive");
+                                          "one entry per row");
         goto done;
     }
-    if (hold && (keep_chunks || chunk_rows == 1 || ar.view.len <= 0 || hs.view.len < 8 ||
-                 ht.view.len / (8 * HELD_COLS) != n_shards)) {
-        PyErr_SetString(PyExc_ValueError, "read_rows: held chunks need chunks of more than "
-                                          "one row, no chunk_dst, a non-empty arena and a "
-                                          "held_tab row per shard");
-        goto done;
-    }
-    int64_t *tab = tb.view.buf, *ring = rg.view.buf, *state = stt.view.buf;
+    int64_t *tab = rs->tab.view.buf, *ring = rs->ring.view.buf, *state = rs->state.view.buf;
     const int64_t *shards = sh.view.buf, *slots = sl.view.buf, *steps = sp.view.buf;
-    const int64_t *dst = ds.view.buf, *known = kn.view.buf;
+    const int64_t *dst = ds.view.buf, *known = rs->known.view.buf;
     uint8_t *o = out.view.buf, *ok = okb.view.buf;
-    uint8_t *arena = hold ? ar.view.buf : NULL;
-    int64_t *htab = hold ? ht.view.buf : NULL, *hstate = hold ? hs.view.buf : NULL;
-    const int64_t arena_n = hold ? (int64_t)ar.view.len : 0;
+    uint8_t *arena = hold ? rs->arena.view.buf : NULL;
+    int64_t *htab = hold ? rs->held_tab.view.buf : NULL;
+    int64_t *hstate = hold ? rs->held_state.view.buf : NULL;
+    const int64_t arena_n = hold ? (int64_t)rs->arena.view.len : 0;
     Py_ssize_t out_rows = out.view.len / row_bytes;
     const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
     const int64_t *cdst = keep_chunks ? cd.view.buf : NULL;
@@ -570,22 +636,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(iLnn)", status, total, opened, reads);
 done:
     PyMem_RawFree(ord);
-    release(&tb);
-    release(&rg);
-    release(&stt);
-    release(&sh);
-    release(&sl);
-    release(&sp);
-    release(&ds);
-    release(&kn);
-    release(&out);
-    release(&okb);
-    release(&ch);
-    release(&cd);
-    release(&ecb);
-    release(&ar);
-    release(&ht);
-    release(&hs);
+    release(&sh), release(&sl), release(&sp), release(&ds), release(&out), release(&okb);
+    release(&ch), release(&cd);
     return result;
 }
 
@@ -706,25 +758,24 @@ static PyMethodDef methods[] = {
      "decode_blobs(blobs, dst, out, row_bytes, checksum) -> (status, index)\n\nDecode "
      "in-memory chunk i into row dst[i] of out. Runs without the GIL."},
     {"read_rows", read_rows, METH_VARARGS,
-     "read_rows(prefix, suffix, n_chunks, chunk_rows, tab, ring, state, shards, slots, steps, "
-     "dst, known, shards_per_lane, out, row_bytes, checksum, ok[, chunks, chunk_dst, "
-     "ecache, arena, held_tab, held_state]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
-     "dst[i] of out (row_bytes each), reading the shard's file prefix + shard + suffix: "
-     "the descriptor tab holds for the shard when its header holds that step and is "
-     "trusted for it, else the shard opened again (header checked, trusted for "
-     "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's "
-     "16-byte index entry is read, then its chunk, checked and decoded (chunks of "
-     "chunk_rows > 1 rows: only the blocks holding the row are decoded). ok[i] = 1 where delivered; rows "
+     "read_rows(state, shards, slots, steps, dst, out, ok[, chunks, chunk_dst]) -> (status, "
+     "bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard "
+     "shards[i]) into row dst[i] of out (the state's row_bytes each), reading the shard's "
+     "file prefix + shard + suffix (state: a ReadState, built once per field of a reader): "
+     "the descriptor the state's tab holds for the shard when its header holds that step "
+     "and is trusted for it, else the shard opened again (header checked, trusted for "
+     "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's 16-byte "
+     "index entry is read (remembered per chunk in the state's ecache, direct-mapped, used "
+     "again only through the descriptor it was read with), then its chunk, checked and "
+     "decoded (chunks of chunk_rows > 1 rows: only the blocks holding the row are decoded). "
+     "Rows are taken in (shard, slot) order, a shard's entries read together and chunks "
+     "that follow one another in the file with one read. ok[i] = 1 where delivered; rows "
      "not delivered (overwritten, missing, failing a check) are left to the caller. status "
      "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
      "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
-     "so the caller can keep it. Optional ecache: index entries remembered per chunk "
-     "(direct-mapped), used again only through the descriptor they were read with; rows "
-     "are taken in (shard, slot) order, a shard's entries read together and chunks that "
-     "follow one another in the file with one read. Optional arena, held_tab, "
-     "held_state (chunks of more than one row, no chunk_dst): each shard's compressed "
-     "chunk read is kept in the arena with its version, and rows of that version are "
-     "decoded from it (shard_reads.h). Runs without the GIL."},
+     "so the caller can keep it. A state with an arena (and no chunks given): each shard's "
+     "compressed chunk read is kept in the arena with its version, and rows of that "
+     "version are decoded from it (shard_reads.h). Runs without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
@@ -750,8 +801,15 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     crc_init();
+    if (PyType_Ready(&ReadStateType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    Py_INCREF(&ReadStateType);
+    if (PyModule_AddObject(m, "ReadState", (PyObject *)&ReadStateType) < 0) {
+        Py_DECREF(&ReadStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "STATUS_OK", STATUS_OK);
     PyModule_AddIntConstant(m, "STATUS_READ", STATUS_READ);
     PyModule_AddIntConstant(m, "STATUS_CHECKSUM", STATUS_CHECKSUM);
