@@ -44,7 +44,7 @@ if numpy is not None:
             ["expstore/storage/native/_step.c", "expstore/storage/native/_write.c"],
             depends=["expstore/storage/native/step_values.h", "expstore/storage/native/step_shards.h",
                      "expstore/storage/native/write_kernels.h", *SHARED_HEADERS],
-            include_dirs=[numpy.get_include(), SHARED, "expstore/storage/native"],
+            include_dirs=[numpy.get_include(), SHARED],
             extra_compile_args=["-O3", "-std=c99"],
             optional=True,
         )

@@ -3,14 +3,20 @@
  *
  * The hot read path decodes thousands of small blosc frames (one 84x84 frame each) per
  * second. Through numcodecs, each costs a Python call, argument checks and a separate
- * crc32c call: ~10 us of overhead for ~2 us of work. These two functions take whole
- * batches and run without the GIL:
+ * crc32c call: ~10 us of overhead for ~2 us of work. These functions take whole batches
+ * and run without the GIL (the read side only: the writer's batch kernels are in
+ * ``_write.c``, part of the ``_step`` extension):
  *
  *   decode_pread(fds, starts, sizes, dst, out, row_bytes, checksum)
  *       pread() each chunk [start, start+size) of file descriptor fd, check its trailing
  *       crc32c when `checksum`, decode it into row dst[i] of `out`.
  *   decode_blobs(blobs, dst, out, row_bytes, checksum)
  *       the same for chunks already in memory (remote stores).
+ *
+ *   read_rows(state, shards, slots, steps, dst, out, ok[, chunks, chunk_dst])
+ *       a batch of rows straight from the shard files, opening shards as needed; `state`
+ *       (a ReadState, built once per field of a reader) holds what does not change per
+ *       batch (``shard_reads.h``; the method table says more).
  *
  *   first_index / table_rows / place_rows: a batch's lookups around the reads
  *       (``batch_lookup.h``).
