@@ -124,7 +124,8 @@ class TestStoreOnFakeGcsServer(ObjectStoreCases):
         return gcs_options(endpoint)
 
 
-@pytest.mark.slow  # ~150 s: the second GCS emulator (pure Python); fake-gcs-server runs the same cases
+# ~150 s: the second GCS emulator (pure Python); fake-gcs-server runs the same cases
+@pytest.mark.slow
 class TestStoreOnGcpStorageEmulator(ObjectStoreCases):
     backend_cls = GCSBackend
     atomic = False

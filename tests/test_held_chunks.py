@@ -155,13 +155,10 @@ def test_budgets_favour_frames_with_descriptors_and_scalars_with_bytes(tmp_path)
 def test_kernel_refuses_held_chunks_for_frames(tmp_path) -> None:
     store, rows, steps = _store(tmp_path, capacity=1024, shard_rows=256, n=500)
     fds = ShardReader(backend_for(store.url), store.layout).tables["obs"].fds
-    flat = np.zeros((2, FRAME[0] * FRAME[1]), np.uint8)
-    args = [fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, fds.tab, fds.ring,
-            fds.state, np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64),
-            np.arange(2), np.array([600], np.int64), 4, flat, flat.shape[1], False,
-            np.zeros(2, np.uint8), None, None, fds.entries]
+    args = [fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, 4, FRAME[0] * FRAME[1],
+            False, np.array([600], np.int64), fds.tab, fds.ring, fds.state, fds.entries]
     held = (np.zeros(64, np.uint8), np.full((len(fds.tab), 5), -1, np.int64),
             np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="held chunks need chunks of more than one row"):
-        native.read_rows(*args, *held)
+        native.ReadState(*args, *held)
     store.close()

@@ -153,22 +153,24 @@ def test_kernel_rows_checks_its_arguments(tmp_path) -> None:
     store, rows, steps = _filled(tmp_path, capacity=64, shard_rows=16, n=56)
     fds = ShardReader(backend_for(store.url), store.layout).tables["obs"].fds
     flat = np.zeros((2, FRAME[0] * FRAME[1]), np.uint8)
-    known = np.array([60], np.int64)
     ok = np.zeros(2, np.uint8)
-    args = [fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, fds.tab, fds.ring,
-            fds.state]
+    state = fds.state_of_reads
     with pytest.raises(IndexError, match="out of range"):  # shard beyond the table
-        native.read_rows(*args, np.array([0, 99], np.int64), np.zeros(2, np.int64),
-                         np.zeros(2, np.int64), np.arange(2), known, 4, flat, flat.shape[1],
-                         False, ok)
+        native.read_rows(state, np.array([0, 99], np.int64), np.zeros(2, np.int64),
+                         np.zeros(2, np.int64), np.arange(2), flat, ok)
     with pytest.raises(IndexError, match="out of range"):  # a destination row beyond out
-        native.read_rows(*args, np.zeros(2, np.int64), np.zeros(2, np.int64),
-                         np.zeros(2, np.int64), np.array([0, 2]), known, 4, flat,
-                         flat.shape[1], False, ok)
+        native.read_rows(state, np.zeros(2, np.int64), np.zeros(2, np.int64),
+                         np.zeros(2, np.int64), np.array([0, 2]), flat, ok)
     with pytest.raises(ValueError, match="one entry per row"):
-        native.read_rows(*args, np.zeros(2, np.int64), np.zeros(1, np.int64),
-                         np.zeros(2, np.int64), np.arange(2), known, 4, flat, flat.shape[1],
-                         False, ok)
+        native.read_rows(state, np.zeros(2, np.int64), np.zeros(1, np.int64),
+                         np.zeros(2, np.int64), np.arange(2), flat, ok)
+    with pytest.raises(TypeError):  # the state is a ReadState
+        native.read_rows(object(), np.zeros(2, np.int64), np.zeros(2, np.int64),
+                         np.zeros(2, np.int64), np.arange(2), flat, ok)
+    with pytest.raises(ValueError, match="state of three"):
+        native.ReadState(fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, 4,
+                         flat.shape[1], False, np.array([60], np.int64), fds.tab, fds.ring,
+                         np.zeros(2, np.int64), fds.entries)
     assert not (fds.tab[:, fds.FD] >= 0).any()  # nothing was opened
     store.close()
 

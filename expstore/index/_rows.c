@@ -25,34 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} buf_t;
-
-/* ``obj``'s C-contiguous buffer of ``itemsize``-byte items: signed integers, or for 1 byte
-   uint8 / bool */
-static int take(PyObject *obj, buf_t *b, Py_ssize_t itemsize, int writable, const char *what) {
-    int flags = writable ? (PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) : PyBUF_C_CONTIGUOUS;
-    if (PyObject_GetBuffer(obj, &b->view, flags | PyBUF_FORMAT) != 0) return -1;
-    b->held = 1;
-    const char *fmt = b->view.format ? b->view.format : "B";
-    char kind = fmt[strlen(fmt) - 1]; /* (after a byte-order mark, if any) */
-    int ok = itemsize == 1 ? (kind == 'B' || kind == '?')
-                           : (kind == 'q' || kind == 'l' || kind == 'i') &&
-                                 b->view.itemsize == itemsize;
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "%s: expected signed integers of %zd bytes%s, got "
-                     "format '%s'", what, itemsize, itemsize == 1 ? " (or bool)" : "", fmt);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(buf_t *b) {
-    if (b->held) PyBuffer_Release(&b->view);
-    b->held = 0;
-}
+#include "buffers.h" /* held_buffer, take_ints, release */
 
 static inline int64_t floor_mod(int64_t a, int64_t L) {
     int64_t r = a % L;
@@ -101,14 +74,14 @@ static inline int valid_row(const index_t *x, int64_t row, int64_t history, int6
     return horizon_of(x, row, s, horizon) > 0;
 }
 
-static int load_index(index_t *x, buf_t *b, PyObject **objs, int64_t L, int need_lower,
+static int load_index(index_t *x, held_buffer *b, PyObject **objs, int64_t L, int need_lower,
                       int need_upper, PyObject *bits) {
     /* objs: count, lower, upper, flags, episode_step (lower / upper may be unused: None) */
     static const char *names[] = {"count", "lower", "upper", "flags", "episode_step"};
     static const Py_ssize_t sizes[] = {8, 8, 8, 1, 4};
     for (int i = 0; i < 5; i++) {
         if ((i == 1 && !need_lower) || (i == 2 && !need_upper)) continue;
-        if (take(objs[i], &b[i], sizes[i], 0, names[i])) return -1;
+        if (take_ints(objs[i], &b[i], sizes[i], 0, names[i])) return -1;
     }
     if (L <= 0) {
         PyErr_SetString(PyExc_ValueError, "lane_capacity: expected > 0");
@@ -147,12 +120,12 @@ static PyObject *py_valid(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOLLLOO", &rows_o, &o[0], &o[1], &o[2], &o[3], &o[4], &L,
                           &history, &horizon, &bits, &ok_o))
         return NULL;
-    buf_t b[5], rb = {0}, ob = {0};
+    held_buffer b[5], rb = {0}, ob = {0};
     memset(b, 0, sizeof b);
     index_t x;
     PyObject *result = NULL;
-    if (load_index(&x, b, o, L, 1, 1, bits) || take(rows_o, &rb, 8, 0, "rows") ||
-        take(ok_o, &ob, 1, 1, "ok"))
+    if (load_index(&x, b, o, L, 1, 1, bits) || take_ints(rows_o, &rb, 8, 0, "rows") ||
+        take_ints(ok_o, &ob, 1, 1, "ok"))
         goto done;
     Py_ssize_t n = rb.view.len / 8;
     if (ob.view.len != n) {
@@ -181,13 +154,13 @@ static PyObject *py_uniform(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOLLLOOn", &draws_o, &o[0], &o[1], &o[2], &o[3], &o[4],
                           &L, &history, &horizon, &bits, &out_o, &filled))
         return NULL;
-    buf_t b[5], db = {0}, ob = {0};
+    held_buffer b[5], db = {0}, ob = {0};
     memset(b, 0, sizeof b);
     index_t x;
     int64_t *bounds = NULL;
     PyObject *result = NULL;
-    if (load_index(&x, b, o, L, 1, 1, bits) || take(draws_o, &db, 8, 0, "draws") ||
-        take(out_o, &ob, 8, 1, "out"))
+    if (load_index(&x, b, o, L, 1, 1, bits) || take_ints(draws_o, &db, 8, 0, "draws") ||
+        take_ints(out_o, &ob, 8, 1, "out"))
         goto done;
     Py_ssize_t n = db.view.len / 8, room = ob.view.len / 8;
     if (filled < 0 || filled > room) {
@@ -258,20 +231,20 @@ static PyObject *py_windows(PyObject *self, PyObject *args) {
     static const char *names[] = {"steps", "m", "obs_rows", "obs_pad", "obs_steps",
                                   "next_rows", "next_pad", "next_steps"};
     static const Py_ssize_t sizes[] = {8, 8, 8, 1, 8, 8, 1, 8};
-    buf_t b[5], rb = {0}, ob[8];
+    held_buffer b[5], rb = {0}, ob[8];
     memset(b, 0, sizeof b);
     memset(ob, 0, sizeof ob);
     index_t x;
     PyObject *result = NULL;
     o[1] = Py_None;
-    if (load_index(&x, b, o, L, 0, 1, bits) || take(rows_o, &rb, 8, 0, "rows")) goto done;
+    if (load_index(&x, b, o, L, 0, 1, bits) || take_ints(rows_o, &rb, 8, 0, "rows")) goto done;
     Py_ssize_t n = rb.view.len / 8;
     if (k < 1 || n_step < 1) {
         PyErr_SetString(PyExc_ValueError, "k and n_step: expected >= 1");
         goto done;
     }
     for (int i = 0; i < 8; i++) {
-        if (take(outs[i], &ob[i], sizes[i], 1, names[i])) goto done;
+        if (take_ints(outs[i], &ob[i], sizes[i], 1, names[i])) goto done;
         if (ob[i].view.len / sizes[i] != n * (i < 2 ? 1 : k)) {
             PyErr_Format(PyExc_ValueError, "%s: expected %zd entries", names[i],
                          n * (i < 2 ? 1 : (Py_ssize_t)k));

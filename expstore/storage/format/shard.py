@@ -120,11 +120,12 @@ def rows_encoder(codec: numcodecs.abc.Codec, dtype: np.dtype
     chunks along axis 0), each as ``encoder(codec)`` encodes it, in one C call without the
     GIL: ``(concatenated bytes, sizes)``. ``None`` without the C kernel or for other codecs.
     """
-    from ..native import native
+    from ..native import write_kernel
 
+    native = write_kernel()
     checked = isinstance(codec, Checked)
     inner = codec.inner if checked else codec
-    if native is None or not hasattr(native, "encode_rows") or \
+    if native is None or \
             not isinstance(inner, numcodecs.Blosc):
         return None
     try:

@@ -3,8 +3,9 @@
  *
  * The hot read path decodes thousands of small blosc frames (one 84x84 frame each) per
  * second. Through numcodecs, each costs a Python call, argument checks and a separate
- * crc32c call: ~10 us of overhead for ~2 us of work. These two functions take whole
- * batches and run without the GIL:
+ * crc32c call: ~10 us of overhead for ~2 us of work. These functions take whole batches
+ * and run without the GIL (the read side only: the writer's batch kernels are in
+ * ``_write.c``, part of the ``_step`` extension):
  *
  *   decode_pread(fds, starts, sizes, dst, out, row_bytes, checksum)
  *       pread() each chunk [start, start+size) of file descriptor fd, check its trailing
@@ -12,14 +13,10 @@
  *   decode_blobs(blobs, dst, out, row_bytes, checksum)
  *       the same for chunks already in memory (remote stores).
  *
- *   encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, checksum)
- *       the writer's side: encode many rows, one blosc frame each (numcodecs' own
- *       blosc_compress_ctx, passed by address), crc32c appended, in one call without the
- *       GIL, so a background writer does not take the GIL from the env loop per frame.
- *
- *   stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full)
- *       the writer's side: one env step of every lane of a vector env into each lane's
- *       staging buffer, one memcpy per lane and field, then each lane's published count.
+ *   read_rows(state, shards, slots, steps, dst, out, ok[, chunks, chunk_dst])
+ *       a batch of rows straight from the shard files, opening shards as needed; `state`
+ *       (a ReadState, built once per field of a reader) holds what does not change per
+ *       batch (``shard_reads.h``; the method table says more).
  *
  *   first_index / table_rows / place_rows: a batch's lookups around the reads
  *       (``batch_lookup.h``).
@@ -46,6 +43,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "buffers.h" /* held_buffer, take, release */
+#include "crc32c.h"  /* crc_init, crc32c */
+
 enum {
     STATUS_OK = 0,
     STATUS_READ = 1,        /* pread failed or came back short */
@@ -54,44 +54,6 @@ enum {
     STATUS_UNSUPPORTED = 4, /* a codec this kernel does not decode (fall back) */
     STATUS_BOUNDS = 5,      /* dst row outside `out` */
 };
-
-/* ---- crc32c (Castagnoli), slicing-by-8 ------------------------------------------- */
-
-static uint32_t crc_table[8][256];
-
-static void crc_init(void) {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = crc_table[0][n];
-        for (int k = 1; k < 8; k++) {
-            c = crc_table[0][c & 0xff] ^ (c >> 8);
-            crc_table[k][n] = c;
-        }
-    }
-}
-
-static uint32_t crc32c(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        w ^= c;
-        c = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-            crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-            crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-            crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
-        p += 8;
-        n -= 8;
-    }
-#endif
-    while (n--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
 
 static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
@@ -323,29 +285,6 @@ static int decode_chunk(const uint8_t *blob, size_t n, int checksum, uint8_t *ds
 
 /* ---- Python face ---------------------------------------------------------------- */
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} held_buffer;
-
-static int take(PyObject *obj, held_buffer *b, size_t itemsize, int writable,
-                const char *what) {
-    int flags = writable ? (PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) : PyBUF_C_CONTIGUOUS;
-    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) return -1;
-    b->held = 1;
-    if (itemsize && b->view.len % (Py_ssize_t)itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: length is not a multiple of %zu bytes", what,
-                     itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(held_buffer *b) {
-    if (b->held) PyBuffer_Release(&b->view);
-    b->held = 0;
-}
-
 static PyObject *decode_pread(PyObject *self, PyObject *args) {
     PyObject *fds_o, *starts_o, *sizes_o, *dst_o, *out_o;
     Py_ssize_t row_bytes;
@@ -419,66 +358,132 @@ static int decode_into(const uint8_t *blob, size_t nb, int checksum, size_t chun
     return decode_range(blob, nb, checksum, chunk_bytes, lo, lo + row_bytes, row_dst, tmp);
 }
 
+/* ---- a reader's state: what read_rows keeps between calls ------------------------------ */
+
+/* ReadState(prefix, suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes, checksum,
+             known, tab, ring, state, ecache[, arena, held_tab, held_state])
+   Built once per field of a reader (``FdTable``): the shard files' path parts, the chunk
+   geometry, and the arrays read_rows reads and updates in place (held here, checked
+   once): the reader's committed counts per lane, the descriptors per shard and their
+   ring, the index entries remembered, and (chunks of more than one row) the arena of
+   compressed chunks held with its table and counter (``shard_reads.h``). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *prefix, *suffix; /* bytes */
+    Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
+    int checksum, hold;
+    held_buffer known, tab, ring, state, ecache, arena, held_tab, held_state;
+} ReadState;
+
+static void ReadState_release(ReadState *r) {
+    release(&r->known), release(&r->tab), release(&r->ring), release(&r->state);
+    release(&r->ecache), release(&r->arena), release(&r->held_tab), release(&r->held_state);
+    Py_CLEAR(r->prefix);
+    Py_CLEAR(r->suffix);
+    r->hold = 0;
+}
+
+static void ReadState_dealloc(ReadState *r) {
+    ReadState_release(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
+    PyObject *prefix, *suffix, *known_o, *tab_o, *ring_o, *state_o, *ec_o;
+    PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
+    ReadState_release(r);
+    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOO", &PyBytes_Type, &prefix, &PyBytes_Type,
+                          &suffix, &r->n_chunks, &r->chunk_rows, &r->spl, &r->row_bytes,
+                          &r->checksum, &known_o, &tab_o, &ring_o, &state_o, &ec_o, &arena_o,
+                          &htab_o, &hstate_o))
+        return -1;
+    Py_INCREF(prefix);
+    r->prefix = prefix;
+    Py_INCREF(suffix);
+    r->suffix = suffix;
+    if (take(known_o, &r->known, 8, 0, "known") || take(tab_o, &r->tab, 8 * TAB_COLS, 1, "tab") ||
+        take(ring_o, &r->ring, 8, 1, "ring") || take(state_o, &r->state, 8, 1, "state") ||
+        take(ec_o, &r->ecache, 8 * ECACHE_COLS, 1, "ecache"))
+        return -1;
+    if (r->row_bytes <= 0 || r->chunk_rows <= 0 || r->n_chunks <= 0 || r->spl <= 0 ||
+        r->ring.view.len <= 0 || r->known.view.len <= 0 || r->state.view.len / 8 != 3) {
+        PyErr_SetString(PyExc_ValueError, "ReadState: sizes positive, state of three");
+        return -1;
+    }
+    r->hold = arena_o != Py_None;
+    if (r->hold && (take(arena_o, &r->arena, 0, 1, "arena") ||
+                    take(htab_o, &r->held_tab, 8 * HELD_COLS, 1, "held_tab") ||
+                    take(hstate_o, &r->held_state, 8, 1, "held_state")))
+        return -1;
+    if (r->hold && (r->chunk_rows == 1 || r->arena.view.len <= 0 || r->held_state.view.len < 8 ||
+                    r->held_tab.view.len / (8 * HELD_COLS) !=
+                        r->tab.view.len / (8 * TAB_COLS))) {
+        PyErr_SetString(PyExc_ValueError, "ReadState: held chunks need chunks of more than "
+                                          "one row, a non-empty arena and a held_tab row "
+                                          "per shard");
+        return -1;
+    }
+    return 0;
+}
+
+static PyTypeObject ReadStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "expstore.storage.native._kernels.ReadState",
+    .tp_basicsize = sizeof(ReadState),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What read_rows keeps for one field of a reader between calls (see read_rows).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ReadState_init,
+    .tp_dealloc = (destructor)ReadState_dealloc,
+};
+
 /* read_rows: see the method table. */
 static PyObject *read_rows(PyObject *self, PyObject *args) {
-    const char *prefix, *suffix;
-    Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
-    int checksum;
-    PyObject *tab_o, *ring_o, *state_o, *shards_o, *slots_o, *steps_o, *dst_o, *known_o;
-    PyObject *out_o, *ok_o, *chunks_o = Py_None, *cdst_o = Py_None, *ec_o = Py_None;
-    PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
-    if (!PyArg_ParseTuple(args, "yynnOOOOOOOOnOnpO|OOOOOO", &prefix, &suffix, &n_chunks,
-                          &chunk_rows, &tab_o, &ring_o, &state_o, &shards_o, &slots_o,
-                          &steps_o, &dst_o, &known_o, &spl, &out_o, &row_bytes, &checksum,
-                          &ok_o, &chunks_o, &cdst_o, &ec_o, &arena_o, &htab_o, &hstate_o))
+    ReadState *rs;
+    PyObject *shards_o, *slots_o, *steps_o, *dst_o, *out_o, *ok_o;
+    PyObject *chunks_o = Py_None, *cdst_o = Py_None;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO|OO", &ReadStateType, &rs, &shards_o, &slots_o,
+                          &steps_o, &dst_o, &out_o, &ok_o, &chunks_o, &cdst_o))
         return NULL;
-    held_buffer tb = {0}, rg = {0}, stt = {0}, sh = {0}, sl = {0}, sp = {0}, ds = {0},
-                kn = {0}, out = {0}, okb = {0}, ch = {0}, cd = {0}, ecb = {0}, ar = {0},
-                ht = {0}, hs = {0};
+    if (rs->prefix == NULL) {
+        PyErr_SetString(PyExc_ValueError, "read_rows: the ReadState was not set up");
+        return NULL;
+    }
+    const char *prefix = PyBytes_AS_STRING(rs->prefix), *suffix = PyBytes_AS_STRING(rs->suffix);
+    const Py_ssize_t n_chunks = rs->n_chunks, chunk_rows = rs->chunk_rows, spl = rs->spl;
+    const Py_ssize_t row_bytes = rs->row_bytes;
+    const int checksum = rs->checksum;
+    held_buffer sh = {0}, sl = {0}, sp = {0}, ds = {0}, out = {0}, okb = {0}, ch = {0},
+                cd = {0};
     PyObject *result = NULL;
     read_order *ord = NULL;
-    if (take(tab_o, &tb, 8 * TAB_COLS, 1, "tab") || take(ring_o, &rg, 8, 1, "ring") ||
-        take(state_o, &stt, 8, 1, "state") || take(shards_o, &sh, 8, 0, "shards") ||
-        take(slots_o, &sl, 8, 0, "slots") || take(steps_o, &sp, 8, 0, "steps") ||
-        take(dst_o, &ds, 8, 0, "dst") || take(known_o, &kn, 8, 0, "known") ||
+    if (take(shards_o, &sh, 8, 0, "shards") || take(slots_o, &sl, 8, 0, "slots") ||
+        take(steps_o, &sp, 8, 0, "steps") || take(dst_o, &ds, 8, 0, "dst") ||
         take(out_o, &out, 0, 1, "out") || take(ok_o, &okb, 1, 1, "ok"))
         goto done;
-    if (ec_o != Py_None && take(ec_o, &ecb, 8 * ECACHE_COLS, 1, "ecache")) goto done;
-    int64_t *ec = ec_o != Py_None ? ecb.view.buf : NULL;
-    Py_ssize_t ec_n = ec ? ecb.view.len / (8 * ECACHE_COLS) : 0;
+    int64_t *ec = rs->ecache.view.buf;
+    Py_ssize_t ec_n = rs->ecache.view.len / (8 * ECACHE_COLS);
     if (ec_n == 0) ec = NULL;
     int keep_chunks = chunks_o != Py_None;
     if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
                         take(cdst_o, &cd, 8, 0, "chunk_dst")))
         goto done;
-    int hold = arena_o != Py_None;
-    if (hold && (take(arena_o, &ar, 0, 1, "arena") || take(htab_o, &ht, 8 * HELD_COLS, 1,
-                                                          "held_tab") ||
-                 take(hstate_o, &hs, 8, 1, "held_state")))
-        goto done;
-    Py_ssize_t n = sh.view.len / 8, n_shards = tb.view.len / (8 * TAB_COLS);
-    Py_ssize_t ring_n = rg.view.len / 8, lanes = kn.view.len / 8;
+    int hold = rs->hold && !keep_chunks; /* (chunks kept by the caller: not held here) */
+    Py_ssize_t n = sh.view.len / 8, n_shards = rs->tab.view.len / (8 * TAB_COLS);
+    Py_ssize_t ring_n = rs->ring.view.len / 8, lanes = rs->known.view.len / 8;
     if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
-        okb.view.len != n || stt.view.len / 8 != 3 || row_bytes <= 0 || chunk_rows <= 0 ||
-        n_chunks <= 0 || spl <= 0 || ring_n <= 0 || lanes <= 0) {
+        okb.view.len != n) {
         PyErr_SetString(PyExc_ValueError, "read_rows: shards, slots, steps, dst and ok need "
-                                          "one entry per row; state three; sizes positive");
+                                          "one entry per row");
         goto done;
     }
-    if (hold && (keep_chunks || chunk_rows == 1 || ar.view.len <= 0 || hs.view.len < 8 ||
-                 ht.view.len / (8 * HELD_COLS) != n_shards)) {
-        PyErr_SetString(PyExc_ValueError, "read_rows: held chunks need chunks of more than "
-                                          "one row, no chunk_dst, a non-empty arena and a "
-                                          "held_tab row per shard");
-        goto done;
-    }
-    int64_t *tab = tb.view.buf, *ring = rg.view.buf, *state = stt.view.buf;
+    int64_t *tab = rs->tab.view.buf, *ring = rs->ring.view.buf, *state = rs->state.view.buf;
     const int64_t *shards = sh.view.buf, *slots = sl.view.buf, *steps = sp.view.buf;
-    const int64_t *dst = ds.view.buf, *known = kn.view.buf;
+    const int64_t *dst = ds.view.buf, *known = rs->known.view.buf;
     uint8_t *o = out.view.buf, *ok = okb.view.buf;
-    uint8_t *arena = hold ? ar.view.buf : NULL;
-    int64_t *htab = hold ? ht.view.buf : NULL, *hstate = hold ? hs.view.buf : NULL;
-    const int64_t arena_n = hold ? (int64_t)ar.view.len : 0;
+    uint8_t *arena = hold ? rs->arena.view.buf : NULL;
+    int64_t *htab = hold ? rs->held_tab.view.buf : NULL;
+    int64_t *hstate = hold ? rs->held_state.view.buf : NULL;
+    const int64_t arena_n = hold ? (int64_t)rs->arena.view.len : 0;
     Py_ssize_t out_rows = out.view.len / row_bytes;
     const size_t chunk_bytes = (size_t)chunk_rows * (size_t)row_bytes;
     const int64_t *cdst = keep_chunks ? cd.view.buf : NULL;
@@ -637,22 +642,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(iLnn)", status, total, opened, reads);
 done:
     PyMem_RawFree(ord);
-    release(&tb);
-    release(&rg);
-    release(&stt);
-    release(&sh);
-    release(&sl);
-    release(&sp);
-    release(&ds);
-    release(&kn);
-    release(&out);
-    release(&okb);
-    release(&ch);
-    release(&cd);
-    release(&ecb);
-    release(&ar);
-    release(&ht);
-    release(&hs);
+    release(&sh), release(&sl), release(&sp), release(&ds), release(&out), release(&okb);
+    release(&ch), release(&cd);
     return result;
 }
 
@@ -751,187 +742,6 @@ done:
     return result;
 }
 
-/* stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps)
-   One row in each lane of `lanes` (int64, k distinct lanes): field f's row i (srcs[f], k
-   rows of row_bytes[f] bytes; None for the step-id field `step_field`) goes to address
-   base[f, lane] + n[lane] * row_bytes[f] (base: int64 (fields, L), the lane's current shard
-   buffer of that field). The step id first[lane] + n[lane] is written to the step-id field
-   and to steps[i]. Then, after every row, the lane's published row count (the int64 at
-   address pub[lane], 0: none) becomes n[lane] + 1, and n[lane] is incremented. Returns how
-   many of the lanes now hold `full` rows. The addresses are the caller's: rows of arrays it holds alive, each with room for a row. */
-static PyObject *stage_lanes(PyObject *self, PyObject *args) {
-    PyObject *srcs_o, *lanes_o, *base_o, *n_o, *first_o, *pub_o, *rb_o, *steps_o;
-    Py_ssize_t step_field, full;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnOn", &srcs_o, &lanes_o, &base_o, &n_o, &first_o,
-                          &pub_o, &rb_o, &step_field, &steps_o, &full))
-        return NULL;
-    if (!PyTuple_Check(srcs_o)) {
-        PyErr_SetString(PyExc_TypeError, "stage_lanes: srcs must be a tuple");
-        return NULL;
-    }
-    Py_ssize_t F = PyTuple_GET_SIZE(srcs_o);
-    if (F > 256) {
-        PyErr_SetString(PyExc_ValueError, "stage_lanes: at most 256 fields");
-        return NULL;
-    }
-    held_buffer ln = {0}, bs = {0}, nb = {0}, fs = {0}, pb = {0}, rb = {0}, st = {0};
-    held_buffer src[256];
-    memset(src, 0, sizeof(src));
-    PyObject *result = NULL;
-    if (take(lanes_o, &ln, 8, 0, "lanes") || take(base_o, &bs, 8, 0, "base") ||
-        take(n_o, &nb, 8, 1, "n") || take(first_o, &fs, 8, 0, "first") ||
-        take(pub_o, &pb, 8, 0, "pub") || take(rb_o, &rb, 8, 0, "row_bytes") ||
-        take(steps_o, &st, 8, 1, "steps"))
-        goto done;
-    Py_ssize_t k = ln.view.len / 8, L = nb.view.len / 8;
-    if (rb.view.len / 8 != F || bs.view.len / 8 != F * L || fs.view.len / 8 != L ||
-        pb.view.len / 8 != L || st.view.len / 8 < k || step_field < 0 || step_field >= F) {
-        PyErr_SetString(PyExc_ValueError, "stage_lanes: base must be (fields, lanes), n, "
-                                          "first and pub one per lane, steps one per row");
-        goto done;
-    }
-    const int64_t *lanes = ln.view.buf, *base = bs.view.buf, *first = fs.view.buf;
-    const int64_t *pub = pb.view.buf, *row_bytes = rb.view.buf;
-    int64_t *n = nb.view.buf, *steps = st.view.buf;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (lanes[i] < 0 || lanes[i] >= L) {
-            PyErr_Format(PyExc_IndexError, "stage_lanes: lane %lld out of range",
-                         (long long)lanes[i]);
-            goto done;
-        }
-    }
-    for (Py_ssize_t f = 0; f < F; f++) {
-        if (row_bytes[f] <= 0) {
-            PyErr_SetString(PyExc_ValueError, "stage_lanes: row_bytes must be positive");
-            goto done;
-        }
-        if (f == step_field) {
-            if (row_bytes[f] != 8) {
-                PyErr_SetString(PyExc_ValueError, "stage_lanes: step ids are int64");
-                goto done;
-            }
-            continue;
-        }
-        if (take(PyTuple_GET_ITEM(srcs_o, f), &src[f], 0, 0, "src")) goto done;
-        if (src[f].view.len < k * row_bytes[f]) {
-            PyErr_Format(PyExc_ValueError, "stage_lanes: field %zd holds fewer than %zd rows",
-                         f, k);
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        int64_t j = lanes[i];
-        steps[i] = first[j] + n[j];
-        for (Py_ssize_t f = 0; f < F; f++) {
-            int64_t at = base[f * L + j];
-            if (at == 0) {
-                PyErr_Format(PyExc_ValueError, "stage_lanes: lane %lld has no buffer",
-                             (long long)j);
-                goto done;
-            }
-            uint8_t *d = (uint8_t *)(intptr_t)at + n[j] * row_bytes[f];
-            if (f == step_field)
-                memcpy(d, &steps[i], 8);
-            else
-                memcpy(d, (const uint8_t *)src[f].view.buf + i * row_bytes[f],
-                       (size_t)row_bytes[f]);
-        }
-    }
-    /* the rows first, then their counts: a reader that sees a count sees its rows */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    Py_ssize_t n_full = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        int64_t j = lanes[i];
-        n[j] += 1;
-        if (pub[j]) __atomic_store_n((int64_t *)(intptr_t)pub[j], n[j], __ATOMIC_RELEASE);
-        if (n[j] == full) n_full++;
-    }
-    result = PyLong_FromSsize_t(n_full);
-done:
-    for (Py_ssize_t f = 0; f < F && f < 256; f++) release(&src[f]);
-    release(&ln);
-    release(&bs);
-    release(&nb);
-    release(&fs);
-    release(&pb);
-    release(&rb);
-    release(&st);
-    return result;
-}
-
-/* ---- batch encoding ------------------------------------------------------------ */
-
-/* numcodecs' blosc_compress_ctx (the function numcodecs.blosc.compress calls): its address
-   comes from the caller, so the frames are byte for byte what numcodecs would write. */
-typedef int (*blosc_compress_ctx_fn)(int clevel, int doshuffle, size_t typesize,
-                                     size_t nbytes, const void *src, void *dest,
-                                     size_t destsize, const char *compressor,
-                                     size_t blocksize, int numinternalthreads);
-
-#define BLOSC_MAX_OVERHEAD 16
-
-static PyObject *encode_rows(PyObject *self, PyObject *args) {
-    unsigned long long fn_addr;
-    PyObject *src_o;
-    Py_ssize_t n, row_bytes, typesize, blocksize;
-    int clevel, shuffle, checksum;
-    const char *cname;
-    if (!PyArg_ParseTuple(args, "KOnnniisnp", &fn_addr, &src_o, &n, &row_bytes, &typesize,
-                          &clevel, &shuffle, &cname, &blocksize, &checksum))
-        return NULL;
-    held_buffer src = {0};
-    PyObject *blob = NULL, *sizes = NULL, *result = NULL;
-    if (take(src_o, &src, 0, 0, "src")) goto done;
-    if (n < 0 || row_bytes <= 0 || typesize <= 0 || src.view.len < n * row_bytes ||
-        fn_addr == 0) {
-        PyErr_SetString(PyExc_ValueError, "encode_rows: bad arguments");
-        goto done;
-    }
-    Py_ssize_t each = row_bytes + BLOSC_MAX_OVERHEAD + 4;
-    blob = PyBytes_FromStringAndSize(NULL, n * each);
-    sizes = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (blob == NULL || sizes == NULL) goto done;
-    blosc_compress_ctx_fn fn = (blosc_compress_ctx_fn)(uintptr_t)fn_addr;
-    const uint8_t *in = src.view.buf;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(blob);
-    int64_t *sz = (int64_t *)PyBytes_AS_STRING(sizes);
-    Py_ssize_t at = 0, failed = -1;
-    int code = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int k = fn(clevel, shuffle, (size_t)typesize, (size_t)row_bytes, in + i * row_bytes,
-                   out + at, (size_t)(row_bytes + BLOSC_MAX_OVERHEAD), cname,
-                   (size_t)blocksize, 1);
-        if (k <= 0) {
-            failed = i;
-            code = k;
-            break;
-        }
-        if (checksum) {
-            uint32_t c = crc32c(out + at, (size_t)k);
-            uint8_t le[4] = {(uint8_t)c, (uint8_t)(c >> 8), (uint8_t)(c >> 16),
-                             (uint8_t)(c >> 24)};
-            memcpy(out + at + k, le, 4);
-            k += 4;
-        }
-        sz[i] = k;
-        at += k;
-    }
-    Py_END_ALLOW_THREADS
-    if (failed >= 0) {
-        PyErr_Format(PyExc_RuntimeError, "error during blosc compression of row %zd: %d",
-                     failed, code);
-        goto done;
-    }
-    if (_PyBytes_Resize(&blob, at) != 0) goto done;
-    result = Py_BuildValue("(OO)", blob, sizes);
-done:
-    release(&src);
-    Py_XDECREF(blob);
-    Py_XDECREF(sizes);
-    return result;
-}
-
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     held_buffer b = {0};
     if (take(arg, &b, 0, 0, "data")) {
@@ -954,41 +764,28 @@ static PyMethodDef methods[] = {
      "decode_blobs(blobs, dst, out, row_bytes, checksum) -> (status, index)\n\nDecode "
      "in-memory chunk i into row dst[i] of out. Runs without the GIL."},
     {"read_rows", read_rows, METH_VARARGS,
-     "read_rows(prefix, suffix, n_chunks, chunk_rows, tab, ring, state, shards, slots, steps, "
-     "dst, known, shards_per_lane, out, row_bytes, checksum, ok[, chunks, chunk_dst, "
-     "ecache, arena, held_tab, held_state]) -> (status, bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard shards[i]) into row "
-     "dst[i] of out (row_bytes each), reading the shard's file prefix + shard + suffix: "
-     "the descriptor tab holds for the shard when its header holds that step and is "
-     "trusted for it, else the shard opened again (header checked, trusted for "
-     "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's "
-     "16-byte index entry is read, then its chunk, checked and decoded (chunks of "
-     "chunk_rows > 1 rows: only the blocks holding the row are decoded). ok[i] = 1 where delivered; rows "
+     "read_rows(state, shards, slots, steps, dst, out, ok[, chunks, chunk_dst]) -> (status, "
+     "bytes_read, opened, reads)\n\nRow i (lane step steps[i] at slot slots[i] of shard "
+     "shards[i]) into row dst[i] of out (the state's row_bytes each), reading the shard's "
+     "file prefix + shard + suffix (state: a ReadState, built once per field of a reader): "
+     "the descriptor the state's tab holds for the shard when its header holds that step "
+     "and is trusted for it, else the shard opened again (header checked, trusted for "
+     "known[lane]; beyond len(ring) open shards the oldest is closed). Each row's 16-byte "
+     "index entry is read (remembered per chunk in the state's ecache, direct-mapped, used "
+     "again only through the descriptor it was read with), then its chunk, checked and "
+     "decoded (chunks of chunk_rows > 1 rows: only the blocks holding the row are decoded). "
+     "Rows are taken in (shard, slot) order, a shard's entries read together and chunks "
+     "that follow one another in the file with one read. ok[i] = 1 where delivered; rows "
      "not delivered (overwritten, missing, failing a check) are left to the caller. status "
      "STATUS_UNSUPPORTED: a codec this kernel does not decode. Optional chunks, chunk_dst: "
      "a multi-row chunk is decoded at byte chunk_dst[i] of chunks (-1: a scratch buffer), "
-     "so the caller can keep it. Optional ecache: index entries remembered per chunk "
-     "(direct-mapped), used again only through the descriptor they were read with; rows "
-     "are taken in (shard, slot) order, a shard's entries read together and chunks that "
-     "follow one another in the file with one read. Optional arena, held_tab, "
-     "held_state (chunks of more than one row, no chunk_dst): each shard's compressed "
-     "chunk read is kept in the arena with its version, and rows of that version are "
-     "decoded from it (shard_reads.h). Runs without the GIL."},
+     "so the caller can keep it. A state with an arena (and no chunks given): each shard's "
+     "compressed chunk read is kept in the arena with its version, and rows of that "
+     "version are decoded from it (shard_reads.h). Runs without the GIL."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
      "then copied without the GIL."},
-    {"stage_lanes", stage_lanes, METH_VARARGS,
-     "stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full) -> "
-     "int\n\nOne row in each lane of lanes: field f's row i to base[f, lane] + n[lane] * "
-     "row_bytes[f], the step id first[lane] + n[lane] into field step_field and steps[i]; "
-     "then each lane's published count (int64 at pub[lane], unless 0) = ++n[lane]. Returns "
-     "the lanes now holding full rows."},
-    {"encode_rows", encode_rows, METH_VARARGS,
-     "encode_rows(fn, src, n, row_bytes, typesize, clevel, shuffle, cname, blocksize, "
-     "checksum) -> (blob, sizes)\n\nEncode rows 0..n of src (row_bytes each) as one blosc "
-     "frame each with blosc_compress_ctx at address fn (numcodecs' own), each followed by "
-     "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
-     "Runs without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
     {"first_index", first_index, METH_VARARGS,
      "first_index(keys, first, inv) -> u\n\nDistinct keys (int64 >= 0) in order of first "
@@ -1010,8 +807,15 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     crc_init();
+    if (PyType_Ready(&ReadStateType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    Py_INCREF(&ReadStateType);
+    if (PyModule_AddObject(m, "ReadState", (PyObject *)&ReadStateType) < 0) {
+        Py_DECREF(&ReadStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "STATUS_OK", STATUS_OK);
     PyModule_AddIntConstant(m, "STATUS_READ", STATUS_READ);
     PyModule_AddIntConstant(m, "STATUS_CHECKSUM", STATUS_CHECKSUM);

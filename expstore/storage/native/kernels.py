@@ -1,7 +1,8 @@
-"""The optional C kernels (``_kernels.c``) and their numpy fallbacks.
+"""The optional C kernels and their numpy fallbacks.
 
-``native`` is the compiled module, or ``None`` where it was not built (no C compiler at
-install time): everything still works, slower.
+``native`` is the read side's compiled module (``_kernels.c``), ``write`` the write side's
+(``_step.c`` + ``_write.c``); each is ``None`` where it was not built (no C compiler at
+install time): everything still works, slower. Tests switch one off by setting it here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ try:
     from . import _kernels as native
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     native = None
+try:
+    from . import _step as write
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    write = None
 try:
     from ._step import copy_bytes as _copy_bytes
     from ._step import same_bytes as _same_bytes

@@ -204,7 +204,10 @@ class FdTable:
     count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
     that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
     chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``. Local stores
-    only.
+    only. ``known``: the reader's committed counts per lane (changed in place by the
+    reader; a shard the kernel opens is trusted for its lane's count), ``row_bytes``: bytes
+    of one of the field's rows. All of it is handed to the kernel once, as ``state`` (a
+    ``ReadState``); each :meth:`read` passes only the batch.
     """
 
     FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
@@ -212,7 +215,8 @@ class FdTable:
     H_POS, H_NB, H_FIRST, H_NROWS, H_TRUSTED = range(5)
 
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
-                 chunk_rows: int, max_fds: int, max_entries: int = 1 << 19,
+                 chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
+                 checksum: bool, row_bytes: int, max_entries: int = 1 << 19,
                  held_bytes: int = 0) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
@@ -236,6 +240,10 @@ class FdTable:
         self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
         self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
         self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
+        held = (self.held, self.held_tab, self.held_state) if self.held is not None else ()
+        self.state_of_reads = native.ReadState(
+            self.prefix, self.suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes,
+            checksum, known, self.tab, self.ring, self.state, self.entries, *held)
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Rows an open version holds and is trusted for."""
@@ -244,25 +252,20 @@ class FdTable:
                 & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
 
     def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
-             flat: np.ndarray, known: np.ndarray, shards_per_lane: int, checksum: bool,
-             stats: Any, chunks: np.ndarray | None = None,
+             flat: np.ndarray, stats: Any, chunks: np.ndarray | None = None,
              chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
-        """Rows into rows ``dst`` of ``flat`` (uint8, one row per row) with one kernel call,
+        """Rows into rows ``dst`` of ``flat`` (uint8, ``row_bytes`` per row) with one kernel call,
         opening shards as needed: a mask of rows delivered, and whether the kernel may be
         used again for this field (not when it met a codec it does not decode).
         ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
         ``chunks`` (-1: scratch), where the caller keeps them."""
         ok = np.zeros(len(shards), np.uint8)
-        extra = ((None, None) if chunks is None else
+        extra = (() if chunks is None else
                  (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
-        held = ((self.held, self.held_tab, self.held_state)
-                if self.held is not None and chunks is None else ())
         status, nbytes, opened, reads = native.read_rows(
-            self.prefix, self.suffix, self.n_chunks, self.chunk_rows, self.tab, self.ring,
-            self.state, np.ascontiguousarray(shards, np.int64),
+            self.state_of_reads, np.ascontiguousarray(shards, np.int64),
             np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
-            np.ascontiguousarray(dst, np.int64), known, shards_per_lane, flat, flat.shape[1],
-            checksum, ok, *extra, self.entries, *held)
+            np.ascontiguousarray(dst, np.int64), flat, ok, *extra)
         done = ok.view(bool)
         n = int(done.sum())
         self.opened += opened
@@ -376,13 +379,10 @@ class RowCache:
 
 @dataclass
 class KernelRead:
-    """What a kernel read of one field needs besides the rows: the reader's committed
-    counts per lane (``known``, trusted for shards the kernel opens), shards per lane,
-    whether chunks end with a crc32c, and the reader's counters (a ``ReadStats``)."""
+    """What a kernel read of one field needs besides the rows and the field's
+    :class:`FdTable` (which holds the rest, once): the reader's counters (a
+    ``ReadStats``)."""
 
-    known: np.ndarray
-    shards_per_lane: int
-    checksum: bool
     stats: Any
 
 
@@ -416,7 +416,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
     if len(todo):
         if table.per_row or not table.fills:
             got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
-                                         ctx.known, ctx.shards_per_lane, ctx.checksum, stats)
+                                         stats)
         else:
             got, kernel = _read_filling(table, ctx, shards[todo], slots[todo], steps[todo],
                                         todo, flat)
@@ -437,12 +437,10 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
     uniq, inv = np.unique(shards, return_inverse=True)
     claimed = table.claim(uniq)
     if claimed is None:
-        return table.fds.read(shards, slots, steps, dst, flat, ctx.known,
-                              ctx.shards_per_lane, ctx.checksum, ctx.stats)
+        return table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
     per_slot = table.values[0].nbytes
     chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
-    got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.known,
-                                 ctx.shards_per_lane, ctx.checksum, ctx.stats, chunks,
+    got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats, chunks,
                                  claimed[inv] * per_slot)
     failed = np.zeros(len(uniq), bool)
     failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
@@ -473,8 +471,7 @@ def serve_held(table: ShardTable, cache: RowCache, ctx: KernelRead, rows: np.nda
     kernel = True
     if len(todo):
         got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], pos[todo],
-                                     cache.data, ctx.known, ctx.shards_per_lane,
-                                     ctx.checksum, stats)
+                                     cache.data, stats)
         served = todo[got]
         done[served] = True
         mine = served[own[served]]

@@ -107,6 +107,13 @@ class ShardReader(GeneralReads):
         self.kernel_ok = {n: native is not None and self._kernel_codec(n)
                           for n in layout.fields}
         root = getattr(backend, "root", None)
+        # Callers only ask for committed steps, so a lane's largest step asked for so far
+        # (+1) is a committed count. A shard version opened after that count was committed
+        # holds the right bytes for steps below it; steps above may be rows a killed writer
+        # wrote but never committed (its successor writes other bytes there): a cached
+        # version is re-opened before it serves a step at or above the count it was opened
+        # at (``_opened``). ``known``: that count per lane (the kernel tables hold it).
+        self.known = np.zeros(layout.lanes, np.int64)
         self._fd_share: weakref.finalize | None = None
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
@@ -119,20 +126,15 @@ class ShardReader(GeneralReads):
                 if self.kernel_ok[n] and isinstance(root, str):
                     fdt = FdTable(root, lambda s, n=n: layout.shard_key(n, s), n_shards,
                                   layout.chunks_per_shard(n), layout.chunk_rows(n),
-                                  share.fds, held_bytes=share.held_bytes)
+                                  share.fds, self.known, layout.shards_per_lane,
+                                  layout.checksum, f.dtype.itemsize * int(np.prod(f.shape)),
+                                  held_bytes=share.held_bytes)
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
                                             f.shape, f.dtype, values, fdt)
         self.stats = ReadStats()
-        # Callers only ask for committed steps, so a lane's largest step asked for so far
-        # (+1) is a committed count. A shard version opened after that count was committed
-        # holds the right bytes for steps below it; steps above may be rows a killed writer
-        # wrote but never committed (its successor writes other bytes there): a cached
-        # version is re-opened before it serves a step at or above the count it was opened
-        # at. ``_opened[(name, shard)] = (version token, trusted count)``.
-        self.known = np.zeros(layout.lanes, np.int64)
-        self._kernel_read = KernelRead(self.known, layout.shards_per_lane, layout.checksum,
-                                       self.stats)
+        # ``_opened[(name, shard)] = (version token, trusted count)`` (see ``known``)
+        self._kernel_read = KernelRead(self.stats)
         self._opened: dict[tuple[str, int], tuple[int, int]] = {}
         self._tokens = 0
         self._read_names: set[str] = set()  # fields read through heads so far

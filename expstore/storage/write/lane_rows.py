@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..native import read_kernel
 from ..native import step_kernel as _step
+from ..native import write_kernel
 from .background import FORKS
 from .staging import _BUF0, N_WORD
 
@@ -117,7 +117,7 @@ class LaneRows:
                 changed.append(j)
             n = self.n if lanes is None else self.n[idx]
         curs = self.curs
-        native = read_kernel()
+        native = write_kernel()
         if native is not None:
             srcs = []
             for f, name in enumerate(self.names):
