@@ -8,8 +8,9 @@ threads), through the :class:`Appender` (``appender.py``: which path a step take
 not yet flushed (read from the staging buffers). Opening, and other processes'
 :meth:`Store.refresh`, load committed rows into the index with the :class:`IndexLoader`
 (``index_loader.py``): they see rows once flushed, and on a local store the rows its
-writers staged too (shared memory, ``staged.py``). :class:`StoreSource`
-(``store_source.py``) serves rows to plans from wherever they are.
+writers staged too (shared memory, ``storage/read/staged.py``). :attr:`Store.source`
+(``loading/store_rows.py``) serves rows to plans from wherever they are, by the rule
+DataLoader workers read by too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .index.rows import RowIndex
 from .index_loader import IndexLoader
 from .loading.execute import assemble
 from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
+from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
 from .storage.backends import Backend
@@ -50,7 +52,6 @@ from .storage.format import (
 from .storage.ownership import DEFAULT_TTL, LeasedBackend
 from .storage.read import ShardReader, StagedRows, shared_root
 from .storage.write import Background, LaneWriter, resume_writer
-from .store_source import StoreSource
 from .write_access import WriteAccess, acquire_leases, release_at_end
 
 
@@ -282,11 +283,12 @@ class Store:
         return self._staged.shared and all(w.shared is not None
                                            for w in self.writers.values())
 
-    def staged_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+    def staged_snapshot(self) -> StagedSnapshot:
         """Per lane, the writer session whose staged rows this process plans with (0: none)
         and the committed count: what a reader in another process (a DataLoader worker)
         needs to read this process's plans (``StoreDataset``)."""
-        return self._staged.snapshot()
+        return staged_snapshot(self.lanes, self.index.committed, self._staged.sessions,
+                               self.writers)
 
     def _poll_writes(self, raise_errors: bool = True) -> None:
         """Apply the results of background shard writes on this thread: committed counts,
@@ -443,9 +445,12 @@ class Store:
         return out
 
     @property
-    def source(self) -> StoreSource:
-        """Rows as this process sees them (staged rows included): a ``RowSource``."""
-        return StoreSource(self)
+    def source(self) -> StoreRows:
+        """Rows as this process sees them (a ``RowSource``): its writers' staged rows from
+        their RAM, rows other writers of this machine staged (found by :meth:`refresh`)
+        from shared memory, the rest from shards (``loading/store_rows.py``)."""
+        return StoreRows(self.reader, self.layout.lane_capacity, self.index.committed,
+                         self._staged.sessions, self._staged.lanes, self.writers)
 
     def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays.

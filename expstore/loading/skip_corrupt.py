@@ -236,3 +236,4 @@ class SkipCorruptSource:
             if shard_of(e, name) is None:
                 raise
             return None  # :meth:`read` finds the bad chunks
+
