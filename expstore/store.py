@@ -35,7 +35,7 @@ from .errors import ReadOnlyError, StoreCorruptError, WriteFailedError
 from .index.rows import RowIndex
 from .index_loader import IndexLoader
 from .loading.execute import assemble
-from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
+from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
 from .sampling import UniformSampler, make_plan
 from .spec import Spec
@@ -202,15 +202,13 @@ class Store:
         return 0 if skipping is None else skipping.found.rows_skipped
 
     def _plan_source(self, skip_corrupt: bool = False) -> Any:
+        """:attr:`source`, skipping corrupt chunks with ``skip_corrupt`` or
+        :attr:`skip_corrupt` (one quarantine per process; ``quarantine_lap`` logs)."""
         if not (skip_corrupt or self.skip_corrupt):
             return self.source
-        skipping = self._skipping
-        if skipping is None or skipping.pid != os.getpid():
-            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_chunk,
-                                         log=False)  # quarantine_lap logs it
-            self._skipping = skipping
-        skipping.source = self.source
-        return skipping
+        self._skipping = skipping_in_process(self._skipping, self.source, self.layout,
+                                             on_shard=self._quarantine_chunk)
+        return self._skipping
 
     def _quarantine_chunk(self, name: str, shard: int, chunk: int, first_step: int) -> None:
         """Mark the rows a corrupt chunk (-1: shard) held in the lap from ``first_step``

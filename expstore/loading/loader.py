@@ -35,7 +35,7 @@ from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
 from .columns import RowSource, numpy_alloc
 from .execute import assemble_batches
-from .skip_corrupt import SkipCorruptSource, quarantine_lap
+from .skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .store_rows import StagedSnapshot, StoreRows
 from .transport import Message, SlotWriter, forget_worker, open_message
 
@@ -127,14 +127,12 @@ class StoreDataset(torch.utils.data.Dataset):
 
     def _source(self, staged: Any = None) -> Any:
         """Where this process reads (see :meth:`_plain_source`), skipping corrupt shards
-        with ``skip_corrupt`` (one in-memory quarantine per process)."""
+        with ``skip_corrupt`` (one in-memory quarantine per process; the chunks it finds
+        go back to the loader's process, which logs and quarantines them)."""
         source = self._plain_source(staged)
         if not self.skip_corrupt:
             return source
-        if self._skipping is None or self._skipping.pid != os.getpid():
-            # found chunks go back to the loader's process, which logs and quarantines them
-            self._skipping = SkipCorruptSource(source, self.layout, log=False)
-        self._skipping.source = source
+        self._skipping = skipping_in_process(self._skipping, source, self.layout)
         return self._skipping
 
     def _plain_source(self, staged: Any = None) -> Any:
