@@ -37,7 +37,7 @@ from .index_loader import IndexLoader
 from .loading.execute import assemble
 from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
-from .sampling import UniformSampler, make_plan
+from .sampling import IN_PROCESS, ReaderView, UniformSampler, make_plan
 from .spec import Spec
 from .storage.backends import Backend
 from .storage.format import (
@@ -474,13 +474,15 @@ class Store:
             raise ValueError(f"rows {rows[~valid][:8].tolist()} cannot start a transition")
         return self.read_plan(make_plan(self.index, rows, weight, self.history, n_step, gamma))
 
-    def sample(self, batch_size: int, rng: np.random.Generator | None = None,
-               **kwargs: Any) -> dict[str, np.ndarray]:
-        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight).
-        On a read-only store it picks up other processes' rows by itself (a
-        ``UniformSampler``'s default ``refresh_every``: every 1 s)."""
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None, *,
+               view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
+        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight):
+        the store's ``UniformSampler`` plans them, :meth:`read_plan` reads the plan. On a
+        read-only store it picks up other processes' rows by itself (the sampler's default
+        ``refresh_every``: every 1 s)."""
         if self._sampler is None:
             self._sampler = UniformSampler(self)
         if rng is not None:
             self._sampler.rng = rng
-        return self._sampler.sample(batch_size, **kwargs)
+        return self.read_plan(self._sampler.plan(batch_size, view=view),
+                              skip_corrupt=self._sampler.skip_corrupt)

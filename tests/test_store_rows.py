@@ -1,7 +1,8 @@
 """One rule for where a planned row is read (``expstore/loading/store_rows.py``): a writer's
 RAM, another local writer's shared-memory staging, or shards; the same rule in the store's
 own process (``Store.source``), in another process that refreshed (``StagedRows``), and in
-a DataLoader worker (``StoreRows.in_worker`` with the item's ``StagedSnapshot``).
+a DataLoader worker (``StoreRows.in_worker`` with the item's ``StagedSnapshot``). Also:
+``Store.sample`` reads its sampler's plan itself (index -> sampler -> plan -> rows).
 """
 
 from __future__ import annotations
@@ -119,3 +120,17 @@ def test_rows_of_another_writer_session_are_stale_not_read(workdir):
     assert not ok[20:].any()  # staged by another session: stale (spares stand in)
     store.close()
 
+
+def test_store_sample_reads_the_samplers_plan_itself(workdir, monkeypatch):
+    store = make(workdir, lanes=1)
+    add(store, 0, 40)  # staged: read from this process's writer
+
+    def no_round_trip(*args, **kwargs):
+        raise AssertionError("Store.sample went back through the sampler's sample()")
+
+    monkeypatch.setattr(es.UniformSampler, "sample", no_round_trip)
+    batch = store.sample(8, rng=np.random.default_rng(0))
+    assert len(batch["index"]) == 8
+    steps = store.index.steps(batch["index"])
+    assert (batch["tag"] == steps).all()  # lane 0: tag == step
+    store.close()
