@@ -8,8 +8,9 @@ threads), through the :class:`Appender` (``appender.py``: which path a step take
 not yet flushed (read from the staging buffers). Opening, and other processes'
 :meth:`Store.refresh`, load committed rows into the index with the :class:`IndexLoader`
 (``index_loader.py``): they see rows once flushed, and on a local store the rows its
-writers staged too (shared memory, ``staged.py``). :class:`StoreSource`
-(``store_source.py``) serves rows to plans from wherever they are.
+writers staged too (shared memory, ``storage/read/staged.py``). :attr:`Store.source`
+(``loading/store_rows.py``) serves rows to plans from wherever they are, by the rule
+DataLoader workers read by too.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from .errors import ReadOnlyError, StoreCorruptError, WriteFailedError
 from .index.rows import RowIndex
 from .index_loader import IndexLoader
 from .loading.execute import assemble
-from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap
-from .sampling import UniformSampler, make_plan
+from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
+from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
+from .sampling import IN_PROCESS, ReaderView, UniformSampler, make_plan
 from .spec import Spec
 from .storage.backends import Backend
 from .storage.format import (
@@ -50,7 +52,6 @@ from .storage.format import (
 from .storage.ownership import DEFAULT_TTL, LeasedBackend
 from .storage.read import ShardReader, StagedRows, shared_root
 from .storage.write import Background, LaneWriter, resume_writer
-from .store_source import StoreSource
 from .write_access import WriteAccess, acquire_leases, release_at_end
 
 
@@ -201,15 +202,13 @@ class Store:
         return 0 if skipping is None else skipping.found.rows_skipped
 
     def _plan_source(self, skip_corrupt: bool = False) -> Any:
+        """:attr:`source`, skipping corrupt chunks with ``skip_corrupt`` or
+        :attr:`skip_corrupt` (one quarantine per process; ``quarantine_lap`` logs)."""
         if not (skip_corrupt or self.skip_corrupt):
             return self.source
-        skipping = self._skipping
-        if skipping is None or skipping.pid != os.getpid():
-            skipping = SkipCorruptSource(None, self.layout, on_shard=self._quarantine_chunk,
-                                         log=False)  # quarantine_lap logs it
-            self._skipping = skipping
-        skipping.source = self.source
-        return skipping
+        self._skipping = skipping_in_process(self._skipping, self.source, self.layout,
+                                             on_shard=self._quarantine_chunk)
+        return self._skipping
 
     def _quarantine_chunk(self, name: str, shard: int, chunk: int, first_step: int) -> None:
         """Mark the rows a corrupt chunk (-1: shard) held in the lap from ``first_step``
@@ -282,11 +281,12 @@ class Store:
         return self._staged.shared and all(w.shared is not None
                                            for w in self.writers.values())
 
-    def staged_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+    def staged_snapshot(self) -> StagedSnapshot:
         """Per lane, the writer session whose staged rows this process plans with (0: none)
         and the committed count: what a reader in another process (a DataLoader worker)
         needs to read this process's plans (``StoreDataset``)."""
-        return self._staged.snapshot()
+        return staged_snapshot(self.lanes, self.index.committed, self._staged.sessions,
+                               self.writers)
 
     def _poll_writes(self, raise_errors: bool = True) -> None:
         """Apply the results of background shard writes on this thread: committed counts,
@@ -443,9 +443,12 @@ class Store:
         return out
 
     @property
-    def source(self) -> StoreSource:
-        """Rows as this process sees them (staged rows included): a ``RowSource``."""
-        return StoreSource(self)
+    def source(self) -> StoreRows:
+        """Rows as this process sees them (a ``RowSource``): its writers' staged rows from
+        their RAM, rows other writers of this machine staged (found by :meth:`refresh`)
+        from shared memory, the rest from shards (``loading/store_rows.py``)."""
+        return StoreRows(self.reader, self.layout.lane_capacity, self.index.committed,
+                         self._staged.sessions, self._staged.lanes, self.writers)
 
     def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays.
@@ -471,13 +474,15 @@ class Store:
             raise ValueError(f"rows {rows[~valid][:8].tolist()} cannot start a transition")
         return self.read_plan(make_plan(self.index, rows, weight, self.history, n_step, gamma))
 
-    def sample(self, batch_size: int, rng: np.random.Generator | None = None,
-               **kwargs: Any) -> dict[str, np.ndarray]:
-        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight).
-        On a read-only store it picks up other processes' rows by itself (a
-        ``UniformSampler``'s default ``refresh_every``: every 1 s)."""
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None, *,
+               view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
+        """``batch_size`` uniform transitions (dict of numpy arrays, incl. index, weight):
+        the store's ``UniformSampler`` plans them, :meth:`read_plan` reads the plan. On a
+        read-only store it picks up other processes' rows by itself (the sampler's default
+        ``refresh_every``: every 1 s)."""
         if self._sampler is None:
             self._sampler = UniformSampler(self)
         if rng is not None:
             self._sampler.rng = rng
-        return self._sampler.sample(batch_size, **kwargs)
+        return self.read_plan(self._sampler.plan(batch_size, view=view),
+                              skip_corrupt=self._sampler.skip_corrupt)

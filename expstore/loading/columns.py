@@ -21,7 +21,8 @@ from ..storage.native import copy_rows, unique_first
 
 
 class RowSource(Protocol):
-    """Where rows come from (a ``ShardReader``, or a store's own source). A source may
+    """Where rows come from (a ``ShardReader``, or a ``StoreRows``: staged rows merged in,
+    ``store_rows.py``). A source may
     also offer ``read_held(name, rows, steps) -> (values, pos, ok) | None``: rows left
     where it holds them, valid until its next read of ``name``."""
 

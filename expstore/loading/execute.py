@@ -2,8 +2,9 @@
 
 Samplers produce plans as plain data (``sampling.plans``); this module dispatches on the
 plan's type to the module that reads that batch shape. It runs in DataLoader workers
-(against a ``ShardReader``) and in the main process (``Store.read_plan``, against the
-store's own source, which also serves rows still staged in RAM).
+(against a ``ShardReader``, or a ``StoreRows`` where an item names staged rows) and in the
+main process (``Store.read_plan``, against ``Store.source``, a ``StoreRows`` that also
+serves rows still staged in RAM); ``store_rows.py`` says which row is read where.
 """
 
 from __future__ import annotations

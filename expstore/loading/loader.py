@@ -7,8 +7,8 @@ DataLoader item is ``batches_per_message`` plans (default: about 512 samples' wo
 the per-item cost of DataLoader's queues is shared by small batches. A worker executes
 the item in one ``__getitems__`` call against storage (no index, no IPC back), and, on a
 local store, the writers' shared-memory staging for rows not committed when the item was
-planned (``PlannedSource``): checks every row's step, replaces overwritten samples with
-spares, and writes the
+planned (``store_rows.StoreRows``, the same rule the store's own process reads by):
+checks every row's step, replaces overwritten samples with spares, and writes the
 batches into one of its shared-memory slots (``transport``): frame stacks are gathered
 straight into the slot, and the main process receives only the slot's number.
 
@@ -20,7 +20,7 @@ batches_per_message`` batches ahead.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,9 +33,10 @@ from ..sampling.base import Sampler, check_batch
 from ..sampling.plans import ReaderView, ReadPlan, merge_plans
 from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
-from .columns import numpy_alloc
+from .columns import RowSource, numpy_alloc
 from .execute import assemble_batches
-from .skip_corrupt import SkipCorruptSource, quarantine_lap
+from .skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
+from .store_rows import StagedSnapshot, StoreRows
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
@@ -98,7 +99,8 @@ class StoreDataset(torch.utils.data.Dataset):
     """Picklable reader of a store: opens it read-only, lazily, once per worker process."""
 
     def __init__(self, url: str, layout: Layout, storage_options: dict | None = None,
-                 cache_bytes: int = 256 << 20, local_source: Any = None,
+                 cache_bytes: int = 256 << 20,
+                 local_source: Callable[[], RowSource] | None = None,
                  pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False) -> None:
         self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
         self._skipping: SkipCorruptSource | None = None
@@ -110,35 +112,35 @@ class StoreDataset(torch.utils.data.Dataset):
         self.n_slots = n_slots
         self.token = int.from_bytes(os.urandom(6), "little")
         self._writer: SlotWriter | None = None
-        self._local_source = local_source  # num_workers=0: read staged rows too
+        #: num_workers=0: ``() -> the store's own row source`` (staged rows included)
+        self._local_source = local_source
         self._reader = None
-        self._staged: PlannedSource | None = None
+        self._shared: Any = None  # the writers' shared staging (``StagedLanes``), lazily
         self._pid = -1
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_reader"], d["_local_source"], d["_pid"], d["_writer"] = None, None, -1, None
-        d["_staged"] = None
+        d["_shared"] = None
         d["_skipping"] = None
         return d
 
     def _source(self, staged: Any = None) -> Any:
         """Where this process reads (see :meth:`_plain_source`), skipping corrupt shards
-        with ``skip_corrupt`` (one in-memory quarantine per process)."""
+        with ``skip_corrupt`` (one in-memory quarantine per process; the chunks it finds
+        go back to the loader's process, which logs and quarantines them)."""
         source = self._plain_source(staged)
         if not self.skip_corrupt:
             return source
-        if self._skipping is None or self._skipping.pid != os.getpid():
-            # found chunks go back to the loader's process, which logs and quarantines them
-            self._skipping = SkipCorruptSource(source, self.layout, log=False)
-        self._skipping.source = source
+        self._skipping = skipping_in_process(self._skipping, source, self.layout)
         return self._skipping
 
     def _plain_source(self, staged: Any = None) -> Any:
-        """Where this process reads: the store's own source (no workers), else its shard
-        reader, and rows staged in shared memory where the plans include some."""
+        """Where this process reads: the store's own rows (no workers), else its shard
+        reader, merged with the rows staged in shared memory where the plans include some
+        (``staged``: the item's :class:`~expstore.loading.store_rows.StagedSnapshot`)."""
         if self._local_source is not None:
-            return self._local_source
+            return self._local_source()
         if self._reader is None or self._pid != os.getpid():
             from ..storage.backends import backend_for
             from ..storage.read import ShardReader
@@ -146,17 +148,16 @@ class StoreDataset(torch.utils.data.Dataset):
             backend = backend_for(self.url, self.storage_options)
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
                                        row_cache_bytes=self.cache_bytes)
-            self._staged = None
+            self._shared = None
             self._pid = os.getpid()
         if staged is None or not staged[0].any():
             return self._reader
-        if self._staged is None:
+        if self._shared is None:
             from ..storage.write import StagedLanes
 
-            self._staged = PlannedSource(self._reader, StagedLanes(
-                self._reader.backend.root, self.layout), self.layout)
-        self._staged.snapshot = staged
-        return self._staged
+            self._shared = StagedLanes(self._reader.backend.root, self.layout)
+        return StoreRows.in_worker(self._reader, self._shared, self.layout.lane_capacity,
+                                   staged)
 
     def __len__(self) -> int:
         return self.layout.capacity
@@ -225,67 +226,7 @@ class PlanItem(list):
     rows they may name and the committed count when they were drawn (``None``: plans of
     committed rows only)."""
 
-    staged: tuple[np.ndarray, np.ndarray] | None = None
-
-
-class PlannedSource:
-    """A worker's rows: steps committed when planned from storage (the shard reader), the
-    others from the writers' shared staging (``storage/staging.py``): copied and checked
-    there, or from storage once their writer says they were committed since."""
-
-    def __init__(self, reader: Any, lanes: Any, layout: Layout) -> None:
-        self.reader = reader
-        self.lanes = lanes
-        self.L = layout.lane_capacity
-        self.snapshot: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
-
-    @property
-    def stats(self) -> Any:
-        return self.reader.stats
-
-    def _staged(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """(delivered, committed since) for rows planned as staged."""
-        sessions = self.snapshot[0]
-        lane = rows // self.L
-        ok = np.zeros(len(rows), bool)
-        late = np.zeros(len(rows), bool)
-        for i in np.unique(lane).tolist():
-            sel = np.flatnonzero(lane == i)
-            part = np.empty((len(sel), *out.shape[1:]), out.dtype)
-            got, committed = self.lanes.read(i, int(sessions[i]), name, steps[sel], part)
-            out[sel[got]] = part[got]
-            ok[sel] = got
-            late[sel] = ~got & (steps[sel] < committed)
-        return ok, late
-
-    def _mask(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        return steps >= self.snapshot[1][rows // self.L]
-
-    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
-             out: np.ndarray) -> np.ndarray:
-        staged = self._mask(rows, steps)
-        if not staged.any():
-            return self.reader.read(name, rows, steps, out)
-        sel = np.flatnonzero(staged)
-        part = np.empty((len(sel), *out.shape[1:]), out.dtype)
-        got, late = self._staged(name, rows[sel], steps[sel], part)
-        ok = np.zeros(len(rows), bool)
-        out[sel[got]] = part[got]
-        ok[sel[got]] = True
-        rest = np.union1d(np.flatnonzero(~staged), sel[late])
-        if len(rest):
-            buf = np.empty((len(rest), *out.shape[1:]), out.dtype)
-            ok[rest] = self.reader.read(name, rows[rest], steps[rest], buf)
-            out[rest] = buf
-        return ok
-
-    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray) -> Any:
-        staged = self._mask(rows, steps)
-        if not staged.any():
-            return self.reader.read_held(name, rows, steps)
-        return self.reader.read_held(name, rows, steps, staged=(
-            staged, lambda r, s, out: self._staged(name, r, s, out)))
+    staged: StagedSnapshot | None = None
 
 
 @dataclass
@@ -309,7 +250,7 @@ class PlanGroups:
         self.view = view
         self.group = max(1, int(group))
         self.num_batches = num_batches
-        self.staged = staged  # () -> (sessions, committed) when plans may name staged rows
+        self.staged = staged  # () -> StagedSnapshot when plans may name staged rows
 
     def plan(self) -> Any:
         """One batch's plan."""
@@ -498,7 +439,7 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
             store.flush()
     else:
         view = ReaderView(guard=guard or 0)
-    local = store.source if num_workers == 0 else None
+    local = (lambda: store.source) if num_workers == 0 else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
                            pack=num_workers > 0, n_slots=prefetch_factor + 2,
                            skip_corrupt=skip_corrupt)

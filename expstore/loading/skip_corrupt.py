@@ -236,3 +236,16 @@ class SkipCorruptSource:
             if shard_of(e, name) is None:
                 raise
             return None  # :meth:`read` finds the bad chunks
+
+
+def skipping_in_process(current: SkipCorruptSource | None, source: Any, layout: Layout,
+                        on_shard: Callable[[str, int, int, int], None] | None = None
+                        ) -> SkipCorruptSource:
+    """This process's :class:`SkipCorruptSource`, reading ``source`` now: ``current``
+    unless it is ``None`` or was made in another process (a forked child keeps its own
+    quarantine). A new one leaves the warning to ``on_shard`` or to the process it hands
+    its chunks to (``log=False``)."""
+    if current is None or current.pid != os.getpid():
+        current = SkipCorruptSource(None, layout, on_shard=on_shard, log=False)
+    current.source = source
+    return current

@@ -6,7 +6,9 @@ history or horizon crossing an episode start, overwritten data, the guard band) 
 returns a :class:`~expstore.sampling.plans.ReadPlan`: plain data. Everything a plan
 depends on is an argument (the :class:`ReaderView` says how its reader sees the store);
 nothing outside the sampler configures it by setting attributes. ``sample(batch_size)``
-reads a plan in this process through the store (``store.read_plan``).
+is a convenience: its plan, read in this process by the store (``store.read_plan``, the
+store's row source); data flows one way, index -> sampler -> plan -> rows -> batch
+(``Store.sample`` plans with its own sampler and reads the plan itself).
 
 A sampler on a read-only store (``es.open(url)``, mode ``"r"``: a learner whose actors write
 in other processes) re-reads the lanes every :data:`AUTO_REFRESH` seconds unless told
@@ -224,7 +226,8 @@ class Sampler:
         return [self.plan(batch_size, k, view)]
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
-        """One batch read in this process: dict of numpy arrays incl. index and weight."""
+        """One batch read in this process: dict of numpy arrays incl. index and weight
+        (:meth:`plan`, read by ``store.read_plan``)."""
         return self.store.read_plan(self.plan(batch_size, view=view),
                                     skip_corrupt=self.skip_corrupt)
 

@@ -4,10 +4,11 @@ A local store's writers publish their staging in shared memory (``storage/stagin
 :class:`StagedRows` is a store's view of the lanes it does not write: ``refresh()`` reads
 their committed rows from storage as before, then their staged rows' episode positions
 and flags from shared memory into the index (not committed: ``index.committed`` stays at
-the lane state's count), remembering the writer session they came from. Reading such a
-row (:meth:`StagedRows.read`) copies it from shared memory with the same step check as a
-shard read; a row gone from there was committed meanwhile (it is then read from storage)
-or its writer died (it is stale).
+the lane state's count), remembering the writer session they came from (``sessions``).
+Reading such a row is the row source's business (``expstore/loading/store_rows.py``,
+handed ``sessions`` and ``lanes``): it copies it from shared memory with the same step
+check as a shard read; a row gone from there was committed meanwhile (it is then read
+from storage) or its writer died (it is stale).
 
 When the writer that staged rows this index knows is gone (killed before flushing them),
 or another one replaced it, those rows never happened: the next ``refresh()`` drops them
@@ -125,30 +126,3 @@ class StagedRows:
                 idx.set_valid_from(lane, int(steps[-1]) // S * S + S - L)
             idx.put(lane, int(steps[new][0]), ep[new], fl[new], committed=False)
         self.sessions[lane] = m.session
-
-    def read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
-             lane_of: np.ndarray, ok: np.ndarray, done: np.ndarray) -> None:
-        """Serve the staged rows among ``rows`` (``lane_of`` their lanes): sets ``out`` and
-        ``ok`` for rows delivered, ``done`` for rows not to look for on storage."""
-        idx = self.store.index
-        for lane, session in self.sessions.items():
-            sel = np.flatnonzero((lane_of == lane) & (steps >= idx.committed[lane]))
-            if not len(sel):
-                continue
-            part = np.empty((len(sel), *out.shape[1:]), out.dtype)
-            got, committed = self.lanes.read(lane, session, name, steps[sel], part)
-            out[sel[got]] = part[got]
-            ok[sel[got]] = True
-            done[sel] = True
-            done[sel[~got & (steps[sel] < committed)]] = False  # committed since: on storage
-
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per lane, the writer session whose staged rows this process may plan (0: none)
-        and the committed count: what a DataLoader worker needs to read a plan's rows."""
-        st = self.store
-        sessions = np.zeros(st.lanes, np.int64)
-        for lane, s in self.sessions.items():
-            sessions[lane] = s
-        for lane, w in st.writers.items():
-            sessions[lane] = w.session
-        return sessions, st.index.committed.copy()

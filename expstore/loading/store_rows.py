@@ -1,0 +1,182 @@
+"""A store's rows as one reading process sees them: the one rule for where a planned row is.
+
+A plan names rows and the lane step expected at each. Per lane, rows below the lane's
+committed count are on shards (read through the shard reader, which checks the step).
+Rows at or above it are staged:
+
+- in the RAM of a writer of this process (``LaneWriter.staged``, rows ``committed.count
+  .. count``; above ``count``: on shards, where the step check finds what is there);
+- else in the shared-memory staging of a writer of this machine (``StagedLanes``), read
+  only from the writer *session* that staged the rows the plan was drawn from, with the
+  same step check as a shard read. A row gone from there was committed meanwhile (its
+  writer says so: read from shards) or its writer died or was replaced (stale: not
+  ``ok``, the plan's spares stand in);
+- else (no staging known for the lane) on shards.
+
+:class:`StoreRows` applies that rule for every reader: ``Store.source`` (``Store.read``,
+``Store.read_plan``, ``Store.sample``: its writers' RAM, the sessions ``refresh()`` found)
+and a DataLoader worker (``StoreDataset``: the :class:`StagedSnapshot` pickled with each
+item, every writer's rows in shared memory). :func:`staged_snapshot` turns the first view
+into the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+
+class StagedSnapshot(NamedTuple):
+    """Per lane, what a reader in another process of this machine needs to read plans
+    drawn now: ``sessions``, the writer session whose shared staging holds the lane's rows
+    from ``committed`` on (0: none), and ``committed``, the lane's committed count (rows
+    below it are on shards)."""
+
+    sessions: np.ndarray  # int64 per lane
+    committed: np.ndarray  # int64 per lane, lane steps
+
+
+class StagingWriter(Protocol):
+    """What :class:`StoreRows` needs of a writer of this process (a ``LaneWriter``)."""
+
+    count: int  # rows staged so far (lane steps)
+    committed: Any  # ``.count``: rows committed (lane steps)
+    session: int  # its shared staging (0: none)
+
+    def staged(self, name: str, steps: np.ndarray) -> np.ndarray: ...
+
+
+def staged_snapshot(lanes: int, committed: np.ndarray, sessions: Mapping[int, int],
+                    writers: Mapping[int, StagingWriter]) -> StagedSnapshot:
+    """The :class:`StagedSnapshot` of a process that knows the staged rows of ``sessions``
+    (lane -> session, other processes' writers) and writes ``writers``' lanes (their rows
+    are read from their shared staging elsewhere); ``committed``: the index's counts."""
+    out = np.zeros(lanes, np.int64)
+    for lane, session in sessions.items():
+        out[lane] = session
+    for lane, w in writers.items():
+        out[lane] = w.session
+    return StagedSnapshot(out, committed.copy())
+
+
+class StoreRows:
+    """A row source (``read``, ``read_fields``, ``read_held``) merging staged and committed
+    rows by the module's rule.
+
+    ``reader``: the shard reader; ``lane_capacity``: rows per lane; ``committed``: per lane
+    the committed count (lane steps; read when a read runs, so a live array follows it);
+    ``sessions``: lane -> writer session whose shared staging this process may read
+    (``shared``: those stagings, a ``StagedLanes``); ``writers``: lane -> this process's
+    writer (its committed count stands in for ``committed`` there).
+    """
+
+    def __init__(self, reader: Any, lane_capacity: int, committed: np.ndarray,
+                 sessions: Mapping[int, int] | None = None, shared: Any = None,
+                 writers: Mapping[int, StagingWriter] | None = None) -> None:
+        self.reader = reader
+        self.lane_capacity = int(lane_capacity)
+        self.committed = committed
+        self.sessions: Mapping[int, int] = sessions if shared is not None and sessions \
+            is not None else {}
+        self.shared = shared
+        self.writers: Mapping[int, StagingWriter] = {} if writers is None else writers
+
+    @classmethod
+    def in_worker(cls, reader: Any, shared: Any, lane_capacity: int,
+                  snapshot: tuple[np.ndarray, np.ndarray]) -> StoreRows:
+        """The rows of plans drawn with ``snapshot`` (a :class:`StagedSnapshot`), read in
+        another process of the writers' machine (a DataLoader worker)."""
+        sessions, committed = snapshot
+        live = {int(lane): int(sessions[lane]) for lane in np.flatnonzero(sessions)}
+        return cls(reader, lane_capacity, committed, live, shared)
+
+    @property
+    def stats(self) -> Any:
+        """The shard reader's counters (staged rows are not counted)."""
+        return self.reader.stats
+
+    def staged_mask(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray | None:
+        """Which of ``rows`` (at lane ``steps``) are at or above their lane's committed
+        count; ``None`` when none is, or no staging is known."""
+        if not self.writers and not self.sessions:
+            return None
+        committed = self.committed
+        if self.writers:
+            committed = committed.copy()
+            for lane, w in self.writers.items():
+                committed[lane] = w.committed.count
+        mask = steps >= committed[rows // self.lane_capacity]
+        return mask if mask.any() else None
+
+    def read_staged(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows at or above their lane's committed count, from staging into ``out``:
+        ``(delivered, on shards)``, the latter for rows to read from shards (committed
+        since, beyond a writer's count, or of a lane with no staging known). Rows neither
+        delivered nor on shards are stale."""
+        lane = rows // self.lane_capacity
+        ok = np.zeros(len(rows), bool)
+        stored = np.zeros(len(rows), bool)
+        for i in np.unique(lane).tolist():
+            sel = np.flatnonzero(lane == i)
+            w = self.writers.get(i)
+            session = self.sessions.get(i)
+            if w is not None:  # this process's writer: its RAM
+                mine = steps[sel] < w.count
+                if mine.any():
+                    out[sel[mine]] = w.staged(name, steps[sel[mine]])
+                    ok[sel[mine]] = True
+                stored[sel[~mine]] = True
+            elif session is not None:  # another process's writer: shared memory
+                part = np.empty((len(sel), *out.shape[1:]), out.dtype)
+                got, committed = self.shared.read(i, session, name, steps[sel], part)
+                out[sel[got]] = part[got]
+                ok[sel[got]] = True
+                stored[sel[~got & (steps[sel] < committed)]] = True
+            else:
+                stored[sel] = True
+        return ok, stored
+
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        """Values of field ``name`` at ``rows`` into ``out``; ``ok`` per row (``False``:
+        the row no longer holds ``steps``)."""
+        mask = self.staged_mask(rows, steps)
+        if mask is None:
+            return self.reader.read(name, rows, steps, out)
+        sel = np.flatnonzero(mask)
+        part = np.empty((len(sel), *out.shape[1:]), out.dtype)
+        got, stored = self.read_staged(name, rows[sel], steps[sel], part)
+        ok = np.zeros(len(rows), bool)
+        out[sel[got]] = part[got]
+        ok[sel[got]] = True
+        rest = np.union1d(np.flatnonzero(~mask), sel[stored])
+        if len(rest):
+            buf = np.empty((len(rest), *out.shape[1:]), out.dtype)
+            ok[rest] = self.reader.read(name, rows[rest], steps[rest], buf)
+            out[rest] = buf
+        return ok
+
+    def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
+                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``."""
+        if self.staged_mask(rows, steps) is None:
+            return self.reader.read_fields(names, rows, steps)
+        out = {}
+        for name in names:
+            f = self.reader.layout.fields[name]
+            vals = np.empty((len(rows), *f.shape), f.dtype)
+            out[name] = (vals, self.read(name, rows, steps, vals))
+        return out
+
+    def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Frames left in the reader's frame cache (see ``ShardReader.read_held``); staged
+        rows are copied into the cache's scratch rows."""
+        mask = self.staged_mask(rows, steps)
+        if mask is None:
+            return self.reader.read_held(name, rows, steps)
+        return self.reader.read_held(name, rows, steps, staged=(
+            mask, lambda r, s, out: self.read_staged(name, r, s, out)))
