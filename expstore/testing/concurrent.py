@@ -50,9 +50,11 @@ def reader(url: str, log_path: str, seconds: float, max_samples: int | None = No
     from ..errors import NotEnoughData, StaleBatchError
 
     res = ReaderResult()
-    t0 = time.monotonic()
     store = store_api.open(url, "r")
     lanes = store.lanes
+    if loader_workers:  # a loader plans at once: wait for rows (not counted in ``seconds``)
+        _wait_for_rows(store, res, rows=64)
+    t0 = time.monotonic()
 
     def done() -> bool:
         return (time.monotonic() - t0 >= seconds
@@ -90,14 +92,20 @@ def reader(url: str, log_path: str, seconds: float, max_samples: int | None = No
     return res
 
 
-def _loader_reads(store: Any, log_path: str, res: ReaderResult, done: Any, batch_size: int,
-                  workers: int, seed: int) -> None:
-    while not done():  # wait until the writer has committed enough to plan batches
-        store.refresh()
-        if int(store.index.present(store.layout.shard_rows).sum()) >= 64:
-            break
+def _wait_for_rows(store: Any, res: ReaderResult, rows: int, timeout: float = 120.0) -> None:
+    """Refresh until the store holds ``rows`` committed rows: the writer process may take
+    seconds to start on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while int(store.index.present(store.layout.shard_rows).sum()) < rows:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the writer committed fewer than {rows} rows in {timeout:g} s")
         res.not_enough += 1
         time.sleep(0.02)
+        store.refresh()
+
+
+def _loader_reads(store: Any, log_path: str, res: ReaderResult, done: Any, batch_size: int,
+                  workers: int, seed: int) -> None:
     from ..loading import make_loader  # imports torch
 
     sampler = UniformSampler(store, seed=seed, refresh_every=0.02)
