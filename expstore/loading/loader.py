@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import StaleBatchError
 from ..sampling.base import Sampler, check_batch
+from ..sampling.mixture import MixtureSampler
 from ..sampling.plans import ReaderView, ReadPlan, merge_plans
 from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
@@ -426,6 +427,11 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     check_batch(batch_size)
     if sampler is None:
         sampler = UniformSampler(store)
+    if isinstance(sampler, MixtureSampler):
+        raise TypeError("sampler: make_loader reads the plans of one store, and a "
+                        "MixtureSampler draws from several; make one loader per component "
+                        "sampler and mix their batches, or sample the mixture in this process "
+                        "(MixtureSampler.sample)")
     skip_corrupt = bool(skip_corrupt) or bool(getattr(sampler, "skip_corrupt", False))
     staged = None
     if num_workers > 0:
