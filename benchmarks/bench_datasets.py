@@ -162,7 +162,7 @@ import numpy as np
 from numcodecs import blosc
 import expstore as es
 from expstore.datasets import import_dopamine
-from expstore.storage import Layout
+from expstore.storage.format import Layout
 out = {"encode_us": {}, "top": []}
 frames = np.ascontiguousarray(np.load(DIR + "/frames.npy", mmap_mode="r")[:2048])
 for name, cfg in CODECS.items():  # one frame per call, as the writer encodes image rows

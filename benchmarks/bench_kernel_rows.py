@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
 from benchmarks.bench_rss import build  # noqa: E402
-from expstore.storage import ShardReader, backend_for  # noqa: E402
+from expstore.storage import backend_for  # noqa: E402
+from expstore.storage.read import ShardReader  # noqa: E402
 
 
 def main() -> None:

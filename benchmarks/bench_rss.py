@@ -48,7 +48,7 @@ from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
-from expstore.storage import LaneState, write_state  # noqa: E402
+from expstore.storage.format import LaneState, write_state  # noqa: E402
 from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
 

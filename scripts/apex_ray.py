@@ -33,7 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import expstore as es  # noqa: E402
-from expstore.storage import read_state  # noqa: E402
+from expstore.storage.format import read_state  # noqa: E402
 from expstore.testing import data  # noqa: E402
 from expstore.testing.ray_actors import LaneActor, learn  # noqa: E402
 

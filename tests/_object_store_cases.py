@@ -22,8 +22,10 @@ import zarr
 
 import expstore as es
 from expstore.errors import LeaseUnsupportedError
-from expstore.storage import LaneState, faults, lease_key, read_state, state_key
+from expstore.storage import faults
 from expstore.storage.backends import Backend, RetryPolicy, backend_for
+from expstore.storage.format import LaneState, read_state, state_key
+from expstore.storage.ownership import lease_key
 from expstore.testing import TcpProxy, data
 
 SPEC = data.spec()

@@ -11,8 +11,8 @@ from _object_store_cases import ObjectStoreCases
 
 import expstore as es
 from expstore.errors import LeaseUnsupportedError, PreconditionFailed
-from expstore.storage import acquire_all
 from expstore.storage.backends import AzureBackend, RetryPolicy, backend_for
+from expstore.storage.ownership import acquire_all
 from expstore.testing import TcpProxy
 from expstore.testing.azure import azure_options, connection_string
 

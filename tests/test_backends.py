@@ -15,15 +15,7 @@ import pytest
 
 import expstore as es
 from expstore.errors import LeaseUnsupportedError, PreconditionFailed
-from expstore.storage import (
-    Backend,
-    LaneLease,
-    acquire_all,
-    backend_for,
-    backends,  # internals: the registry's _resolve, DEFAULT_BACKEND
-    lease_key,
-    register_backend,
-)
+from expstore.storage import Backend, backend_for, backends, register_backend
 from expstore.storage.backends import (  # the backends subpackage's face
     AzureBackend,
     FsspecBackend,
@@ -34,6 +26,7 @@ from expstore.storage.backends import (  # the backends subpackage's face
     content_tag,
 )
 from expstore.storage.backends.shard_cache import ShardCache
+from expstore.storage.ownership import LaneLease, acquire_all, lease_key
 from expstore.testing import BackendTests, data
 
 SPEC = data.spec()

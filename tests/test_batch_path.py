@@ -16,7 +16,8 @@ import torch
 from test_loader import decode_frame
 
 import expstore as es
-from expstore.storage import ShardReader, backend_for
+from expstore.storage import backend_for
+from expstore.storage.read import ShardReader
 
 FRAME = (32, 32)  # 1 KiB: stored one row per inner chunk, like Atari frames
 

@@ -17,7 +17,8 @@ import expstore as es
 from expstore import cli
 from expstore.repair import repair_store
 from expstore.rows import FLAG_BAD
-from expstore.storage import backend_for, read_quarantine
+from expstore.storage import backend_for
+from expstore.storage.format import read_quarantine
 from expstore.storage.format.shard import HEADER_SIZE, index_size, parse_head
 from expstore.verify import verify_store
 

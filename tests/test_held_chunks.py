@@ -17,8 +17,9 @@ import pytest
 from test_batch_path import FRAME, make_store, write
 from test_kernel_reads import _filled, _general
 
-from expstore.storage import ShardReader, backend_for
+from expstore.storage import backend_for
 from expstore.storage.native.kernels import native
+from expstore.storage.read import ShardReader
 from expstore.storage.read.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):

@@ -15,7 +15,8 @@ from expstore import index_loader
 from expstore.errors import StoreCorruptError
 from expstore.index.rows import RowIndex
 from expstore.index_loader import DAMAGE_READS, IndexLoader
-from expstore.storage import backend_for, read_quarantine, read_states
+from expstore.storage import backend_for
+from expstore.storage.format import read_quarantine, read_states
 from expstore.storage.read import ShardReader
 
 

@@ -15,8 +15,9 @@ import pytest
 from test_batch_path import FRAME, frame, make_store, write
 
 import expstore as es
-from expstore.storage import ShardReader, backend_for
+from expstore.storage import backend_for
 from expstore.storage.native.kernels import native
+from expstore.storage.read import ShardReader
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
     raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
@@ -304,7 +305,8 @@ import numpy as np
 sys.path.insert(0, sys.argv[2])
 from test_batch_path import frame
 import expstore as es
-from expstore.storage import ShardReader, backend_for
+from expstore.storage import backend_for
+from expstore.storage.read import ShardReader
 store = es.open(sys.argv[1])
 rows = np.arange(store.capacity)
 steps = store.index.steps(rows)

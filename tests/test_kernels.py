@@ -141,7 +141,7 @@ def test_argument_errors_are_clear() -> None:
 
 
 def test_copy_rows_gathers_and_scatters_with_bounds_checks() -> None:
-    from expstore.storage import copy_rows
+    from expstore.storage.native import copy_rows
 
     src = np.arange(5 * 3 * 4, dtype=np.float32).reshape(5, 3, 4)
     out = np.zeros((4, 3, 4), np.float32)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.storage import lease_key
+from expstore.storage.ownership import lease_key
 from expstore.testing import data
 
 SPEC = data.spec()

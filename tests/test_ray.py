@@ -14,7 +14,7 @@ import time
 import pytest
 
 import expstore as es
-from expstore.storage import read_state
+from expstore.storage.format import read_state
 from expstore.testing import data
 from expstore.testing.ray_actors import LaneActor, learn
 

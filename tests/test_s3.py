@@ -20,8 +20,8 @@ from _object_store_cases import SPEC, ObjectStoreCases, write
 
 import expstore as es
 from expstore.errors import PreconditionFailed
-from expstore.storage import read_state, state_key
 from expstore.storage.backends import RetryPolicy, S3Backend  # the backends subpackage's face
+from expstore.storage.format import read_state, state_key
 from expstore.testing import data
 from expstore.testing.s3 import s3_options
 

@@ -8,7 +8,7 @@ import zarr
 
 import expstore as es
 from expstore.rows import FLAG_BAD, FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
-from expstore.storage import Layout
+from expstore.storage.format import Layout
 
 
 def frame(step_value: int, shape=(12, 10)) -> np.ndarray:
@@ -418,7 +418,8 @@ def test_open_streams_the_index_in_blocks(tmp_path, monkeypatch):
 
 def test_blockwise_open_marks_lost_rows_like_one_pass(tmp_path, monkeypatch):
     import expstore.index_loader as loader_mod
-    from expstore.storage import Quarantine, backend_for, write_quarantine
+    from expstore.storage import backend_for
+    from expstore.storage.format import Quarantine, write_quarantine
 
     url = tmp_path / "m.zarr"
     rows = _metadata_store(url, rows=1 << 14)

@@ -20,7 +20,8 @@ from expstore import cli, index_loader
 from expstore.errors import StoreCorruptError
 from expstore.repair import repair_store
 from expstore.rows import FLAG_BAD
-from expstore.storage import Quarantine, backend_for, read_quarantine, write_quarantine
+from expstore.storage import backend_for
+from expstore.storage.format import Quarantine, read_quarantine, write_quarantine
 from expstore.testing import crash, data, scratch_dir
 from expstore.verify import verify_store
 

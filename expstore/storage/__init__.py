@@ -1,66 +1,20 @@
-"""Storage: where bytes live. Backends (local, memory, fsspec, S3 as plug-ins), the zarr v3
-layout of a store, the shard format, the writer that stages and commits rows, the reader
-that checks every row's step, per-lane state, leases and quarantine, and the priority file
-format. Knows rows and bytes; nothing of sampling or priorities' meaning.
+"""Storage: where bytes live, and what they mean. Knows rows as numbered slots with a step
+id and nothing of sampling or of what priorities mean. Its rooms, bottom first, each
+entered through its own face (``tests/test_architecture.py``, ``STORAGE_ROOMS``):
+
+- ``faults``: named crash points a test can arm (a leaf every room may call);
+- ``native``: the C kernels (batch reads, per-step writes) and their loaders;
+- ``backends``: where bytes live (local disk, memory, fsspec, S3, GCS, Azure) by URL
+  scheme, and the local shard cache in front of remote ones;
+- ``format``: what the bytes are (zarr layout and metadata, shards, lane states, the
+  quarantine, the import marker, saved priorities);
+- ``ownership``: who may write a lane (leases, fences);
+- ``write``: the append path (lane writers, background threads, shared-memory staging);
+- ``read``: the read path (the shard reader and its caches, rows staged by other writers).
+
+This face names the backend plug-in API only; everything else comes from its room.
 """
 
 from .backends import Backend, backend_for, known_backends, register_backend
-from .format import (
-    STATE_VERSION,
-    LaneState,
-    Layout,
-    Quarantine,
-    auto_shard_rows,
-    read_layout,
-    read_quarantine,
-    read_state,
-    read_states,
-    round_capacity,
-    state_key,
-    write_metadata,
-    write_quarantine,
-    write_state,
-)
-from .native import copy_rows
-from .ownership import (
-    DEFAULT_TTL,
-    LaneLease,
-    LeasedBackend,
-    acquire_all,
-    lease_key,
-    live_holders,
-    require_atomic_writes,
-)
-from .read import ShardReader
-from .write import LaneWriter
 
-__all__ = [
-    "DEFAULT_TTL",
-    "STATE_VERSION",
-    "Backend",
-    "LaneLease",
-    "LaneState",
-    "LaneWriter",
-    "LeasedBackend",
-    "Layout",
-    "Quarantine",
-    "ShardReader",
-    "acquire_all",
-    "auto_shard_rows",
-    "backend_for",
-    "copy_rows",
-    "known_backends",
-    "lease_key",
-    "live_holders",
-    "read_layout",
-    "read_quarantine",
-    "read_state",
-    "read_states",
-    "register_backend",
-    "require_atomic_writes",
-    "round_capacity",
-    "state_key",
-    "write_metadata",
-    "write_quarantine",
-    "write_state",
-]
+__all__ = ["Backend", "backend_for", "known_backends", "register_backend"]
