@@ -9,7 +9,7 @@
    rows every field's shards hold contiguously; the newest shard may add rows its writer
    wrote but had not committed when it died — intact, since every chunk is checksummed);
 2. rewrites a bad ``_flags``, ``_episode_step`` or ``_step_id`` chunk from the values the
-   rows around it give (``storage/metadata_rebuild.py``): their rows are kept;
+   rows around it give (``storage/format/metadata_rebuild.py``): their rows are kept;
 3. quarantines the lane steps whose bytes are bad (``_state/quarantine.json``): a store
    opened afterwards never samples them, nor any transition, frame stack or n-step window
    that would touch them, and training continues on the rest;

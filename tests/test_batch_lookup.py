@@ -1,4 +1,4 @@
-"""A batch's lookups around the reads in C (``storage/batch_lookup.h``) against numpy.
+"""A batch's lookups around the reads in C (``storage/native/batch_lookup.h``) against numpy.
 
 ``first_index`` (distinct frame keys of a batch), ``table_rows`` (scalars from decoded
 shards) and ``place_rows`` (where each frame goes in the frame cache) must give what the

@@ -1,7 +1,7 @@
 """Handing a full shard over inside an ``add``: the buffers' records and the writing threads'
-job rings (``storage/shard_buffer.py``, ``background.JobRing``); the hand-over itself is
+job rings (``storage/write/shard_buffer.py``, ``background.JobRing``); the hand-over itself is
 ``LaneWriter._hand_off``, called by the step kernel at a shard boundary (``move_lane`` in
-``storage/step_shards.h``).
+``storage/native/step_shards.h``).
 
 Whatever the hand-over meets (spare lineages of a partial flush, writes halted after a
 failure, a full job ring), the shards are written in order.

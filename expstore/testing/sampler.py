@@ -41,7 +41,7 @@ from ..sampling import (
     SequenceSampler,
     UniformSampler,
 )
-from ..storage import Quarantine, write_quarantine
+from ..storage.format import Quarantine, write_quarantine
 from .episodes import STEP, EpisodeWriter, ident_spec, ref_sequence, ref_transition
 
 #: frames stacked per observation, lanes, rows per lane and per shard of the test stores

@@ -139,7 +139,7 @@ def _run_processes(tasks: list[tuple[int, Checkpoint]], n: int, args: tuple, pro
 def worker_env() -> dict[str, str]:
     """The environment of a worker process: this one's, with the lane writer staging in
     private memory (no reader follows an import's unflushed rows, so the shared staging
-    file of ``storage/staging.py``, whose pages are all mapped in at open, is not needed;
+    file of ``storage/write/staging.py``, whose pages are all mapped in at open, is not needed;
     private pages are taken only as rows fill them)."""
     env = dict(os.environ)
     env["EXPSTORE_SHARED_STAGING"] = "0"

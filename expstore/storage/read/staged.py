@@ -1,6 +1,6 @@
 """Rows that writers in other processes of this machine staged and did not flush yet.
 
-A local store's writers publish their staging in shared memory (``storage/staging.py``).
+A local store's writers publish their staging in shared memory (``storage/write/staging.py``).
 :class:`StagedRows` is a store's view of the lanes it does not write: ``refresh()`` reads
 their committed rows from storage as before, then their staged rows' episode positions
 and flags from shared memory into the index (not committed: ``index.committed`` stays at
