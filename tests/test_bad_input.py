@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import zlib
 
 import numpy as np
@@ -362,8 +363,7 @@ def test_a_background_write_error_surfaces_and_nothing_is_lost(store):
 def _can_mount() -> bool:
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
-    probe = "/tmp/expstore-mount-probe"
-    os.makedirs(probe, exist_ok=True)
+    probe = tempfile.mkdtemp(prefix="expstore-mount-probe-")  # one per process (xdist)
     ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", probe],
                         capture_output=True).returncode == 0
     if ok:
