@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -165,16 +166,23 @@ class ObjectStoreCases:
     #: DataLoader worker start methods to test
     loader_methods: tuple[str, ...] = ("fork", "spawn")
 
-    @pytest.fixture
-    def remote(self) -> tuple[str, dict]:
-        raise NotImplementedError
+    #: names of the fixtures giving a fresh store URL ``(url, storage_options)`` on the
+    #: server, and the server (its ``endpoint``)
+    remote_fixture: str
+    server_fixture: str
+    #: endpoint -> the storage options of a client of that endpoint
+    options: Callable[[str], dict]
 
     @pytest.fixture
-    def server(self) -> Any:
-        raise NotImplementedError
+    def remote(self, request) -> tuple[str, dict]:
+        return request.getfixturevalue(self.remote_fixture)
+
+    @pytest.fixture
+    def server(self, request) -> Any:
+        return request.getfixturevalue(self.server_fixture)
 
     def options_for(self, endpoint: str) -> dict:
-        raise NotImplementedError
+        return type(self).options(endpoint)
 
     def _lease_ttl(self) -> dict:
         return {} if self.atomic else {"lease_ttl": None}

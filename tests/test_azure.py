@@ -77,17 +77,8 @@ def test_a_missing_container_is_a_clear_permanent_error(azurite):
 class TestStoreOnAzurite(ObjectStoreCases):
     backend_cls = AzureBackend
     atomic = True
-
-    @pytest.fixture
-    def remote(self, az_url):
-        return az_url
-
-    @pytest.fixture
-    def server(self, azurite):
-        return azurite
-
-    def options_for(self, endpoint):
-        return azure_options(endpoint)
+    remote_fixture, server_fixture = "az_url", "azurite"
+    options = staticmethod(azure_options)
 
 
 def test_the_probe_rides_through_an_outage_or_says_it_cannot_tell(azurite, az_url):

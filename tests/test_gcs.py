@@ -111,17 +111,8 @@ def test_a_missing_bucket_is_a_clear_permanent_error(fake_gcs_server):
 class TestStoreOnFakeGcsServer(ObjectStoreCases):
     backend_cls = GCSBackend
     atomic = True
-
-    @pytest.fixture
-    def remote(self, fake_gcs_url):
-        return fake_gcs_url
-
-    @pytest.fixture
-    def server(self, fake_gcs_server):
-        return fake_gcs_server
-
-    def options_for(self, endpoint):
-        return gcs_options(endpoint)
+    remote_fixture, server_fixture = "fake_gcs_url", "fake_gcs_server"
+    options = staticmethod(gcs_options)
 
 
 # ~150 s: the second GCS emulator (pure Python); fake-gcs-server runs the same cases
@@ -130,14 +121,5 @@ class TestStoreOnGcpStorageEmulator(ObjectStoreCases):
     backend_cls = GCSBackend
     atomic = False
     loader_methods = ("fork",)
-
-    @pytest.fixture
-    def remote(self, gcs_url):
-        return gcs_url
-
-    @pytest.fixture
-    def server(self, gcs_server):
-        return gcs_server
-
-    def options_for(self, endpoint):
-        return gcs_options(endpoint)
+    remote_fixture, server_fixture = "gcs_url", "gcs_server"
+    options = staticmethod(gcs_options)

@@ -31,17 +31,8 @@ pytest.importorskip("s3fs")
 class TestStoreOnMoto(ObjectStoreCases):
     backend_cls = S3Backend
     atomic = True
-
-    @pytest.fixture
-    def remote(self, s3_url):
-        return s3_url
-
-    @pytest.fixture
-    def server(self, s3_server):
-        return s3_server
-
-    def options_for(self, endpoint):
-        return s3_options(endpoint)
+    remote_fixture, server_fixture = "s3_url", "s3_server"
+    options = staticmethod(s3_options)
 
 
 def test_a_new_shard_is_opened_for_every_field_in_one_round_trip(s3_url):
