@@ -43,9 +43,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per checkout (medians)")
     ap.add_argument("--json", required=True, help="the results/<file> the benchmark writes")
     ap.add_argument("--key", default="case", help="the column naming a row")
-    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
-    a = ap.parse_args()
-    script = a.script[1:] if a.script[:1] == ["--"] else a.script
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        ap.error("give the benchmark after --: -- SCRIPT [ARGS...]")
+    cut = argv.index("--")
+    a = ap.parse_args(argv[:cut])
+    script = argv[cut + 1:]
     runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
     for i in range(a.repeats):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")

@@ -6,12 +6,12 @@ Where the C kernel was built and the spec is one it stages (``storage/write/step
 :class:`~expstore.appender.Appender` (``add_one``/``add_lanes``): the step's row, its final
 row, the index entries and the lane's held ``next_obs``. It hands back (``False``) a step it
 does not take as is (a value to cast, clip or refuse, a stream break, a failed shard write
-waiting) and, of a vector step, the lanes whose final row would open the next shard (staged
-through ``add_one``). At a shard boundary the kernel itself calls the lane's writer
-(``LaneWriter._enter_shard`` / ``_hand_off``, the one place that moves a lane to another
-shard buffer). The appender owns the state both paths share (the
-lanes' writers, the index, ``open_step``, ``held_ok``/``held_vals``, the staging table
-``LaneRows``); this module holds references to it, never copies.
+waiting). A lane whose row opens a shard, or whose shard fills, is moved to its next shard
+buffer inside the call in the common case (``step_shards.h``, the fast path of
+``LaneWriter._enter_shard`` / ``_hand_off``); the lanes it leaves are moved by their writers
+between two kernel calls (:meth:`StepKernelPath._moved`). The appender owns the state both
+paths share (the lanes' writers, the index, ``open_step``, ``held_ok``/``held_vals``, the
+staging table ``LaneRows``); this module holds references to it, never copies.
 """
 
 from __future__ import annotations
@@ -85,8 +85,22 @@ class StepKernelPath:
             return True
         if got is False:
             return False
+        if got[0] == 1:  # lanes whose next row opens a shard: open them, then stage
+            for j in got[1]:
+                self._moved(j, table, enter=True)
+            got = plan.add(*step)
+            if got is None:
+                idx.last_lane = plan.last_lane
+                return True
+            if got is False:  # (the Python path takes the shards as opened)
+                return False
         errors = []
-        for j in got:  # final rows that open the next shard: through the writer
+        for j in got[1]:  # full shards: to the background writer
+            try:
+                self._moved(j, table, enter=False)
+            except WriteFailedError as e:  # staged; a shard write failed
+                errors.append(e)
+        for j in got[2]:  # final rows that open the next shard: through the writer
             try:
                 self.add_one(j, obs[j], action[j], reward[j], next_obs[j], terminated[j],
                              truncated[j], {})
@@ -96,3 +110,17 @@ class StepKernelPath:
         if errors:
             raise errors[0]
         return True
+
+    def _moved(self, lane: int, table: LaneRows, enter: bool) -> None:
+        """Open the lane's next shard (``enter``) or hand its full one to the background
+        writer, then bring the table and the index up to date (as ``Appender._row`` does), in
+        one C call (``plan.load``: no numpy call here, this runs inside an add)."""
+        w = self.writers[lane]
+        try:
+            if enter:
+                w._enter_shard()
+            else:
+                w._hand_off()
+        finally:
+            self._plan.load(lane)
+            table.stale.discard(lane)

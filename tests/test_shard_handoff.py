@@ -1,10 +1,11 @@
-"""Handing a full shard over inside an ``add``: the buffers' records and the writing threads'
-job rings (``storage/write/shard_buffer.py``, ``background.JobRing``); the hand-over itself is
-``LaneWriter._hand_off``, called by the step kernel at a shard boundary (``move_lane`` in
-``storage/native/step_shards.h``).
+"""Handing a full shard over inside an ``add``: the buffers' records, the writers' gates and
+the writing threads' job rings (``storage/write/shard_buffer.py``, ``background.JobRing``,
+``hand_off`` / ``enter`` in ``storage/native/step_shards.h``).
 
-Whatever the hand-over meets (spare lineages of a partial flush, writes halted after a
-failure, a full job ring), the shards are written in order.
+The step kernel hands shards over by itself only in the common case and reads no Python
+attribute to decide it: what would send the hand-over through the writer's Python code
+(spare lineages of a partial flush, writes halted after a failure, a full job ring) has to
+be visible to it in those bytes and words, and the shards must still be written in order.
 """
 
 from __future__ import annotations
@@ -82,21 +83,21 @@ def test_the_kernel_keeps_the_open_buffers_record(tmp_path):
 
 
 @kernel
-def test_a_partial_flush_s_spares_are_attached_by_the_hand_over(tmp_path, monkeypatch):
-    """After a partial flush the open shard has spare lineages (local disk); the hand-over
-    of that shard (``LaneWriter._hand_off``, called by the kernel) attaches them to it, and
-    the next shard starts without."""
+def test_a_partial_flush_sends_the_next_hand_over_through_the_writer(tmp_path, monkeypatch):
+    """After a partial flush the open shard has spare lineages (local disk), which only
+    ``LaneWriter._hand_off`` attaches: the writer's gate says so to the kernel."""
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=128, shard_rows=16,
                       fsync=False)
     w = store.writers[0]
     add_steps(store, 5)
+    assert w.gate[0] == 0
     store.flush()  # the open shard's objects, rewritten in place later: spares
-    assert w._spares
+    assert w._spares and w.gate[0] == 1
     handed = count_calls(monkeypatch, LaneWriter, "_hand_off")
     add_steps(store, 11, start=5)  # fills the shard
-    assert handed == [1] and not w._spares
-    add_steps(store, 16, start=16)  # fills the next one
-    assert handed == [1, 1]
+    assert handed == [1] and not w._spares and w.gate[0] == 0
+    add_steps(store, 16, start=16)  # fills the next one: in the kernel again
+    assert handed == [1]
     store.flush()
     other = es.open(store.url)
     assert len(other) == 32
@@ -106,27 +107,27 @@ def test_a_partial_flush_s_spares_are_attached_by_the_hand_over(tmp_path, monkey
 
 
 @kernel
-def test_a_halted_writer_writes_again_after_a_flush(tmp_path):
+def test_a_halted_writer_closes_its_gate_until_a_flush_writes_again(tmp_path):
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64, shard_rows=16,
                       fsync=False)
     w = store.writers[0]
     full = disk_full(store)
     add_steps(store, 16)  # its background write fails: the writer halts
     w.wait()
-    assert w._halted
+    assert w._halted and w.gate[0] == 1
     full[0] = False
     with pytest.raises(es.errors.WriteFailedError):
         store.add(np.full(4, 16, np.float32), 0, 16.0, np.full(4, 17, np.float32), False,
                   False)  # the error is reported once
     store.flush()
-    assert not w._halted
+    assert not w._halted and w.gate[0] == 0
     store.close()
 
 
 @kernel
 def test_a_full_job_ring_hands_over_through_the_writer_in_order(tmp_path, monkeypatch):
-    """A hand-over that finds the thread's ring full grows it; the shards are still
-    written first handed, first written."""
+    """The kernel leaves a hand-over to ``LaneWriter._hand_off`` when the thread's ring is
+    full; the ring grows and the shards are still written first handed, first written."""
     monkeypatch.setattr(background.Background, "RING", 1)
     release = threading.Event()
     order: list[int] = []
@@ -144,7 +145,7 @@ def test_a_full_job_ring_hands_over_through_the_writer_in_order(tmp_path, monkey
     assert w.n_buffers >= 5
     handed = count_calls(monkeypatch, LaneWriter, "_hand_off")
     add_steps(store, 16 * 4 + 1)  # four full shards while the thread holds the first
-    assert len(handed) == 4
+    assert handed, "a full ring should have sent a hand-over through the writer"
     assert len(w._worker.jobs.shards) > 1  # grown
     release.set()
     w.wait()

@@ -271,12 +271,10 @@ def test_a_failed_shard_write_is_retried_before_the_kernel_stages_more(tmp_path)
 
 
 @pytest.mark.parametrize("lanes", [1, 3])
-def test_shards_are_handed_over_and_opened_by_the_writer_from_the_kernel(tmp_path, monkeypatch,
-                                                                         lanes):
-    """Every add goes through the kernel, and at a shard boundary the kernel calls the
-    lane's writer, the one owner of a hand-over (``LaneWriter._hand_off`` once per full
-    shard, ``LaneWriter._enter_shard`` once per shard opened: ``move_lane`` in
-    ``step_shards.h``); the shards are written."""
+def test_shards_are_handed_over_and_opened_inside_the_kernel(tmp_path, monkeypatch, lanes):
+    """The adds that complete a shard or open the next run no Python code of the writer:
+    the kernel hands the full shard to the background thread and opens the next buffer
+    itself (``hand_off`` / ``enter`` in ``step_shards.h``), and the shards are written."""
     from expstore.storage.write.writer import LaneWriter
 
     store = es.create(str(tmp_path / "s.zarr"), cartpole_spec(), capacity=64 * lanes,
@@ -300,9 +298,7 @@ def test_shards_are_handed_over_and_opened_by_the_writer_from_the_kernel(tmp_pat
                       np.stack([nxt] * lanes), np.full(lanes, term), np.full(lanes, trunc))
     w = store.writers[0]
     assert all(taken) and w.count > 5 * 16  # every add through the kernel, 5+ shards full
-    full = sum(lane.count // 16 for lane in store.writers.values())
-    opened = sum(-(-lane.count // 16) - 1 for lane in store.writers.values())
-    assert len(handed) == full and len(entered) == opened  # (the first shard: the first add)
+    assert handed == [] and entered == []
     for lane in store.writers.values():
         lane.wait()  # every full shard written by the background thread, before a flush
         assert lane.committed.count == 16 * (lane.count // 16)
@@ -318,9 +314,43 @@ def test_shards_are_handed_over_and_opened_by_the_writer_from_the_kernel(tmp_pat
     store.close()
 
 
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_the_kernels_shard_moves_leave_the_writers_own_state(tmp_path, lanes):
+    """The kernel's ``hand_off`` / ``enter`` (``step_shards.h``) are the fast path of the
+    common case of ``LaneWriter._hand_off`` / ``_enter_shard``, the one definition of a
+    lane's move to its next shard buffer: after every add across ten shard boundaries, a
+    store whose kernel moved its lanes and one whose writers did hold the same state."""
+    fast, slow = pair(tmp_path, cartpole_spec(), lanes=lanes)
+    taken = spy(fast)
+    steps = cartpole_steps(16 * 10, seed=5, breaks=False, missing=False)
+
+    def moved_state(store):
+        return [(w.count, w.valid_from, w.cur.first_step, w.cur.n, w.cur.entered,
+                 w.cur.clean, w.cur.slot >= 0, len(w.queued) + len(w.pending))
+                for _, w in sorted(store.writers.items())]
+
+    for i, (o, a, r, nxt, term, trunc) in enumerate(steps):
+        for s in (fast, slow):
+            if lanes == 1:
+                s.add(o, a, r, nxt, term, trunc)
+            else:
+                s.add(np.stack([o] * lanes), np.full(lanes, a),
+                      np.full(lanes, r, np.float32), np.stack([nxt] * lanes),
+                      np.full(lanes, term), np.full(lanes, trunc))
+        for s in (fast, slow):
+            for w in s.writers.values():
+                w.wait()  # (the written shards' buffers freed alike in both)
+        assert moved_state(fast) == moved_state(slow), i
+        if i % 16 == 15:
+            assert_same(fast, slow)
+    assert taken.count(True) > 0.9 * len(taken)  # the kernel took (and moved) nearly all
+    fast.close()
+    slow.close()
+
+
 def test_a_sleeping_writer_thread_is_woken_by_the_python_hand_off(tmp_path, monkeypatch):
-    """A hand-over (``LaneWriter._hand_off``, called by the kernel) while the background
-    thread sleeps (idle) wakes it, else the full shard would wait unwritten."""
+    """The kernel leaves the hand-off to the writer's Python code when the background
+    thread sleeps (idle): it must be woken, else the full shard would wait unwritten."""
     import time
 
     from expstore.storage.write.background import Background

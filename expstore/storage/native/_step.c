@@ -23,11 +23,12 @@
  * stream break (the held ``next_obs`` differs: a final row first, or ``strict`` raises), a
  * lane with a failed shard write waiting, a lane that was not set up, or (one lane) a
  * final row that would open the next shard. ``None`` when every lane's rows are written.
- * A list of lanes: rows written except in these (vector only: their final row would open
- * the next shard; the caller stages them through the Python path). At a shard boundary
- * (a lane's next row opens a shard, or its shard is full) the writer's own Python moves
- * the lane (``LaneWriter._enter_shard`` / ``_hand_off``, called from here:
- * ``step_shards.h``), once in ``shard_rows`` adds.
+ * ``(1, lanes)``, nothing written: these lanes' next row opens a shard; the caller opens
+ * it (``LaneWriter._enter_shard``) and calls again. ``(2, full, left)``: rows written
+ * except in the lanes ``left`` (vector only: their final row would open the next shard;
+ * the caller stages them through the Python path); the lanes ``full`` now hold a full
+ * shard, which the caller hands to the background writer. (A lane whose shard fills is
+ * handed over here, in C, in the common case (``hand_off``); ``full`` lists the others.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -79,11 +80,15 @@ typedef struct {
     PyObject *writers; /* tuple: lane -> LaneWriter or None */
     PyObject *pending; /* tuple: lane -> its writer's list of failed shard writes, or None */
     PyObject *curs;    /* list: lane -> the writer's open shard (kept current by the caller) */
+    PyObject *hands;   /* tuple: lane -> (free buffers list, queued list, its thread's job
+                          ring: writers list, shards list, ends int64[2] (``JobRing``), its
+                          thread's sleeping byte, the writer's gate byte), or None (the
+                          bytes: one-element uint8 arrays) */
     Py_ssize_t last_lane; /* the index's newest lane after the last call that wrote */
 } Plan;
 
 static PyObject *s_pending, *s_n, *s_count, *s_episodes, *s_cur, *s_rec_at, *s_valid_from,
-    *s_committed, *s_enter_shard, *s_hand_off;
+    *s_committed;
 
 #include "step_values.h"
 
@@ -96,6 +101,7 @@ static int Plan_traverse(Plan *self, visitproc visit, void *arg) {
     Py_VISIT(self->writers);
     Py_VISIT(self->pending);
     Py_VISIT(self->curs);
+    Py_VISIT(self->hands);
     return 0;
 }
 
@@ -104,6 +110,7 @@ static int Plan_clear(Plan *self) {
     Py_CLEAR(self->writers);
     Py_CLEAR(self->pending);
     Py_CLEAR(self->curs);
+    Py_CLEAR(self->hands);
     self->L = 0; /* cleared: every add answers False */
     return 0;
 }
@@ -127,7 +134,7 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
     return PyArray_DATA((PyArrayObject *)o);
 }
 
-/* StepPlan(arrays, fields, consts, writers, curs)
+/* StepPlan(arrays, fields, consts, writers, curs, hands)
    arrays: (base (F, L) int64, n, first, pub, open_step, count: int64 per lane,
             held_ok bool (L), held uint8 (L, held_bytes), ep_idx int32, flags_idx uint8,
             entered uint8 (L): the lane's current shard was opened, then the index's
@@ -137,17 +144,19 @@ static void *array_ptr(PyObject *o, int type_num, Py_ssize_t min_len, const char
            type_num, kind, itemsize, shape, stack, finite, ilo, ihi, flo, fhi, top, exact,
            alo, ahi) with alo/ahi float64 arrays of one row's elements or None
    consts: (F, f_step, f_ep, f_flags, L, S, lane_cap, FIRST, LAST, TERMINATED, TRUNCATED)
-   writers: lane -> LaneWriter or None; curs: lane -> the writer's open shard */
+   hands: per lane, what handing its full shard over touches (``Plan.hands``), or None */
 static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
-    PyObject *arrays, *fields, *writers, *curs;
+    PyObject *arrays, *fields, *writers, *curs, *hands;
     Py_ssize_t F, fs, fe, ff, L, S, cap;
     int f1, f2, f3, f4;
-    if (!PyArg_ParseTuple(args, "O!O!(nnnnnnniiii)O!O!", &PyTuple_Type, &arrays,
+    if (!PyArg_ParseTuple(args, "O!O!(nnnnnnniiii)O!O!O!", &PyTuple_Type, &arrays,
                           &PyTuple_Type, &fields, &F, &fs, &fe, &ff, &L, &S, &cap, &f1, &f2,
-                          &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs))
+                          &f3, &f4, &PyTuple_Type, &writers, &PyList_Type, &curs,
+                          &PyTuple_Type, &hands))
         return -1;
     if (PyTuple_GET_SIZE(arrays) != 14 || PyTuple_GET_SIZE(fields) != NV || L <= 0 ||
-        S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L) {
+        S < 2 || F <= 0 || PyTuple_GET_SIZE(writers) != L || PyList_GET_SIZE(curs) != L ||
+        PyTuple_GET_SIZE(hands) != L) {
         PyErr_SetString(PyExc_ValueError, "StepPlan: bad arguments");
         return -1;
     }
@@ -225,6 +234,24 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->writers, writers);
     Py_INCREF(curs);
     Py_XSETREF(self->curs, curs);
+    for (Py_ssize_t j = 0; j < L; j++) {
+        PyObject *h = PyTuple_GET_ITEM(hands, j);
+        if (h != Py_None && !(PyTuple_Check(h) && PyTuple_GET_SIZE(h) == 7 &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 0)) &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 1)) &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 2)) &&
+                              PyList_Check(PyTuple_GET_ITEM(h, 3)) &&
+                              array_ptr(PyTuple_GET_ITEM(h, 4), NPY_INT64, 2, "ends") &&
+                              array_ptr(PyTuple_GET_ITEM(h, 5), NPY_UINT8, 1, "sleeping") &&
+                              array_ptr(PyTuple_GET_ITEM(h, 6), NPY_UINT8, 1, "gate"))) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "StepPlan: hands: (list, list, list, list, "
+                                "int64[2], uint8[1], uint8[1])");
+            return -1;
+        }
+    }
+    Py_INCREF(hands);
+    Py_XSETREF(self->hands, hands);
     return self->keep ? 0 : -1;
 }
 
@@ -243,13 +270,19 @@ static int set_int(PyObject *o, PyObject *name, long long x) {
     return r;
 }
 
-/* The lanes j0 + i (i < k) left to the caller (need[i]). */
-static PyObject *lanes_left(Py_ssize_t j0, Py_ssize_t k, const uint8_t *need) {
+/* The lanes j0 .. j0 + k - 1 that: (what 1) open a shard (no rows yet), (2) were written
+   and hold a full shard now, (3) were left to the caller (need[i]). */
+static PyObject *lane_list(Plan *self, Py_ssize_t j0, Py_ssize_t k, const uint8_t *need,
+                           int what) {
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < k; i++) {
-        if (!need[i]) continue;
-        PyObject *x = PyLong_FromSsize_t(j0 + i);
+        Py_ssize_t j = j0 + i;
+        int take = what == 1 ? self->n[j] == 0 && !self->entered[j]
+                   : what == 2 ? !need[i] && self->n[j] == self->S
+                               : need[i];
+        if (!take) continue;
+        PyObject *x = PyLong_FromSsize_t(j);
         if (x == NULL || PyList_Append(out, x)) {
             Py_XDECREF(x);
             Py_DECREF(out);
@@ -260,7 +293,8 @@ static PyObject *lanes_left(Py_ssize_t j0, Py_ssize_t k, const uint8_t *need) {
     return out;
 }
 
-static int move_lane(Plan *self, Py_ssize_t j, PyObject *method); /* (step_shards.h) */
+static int hand_off(Plan *self, Py_ssize_t j); /* (below) */
+static int enter(Plan *self, Py_ssize_t j);
 
 /* plan.add(lane, obs, action, reward, next_obs, terminated, truncated) */
 static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -307,7 +341,7 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     /* 2. each lane: set up, no failed write waiting, continues its held next_obs */
     const vfield *vo = &self->v[V_OBS];
-    int attention = 0;
+    int attention = 0, entering = 0;
     uint8_t need[k]; /* 0: written here, 1: left to the caller */
     uint8_t done_l[k];
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -329,15 +363,23 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
             if (!vector && !row_ok(vo, nxt.data, nxt.type, 1)) Py_RETURN_FALSE;
         }
         if (!vector && has_next && nxt.type != vo->type_num) Py_RETURN_FALSE;
-        if (self->n[j] == 0 && !self->entered[j] && /* its next row opens a shard */
-            move_lane(self, j, s_enter_shard) < 0)
-            return NULL;
         int64_t r = 1 + done;
         need[i] = self->n[j] + r > self->S; /* the final row would open the next shard */
         if (need[i]) {
             if (!vector) Py_RETURN_FALSE;
             attention = 1;
         }
+        if (self->n[j] == 0 && !self->entered[j]) { /* its next row opens a shard */
+            int e = enter(self, j);
+            if (e < 0) return NULL;
+            if (e == 0) entering = 1; /* (the caller opens it) */
+        }
+    }
+    if (entering) { /* nothing written: the caller opens these lanes' shards, calls again */
+        PyObject *lanes_o = lane_list(self, j0, k, NULL, 1);
+        if (lanes_o == NULL) return NULL;
+        PyObject *out = Py_BuildValue("(iN)", 1, lanes_o);
+        return out;
     }
     /* the lane whose row is staged last: the last final row's, else the last lane's */
     self->last_lane = j0 + k - 1;
@@ -427,20 +469,21 @@ static PyObject *Plan_add(Plan *self, PyObject *const *args, Py_ssize_t nargs) {
             if ((ne == -1 && PyErr_Occurred()) || set_int(w, s_episodes, ne + 1)) return NULL;
         }
     }
-    /* full shards to the background writer: every such lane, even after one failed */
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    int full = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         if (need[i] || self->n[j0 + i] != self->S) continue;
-        if (move_lane(self, j0 + i, s_hand_off) < 0 && type == NULL)
-            PyErr_Fetch(&type, &value, &tb);
-        PyErr_Clear();
+        int h = hand_off(self, j0 + i);
+        if (h < 0) return NULL;
+        if (h == 0) full = 1; /* (the caller hands it over) */
     }
-    if (type != NULL) {
-        PyErr_Restore(type, value, tb);
+    if (!attention && !full) Py_RETURN_NONE;
+    PyObject *full_o = lane_list(self, j0, k, need, 2);
+    PyObject *left_o = full_o ? lane_list(self, j0, k, need, 3) : NULL;
+    if (left_o == NULL) {
+        Py_XDECREF(full_o);
         return NULL;
     }
-    if (!attention) Py_RETURN_NONE;
-    return lanes_left(j0, k, need);
+    return Py_BuildValue("(iNN)", 2, full_o, left_o);
 }
 
 #include "step_shards.h"
@@ -558,10 +601,8 @@ PyMODINIT_FUNC PyInit__step(void) {
     s_rec_at = PyUnicode_InternFromString("rec_at");
     s_valid_from = PyUnicode_InternFromString("valid_from");
     s_committed = PyUnicode_InternFromString("committed");
-    s_enter_shard = PyUnicode_InternFromString("_enter_shard");
-    s_hand_off = PyUnicode_InternFromString("_hand_off");
     if (!s_pending || !s_n || !s_count || !s_episodes || !s_cur || !s_rec_at ||
-        !s_valid_from || !s_committed || !s_enter_shard || !s_hand_off)
+        !s_valid_from || !s_committed)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

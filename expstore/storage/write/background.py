@@ -37,41 +37,41 @@ if hasattr(os, "register_at_fork"):
 
 class JobRing:
     """A writing thread's jobs, oldest first: job ``k`` (``taken <= k < added``, with
-    ``ends = [taken, added]``) is ``(writers[k % size], shards[k % size])``; a ``None``
-    writer stops the thread. Adding a job allocates nothing while the ring has room (the
-    slots are fixed lists); a full ring grows (:meth:`append`). One thread adds (the
-    store's caller, ``LaneWriter._hand_off``), one takes (the writing thread)."""
+    ``ends = [taken, added]``, int64) is ``(writers[k % size], shards[k % size])``; a
+    ``None`` writer stops the thread. Adding a job allocates nothing (the slots are fixed
+    lists): the step kernel adds one inside the add that completes a shard (``hand_off``
+    in ``step_shards.h``; it leaves a full ring to :meth:`append`, which grows it). One
+    thread adds (the store's caller), one takes (the writing thread)."""
 
     def __init__(self, size: int = 16) -> None:
         self.writers: list = [None] * size
         self.shards: list = [None] * size
-        self.ends = [0, 0]  # (Python ints: cheaper than numpy scalars inside an add)
+        self.ends = np.zeros(2, np.int64)
         self._lock = threading.Lock()  # taking against growing (moves the slots)
 
     def __len__(self) -> int:
-        return self.ends[1] - self.ends[0]
+        return int(self.ends[1] - self.ends[0])
 
     def append(self, job: tuple[Any, Any] | None) -> None:
         writer, shard = job if job is not None else (None, None)
-        ends = self.ends
         size = len(self.shards)
-        if ends[1] - ends[0] >= size:
+        if self.ends[1] - self.ends[0] >= size:
             with self._lock:  # full: the jobs in order, in slots twice as many
-                taken, added = ends
+                taken, added = (int(e) for e in self.ends)
                 old = [(self.writers[k % size], self.shards[k % size])
                        for k in range(taken, added)]
                 self.writers[:] = [w for w, _ in old] + [None] * size
                 self.shards[:] = [s for _, s in old] + [None] * size
-                ends[:] = (0, len(old))
+                self.ends[:] = (0, len(old))
                 size *= 2
-        k = ends[1] % size
+        k = int(self.ends[1]) % size
         self.writers[k], self.shards[k] = writer, shard
-        ends[1] += 1  # (after the slots: the taker reads them once it sees this)
+        self.ends[1] += 1  # (after the slots: the taker reads them once it sees this)
 
     def popleft(self) -> tuple[Any, Any] | None:
         """The oldest job (the ring must not be empty)."""
         with self._lock:
-            taken = self.ends[0]
+            taken = int(self.ends[0])
             k = taken % len(self.shards)
             writer, shard = self.writers[k], self.shards[k]
             self.writers[k] = self.shards[k] = None
@@ -81,8 +81,8 @@ class JobRing:
 
 class Worker:
     """One writing thread: its jobs (:class:`JobRing`), its wake-up event, and
-    ``sleeping`` (one byte, 1 while the thread blocks until woken: a hand-over then wakes
-    it, ``LaneWriter._hand_off``)."""
+    ``sleeping`` (one byte, 1 while the thread blocks until woken: read by the step
+    kernel, which then leaves the hand-off to the Python path)."""
 
     def __init__(self, news: dict, poll: tuple[float, float], idle: float,
                  ring: int = 16) -> None:

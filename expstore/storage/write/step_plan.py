@@ -80,8 +80,10 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
 
     ``held_obs``: the held ``next_obs`` rows, ``(lanes, *obs shape)`` of the obs dtype;
     ``episode_step`` / ``flags`` / ``count`` / ``valid_from`` / ``committed``: the index's
-    arrays; ``flag_bits``: FIRST, LAST, TERMINATED, TRUNCATED. At a shard boundary the
-    plan calls the lane's writer (``LaneWriter._enter_shard`` / ``_hand_off``).
+    arrays; ``flag_bits``: FIRST, LAST, TERMINATED, TRUNCATED. The plan also keeps, per
+    lane, what handing a full shard over touches (the writer's free and queued buffers,
+    its thread's job ring and sleeping byte, the writer's gate byte), for ``hand_off`` in
+    ``step_shards.h``.
     """
     if native is None:
         return None
@@ -110,4 +112,8 @@ def build_plan(spec: Any, table: LaneRows, open_step: np.ndarray, held_ok: np.nd
     consts = (len(names), names.index("_step_id"), names.index("_episode_step"),
               names.index("_flags"), L, table.shard_rows, lane_capacity,
               *(int(b) for b in flag_bits))
-    return native.StepPlan(arrays, tuple(fields), consts, tuple(table.writers), table.curs)
+    hands = tuple(None if w is None else (w._free, w.queued, w._worker.jobs.writers,
+                                          w._worker.jobs.shards, w._worker.jobs.ends,
+                                          w._worker.sleeping, w.gate) for w in table.writers)
+    return native.StepPlan(arrays, tuple(fields), consts,
+                           tuple(table.writers), table.curs, hands)

@@ -108,6 +108,9 @@ class LaneWriter:
         self._cv = threading.Condition()  # the background thread finished a shard
         self._results: deque = deque()  # (shard, error, state) from the background thread
         self._halted = False  # a background write failed: later ones of the lane wait
+        #: 1 while full shards must be handed over by :meth:`_hand_off` (spare lineages to
+        #: attach, or writes halted), not by the step kernel, which reads this byte
+        self.gate = np.zeros(1, np.uint8)
         self._lost_to = 0  # rows before this step were dropped unwritten (a lap behind)
         self.error: BaseException | None = None  # a background error not yet reported
         self._spares: dict[str, Lineage] = {}  # the open shard's objects (partial flushes)
@@ -256,8 +259,9 @@ class LaneWriter:
         return start, m
 
     def _enter_shard(self) -> None:
-        """The lane's next row opens a shard in the current buffer. (The one place that
-        does it: the step kernel calls this too, ``move_lane`` in ``step_shards.h``.)"""
+        """The lane's next row opens a shard in the current buffer. (The definition: the
+        step kernel's ``enter`` in ``step_shards.h`` is its fast path for the common case,
+        held to the same state by ``tests/test_step_kernel.py``.)"""
         L = self.layout
         if self.cur.slot < 0:
             self._promote()
@@ -274,8 +278,8 @@ class LaneWriter:
     def _hand_off(self) -> None:
         """The current shard is full: queue its write (behind a failed one: keep it) and
         make a free buffer current. (Kept to a few operations: this runs inside an add.
-        The one place that does it: the step kernel calls this too, ``move_lane`` in
-        ``step_shards.h``.)"""
+        The definition: the step kernel's ``hand_off`` in ``step_shards.h`` is its fast
+        path for the common case, held to the same state by ``tests/test_step_kernel.py``.)"""
         if self.forks != FORKS[0]:
             self._check_owner()
         sh = self.cur
@@ -283,6 +287,7 @@ class LaneWriter:
             sh.spare_dir = self._spare_dir(sh)
             sh.lineages = list(self._spares.values())
             self._spares = {}
+            self._regate()
         if self.pending or self._halted:
             self.wait()  # (skipped behind the failed one: now in ``pending``, in order)
             self._keep(sh)
@@ -358,13 +363,16 @@ class LaneWriter:
 
     def _recycle(self, sh: ShardBuffer) -> None:
         """Return ``sh`` to the free buffers, with no rows and not opened (a free buffer
-        is made current as it is, by :meth:`_hand_off`)."""
+        is made current as it is, by :meth:`_hand_off` and the step kernel)."""
         if self._size > self.n_buffers and sh.slot < 0:
             self._size -= 1  # an extra buffer: dropped
         else:
             sh.n = 0
             sh.entered = False
             self._free.append(sh)
+
+    def _regate(self) -> None:
+        self.gate[0] = 1 if (self._spares or self._halted) else 0
 
     # -- the background thread's side -----------------------------------------------------
     def _background_write(self, sh: ShardBuffer) -> None:
@@ -376,6 +384,7 @@ class LaneWriter:
                 self._reset(sh)  # ready for its next shard (here: not inside an add)
         except BaseException as e:  # reported on the caller's thread
             self._halted = True
+            self._regate()
             error = e
         self._results.append((sh, error, state))
         with self._cv:
@@ -436,6 +445,7 @@ class LaneWriter:
             if self.on_shard_written is not None:
                 self.on_shard_written(self.shard_index(sh.first_step))
         self._halted = False
+        self._regate()
         self.error = None  # what failed before is written now
         self._promote()
         if self.count > self._disk.count:
@@ -545,6 +555,7 @@ class LaneWriter:
         lin = self._spares.get(name)
         if lin is None:
             lin = self._spares[name] = Lineage(f"{self._spare_dir(sh)}/{name.replace('/', '%')}")
+            self._regate()
         img.seal(sh.first_step, sh.n, L.checksum)
         backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
 
