@@ -85,11 +85,13 @@ class Appender:
                                           self.add_one)
 
     # -- which path ---------------------------------------------------------------------------
-    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any,
-            truncated: Any, lane: int | None, extras: dict[str, Any]) -> None:
-        """``Store.add``: one step of ``lane`` (``None``: the one writable lane, else one
-        step in every lane), by one C call where it can (``step_kernel.add``), else
-        :meth:`add_lanes` or :meth:`add_one`."""
+    def add(self, obs: Any = None, action: Any = None, reward: Any = None,
+            next_obs: Any = None, terminated: Any = None, truncated: Any = None,
+            lane: int | None = None, **extras: Any) -> None:
+        """``Store.add`` (an open store's ``add`` is this method: same signature): one step
+        of ``lane`` (``None``: the one writable lane, else one step in every lane), by one
+        C call where it can (``step_kernel.add``), else :meth:`add_lanes` or
+        :meth:`add_one`."""
         self.poll_writes()  # background shard writes: commits, or an error raised here
         access, writers, lanes = self.access, self.writers, self.index.lanes
         write_lanes = access.write_lanes

@@ -96,6 +96,7 @@ class Store:
                                    self.leases)
         self._appender = Appender(layout.spec, self.writers, self.index, self._access,
                                   self._poll_writes, strict=strict)
+        self.add = self._appender.add  # Store.add itself: one Python call less per step
         self._skipping: SkipCorruptSource | None = None  # (made by the first skipping read)
         try:
             self._loader = IndexLoader(backend, layout, self.index, lambda: self.reader,
@@ -319,7 +320,8 @@ class Store:
         only when the episode ends (as the episode's final row) or when the lane's next
         step does not start from it; otherwise it is the next step's ``obs``.
         """
-        self._appender.add(obs, action, reward, next_obs, terminated, truncated, lane, extras)
+        self._appender.add(obs, action, reward, next_obs, terminated, truncated, lane,
+                           **extras)  # (an open store binds its appender's add as its own)
 
     def extend(self, batch: Mapping[str, Any] | None = None, lane: int | None = None,
                check_next_obs: bool = True, **fields: Any) -> None:
