@@ -1,4 +1,5 @@
-"""Native: the package's C kernels and their loaders (docs/architecture.md, "Native code").
+"""Native: the package's C kernels and their loaders (docs/architecture.md, "Storage rooms" and
+"Where to add": which source a new C function goes in).
 
 Two extensions, one per side: the read kernel (``_kernels.c``: batch decoding and reads,
 a batch's lookups) is ``native`` / :func:`read_kernel`; the write kernel (``_step.c``: the
