@@ -65,6 +65,8 @@ class Appender:
         self.access = access
         self.poll_writes = poll_writes
         self.strict = strict
+        #: the lane a store writing exactly one lane adds to by default (else None)
+        self.one_lane = access.write_lanes[0] if len(access.write_lanes) == 1 else None
         self.check = StepCheck(spec)
         self.obs_names = list(spec.obs_names)
         self.single_obs = spec.structure.get("obs", {"kind": "single"})["kind"] == "single"
@@ -97,15 +99,20 @@ class Appender:
         write_lanes = access.write_lanes
         if not extras and not access.closed and writers:  # one C call, where it can
             at = lane
-            if at is None:
-                at = (write_lanes[0] if len(write_lanes) == 1 else
-                      -1 if lanes > 1 and len(writers) == lanes else None)
-            if at == -1 and lane is None:
-                access.ensure_leases()
-            elif at is not None and at in writers:
-                access.writer(at)  # renews the lane's lease when due
+            if at is None and self.one_lane is not None:  # a one-lane writer's add:
+                at = self.one_lane  # ``access.writer(at)``'s checks, inlined (all hold)
+                lease = access.leases.get(at)
+                if lease is not None:
+                    lease.ensure()  # renews the lane's lease when due
             else:
-                at = None
+                if at is None:
+                    at = -1 if lanes > 1 and len(writers) == lanes else None
+                if at == -1 and lane is None:
+                    access.ensure_leases()
+                elif at is not None and at in writers:
+                    access.writer(at)  # renews the lane's lease when due
+                else:
+                    at = None
             if at is not None and self.step_kernel.add(at, obs, action, reward, next_obs,
                                                        terminated, truncated):
                 return
