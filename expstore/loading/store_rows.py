@@ -143,7 +143,11 @@ class StoreRows:
              out: np.ndarray) -> np.ndarray:
         """Values of field ``name`` at ``rows`` into ``out``; ``ok`` per row (``False``:
         the row no longer holds ``steps``)."""
-        mask = self.staged_mask(rows, steps)
+        return self._read(name, rows, steps, out, self.staged_mask(rows, steps))
+
+    def _read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
+              mask: np.ndarray | None) -> np.ndarray:
+        """:meth:`read`, with ``mask`` = :meth:`staged_mask` of these rows."""
         if mask is None:
             return self.reader.read(name, rows, steps, out)
         sel = np.flatnonzero(mask)
@@ -162,13 +166,14 @@ class StoreRows:
     def read_fields(self, names: list[str], rows: np.ndarray, steps: np.ndarray
                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``."""
-        if self.staged_mask(rows, steps) is None:
+        mask = self.staged_mask(rows, steps)  # (once for all the fields)
+        if mask is None:
             return self.reader.read_fields(names, rows, steps)
         out = {}
         for name in names:
             f = self.reader.layout.fields[name]
             vals = np.empty((len(rows), *f.shape), f.dtype)
-            out[name] = (vals, self.read(name, rows, steps, vals))
+            out[name] = (vals, self._read(name, rows, steps, vals, mask))
         return out
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
