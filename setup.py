@@ -18,7 +18,8 @@ ext_modules = [
     Extension(
         "expstore.storage.native._kernels",
         ["expstore/storage/native/_kernels.c"],
-        depends=["expstore/storage/native/batch_lookup.h", "expstore/storage/native/shard_reads.h",
+        depends=["expstore/storage/native/batch_lookup.h", "expstore/storage/native/hot_gather.h",
+                 "expstore/storage/native/shard_reads.h",
                  *SHARED_HEADERS],
         include_dirs=[SHARED],
         extra_compile_args=["-O3", "-std=c99"],

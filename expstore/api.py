@@ -34,7 +34,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
            shard_rows: int | None = None, overwrite: bool = False,
            storage_options: dict[str, Any] | None = None, fsync: bool = True,
            lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
-           strict: bool = False, mode: str = "r+") -> Store:
+           strict: bool = False, mode: str = "r+", hot_bytes: int | None = None) -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
@@ -48,7 +48,9 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
     never a wrong value (``expstore verify``). ``mode="r"``: the new store is returned
     read-only (no lane opened for writing, no lease, nothing staged in RAM).
+    ``hot_bytes``: see :func:`open`.
     """
+    check_bytes("hot_bytes", hot_bytes)
     url = os.fspath(url)
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
@@ -76,8 +78,10 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
-    return Store(backend, layout, mode=mode, storage_options=storage_options,
-                 lease_ttl=lease_ttl, strict=strict)
+    store = Store(backend, layout, mode=mode, storage_options=storage_options,
+                  lease_ttl=lease_ttl, strict=strict)
+    set_hot_bytes(store, hot_bytes)
+    return store
 
 
 def _refuse_unless_store_or_empty(backend: Backend, meta: bytes | None) -> None:
@@ -126,7 +130,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
          fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
          strict: bool = False, cache_bytes: int | None = None,
-         index_all: bool = True) -> Store:
+         index_all: bool = True, hot_bytes: int | None = None) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -148,6 +152,12 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
     frames are first read, so RAM grows to the budget only as rows are sampled.
 
+    ``hot_bytes``: this process's hot set, decoded small fields (scalars, state vectors)
+    held in RAM for ``sample`` / ``read_plan`` (bytes; default :attr:`Store.hot_bytes`,
+    512 MiB, which holds every row of a ~5M-row store of 17-dim float32 obs and 6-dim
+    actions; 0: none, every row decoded from its shard). Taken as shards are first read;
+    past it, shards are admitted while there is room and never evicted.
+
     ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a
     writer that never samples (a dataset import's lane): the other lanes read as empty until
     :meth:`Store.refresh`, and opening spends nothing on them (indexing reads every row's
@@ -155,10 +165,8 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
-    if cache_bytes is not None and (isinstance(cache_bytes, bool) or
-                                    not isinstance(cache_bytes, (int, np.integer))
-                                    or cache_bytes < 0):
-        raise ValueError(f"cache_bytes: expected an int >= 0 (bytes), got {cache_bytes!r}")
+    check_bytes("cache_bytes", cache_bytes)
+    check_bytes("hot_bytes", hot_bytes)
     url = os.fspath(url)
     backend = backend_for(url, storage_options, fsync)
     layout = read_layout(backend)
@@ -171,4 +179,23 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         store.cache_bytes = int(cache_bytes)
         if store._reader is not None:
             store._reader.set_row_cache_bytes(store.cache_bytes)
+    set_hot_bytes(store, hot_bytes)
     return store
+
+
+def check_bytes(name: str, value: Any) -> None:
+    """A ValueError naming ``name`` unless ``value`` is None or an int >= 0 (bytes)."""
+    if value is not None and (isinstance(value, bool) or
+                              not isinstance(value, (int, np.integer)) or value < 0):
+        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
+
+
+def set_hot_bytes(store: Store, hot_bytes: int | None) -> None:
+    """Give ``store`` a hot set of ``hot_bytes`` (None: keep the default); a reader made
+    while opening (loading the index) is closed, the next read makes one of that size."""
+    if hot_bytes is None:
+        return
+    store.hot_bytes = int(hot_bytes)
+    if store._reader is not None:
+        store._reader.close()
+        store._reader = None

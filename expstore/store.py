@@ -66,6 +66,14 @@ class Store:
 
     #: bytes of decoded frames kept by this process's reader (``open(cache_bytes=...)``)
     cache_bytes: int = 256 << 20
+    #: bytes of this process's hot set (``open(hot_bytes=...)``): decoded small fields
+    #: (scalars, state vectors: every field stored many rows per chunk) held in RAM, shard
+    #: by shard as they are first read; a 1M-row store of 17-dim float32 obs and 6-dim
+    #: actions takes ~100 MB. Where a field's share does not hold every shard it may,
+    #: shards are admitted while there is room and never evicted (see
+    #: ``storage/read/read_cache.py``). Independent of capacity; every DataLoader worker
+    #: process keeps its own (``make_loader(hot_bytes=...)``).
+    hot_bytes: int = 512 << 20
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
@@ -256,7 +264,8 @@ class Store:
         """This process's reader (a forked child gets its own)."""
         if self._reader is None or self._reader_pid != os.getpid():
             self._reader = ShardReader(self.backend, self.layout,
-                                       row_cache_bytes=self.cache_bytes)
+                                       row_cache_bytes=self.cache_bytes,
+                                       values_budget=self.hot_bytes)
             self._reader_pid = os.getpid()
         return self._reader
 

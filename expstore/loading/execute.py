@@ -18,7 +18,7 @@ from ..storage.format import Layout
 from .columns import Allocator, RowSource, numpy_alloc
 from .her_batch import assemble_her
 from .sequence_batch import assemble_sequences
-from .transition_batch import finish_many, read_columns
+from .transition_batch import finish_many, gather_from_hot_set, read_columns
 
 #: plan type -> ``read(plan, layout, source) -> (batch, stale)`` for one-batch plans
 ONE_BATCH_READERS: dict[type, Callable[[Any, Layout, RowSource], tuple[dict, int]]] = {
@@ -47,6 +47,9 @@ def assemble_batches(plan: Any, layout: Layout, source: RowSource,
     slot). A batch every sample of which was overwritten is ``None``.
     """
     if type(plan) is ReadPlan:
+        hot = gather_from_hot_set(plan, layout, source, alloc)
+        if hot is not None:
+            return hot
         return finish_many(plan, *read_columns(plan, layout, source, lazy=True), alloc)
     read = ONE_BATCH_READERS.get(type(plan))
     if read is None:

@@ -176,6 +176,40 @@ class StoreRows:
             out[name] = (vals, self._read(name, rows, steps, vals, mask))
         return out
 
+    def gather_held(self, locs: list[tuple[np.ndarray, np.ndarray]],
+                    jobs: list[tuple[int, str, np.ndarray]]) -> bool:
+        """The reader's :meth:`~expstore.storage.read.ShardReader.gather_held` (fields of
+        a batch from the hot set, one call) with staged rows merged in: rows at or above
+        their lane's committed count are skipped there and read by this module's rule,
+        each field's once for all its jobs. False (outputs partly written) where a row is
+        neither held nor staged, or was overwritten: read the batch the general way."""
+        reader = self.reader
+        if not self.writers and not self.sessions:
+            return reader.gather_held(locs, jobs)
+        masks = [self.staged_mask(rows, steps) for rows, steps in locs]
+        if all(m is None for m in masks):
+            return reader.gather_held(locs, jobs)
+        split = [loc if m is None else (*loc, m) for loc, m in zip(locs, masks)]
+        if not reader.gather_held(split, jobs):
+            return False
+        by_name: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
+        for loc, name, out in jobs:
+            if masks[loc] is not None:
+                sel = np.flatnonzero(masks[loc])
+                rows, steps = locs[loc]
+                by_name.setdefault(name, []).append((sel, rows[sel], steps[sel], out))
+        for name, parts in by_name.items():
+            rows = np.concatenate([p[1] for p in parts])
+            steps = np.concatenate([p[2] for p in parts])
+            vals = np.empty((len(rows), *parts[0][3].shape[1:]), parts[0][3].dtype)
+            if not self._read(name, rows, steps, vals, np.ones(len(rows), bool)).all():
+                return False
+            at = 0
+            for sel, _, _, out in parts:
+                out[sel] = vals[at : at + len(sel)]
+                at += len(sel)
+        return True
+
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Frames left in the reader's frame cache (see ``ShardReader.read_held``); staged

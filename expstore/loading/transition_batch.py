@@ -14,7 +14,7 @@ import numpy as np
 from ..sampling.plans import ReadPlan
 from ..storage.format import Layout
 from ..storage.native import copy_rows
-from .columns import Allocator, Gathered, RowSource, choose, read_unique
+from .columns import Allocator, Gathered, RowSource, choose, numpy_alloc, read_unique
 
 
 def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
@@ -124,3 +124,55 @@ def finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
                 copy_rows(v, sel, batch[k])
         results.append((batch, stale))
     return results
+
+
+def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
+                        alloc: Allocator) -> list[tuple[dict | None, int]] | None:
+    """Every batch of a one-step plan without frame stacks (low-dim stores) in one call of
+    the source's ``gather_held``: each field's values straight from the reader's hot set
+    into the batch's arrays (obs and next_obs from the same field), no sample stale, so
+    the first ``batch_size`` samples of each batch are taken, as :func:`finish_many` does.
+    ``None`` where that does not apply (n-step, frame stacks, a row not held decoded or
+    staged, no ``gather_held``): the caller reads the plan the general way."""
+    gather = getattr(source, "gather_held", None)
+    if gather is None or plan.n_step != 1 or plan.history != 0:
+        return None
+    spec = layout.spec
+    if any(spec.fields[n].stack for n in spec.obs_names):
+        return None
+    per = len(plan.rows) // plan.batches
+    B = per - plan.spare
+    obs_rows, next_rows = plan.obs_rows.reshape(-1), plan.next_rows.reshape(-1)
+    obs_steps, next_steps = plan.obs_steps.reshape(-1), plan.next_steps.reshape(-1)
+    others = [n for n in spec.fields if n not in spec.obs_names]
+    locs: list[tuple[np.ndarray, np.ndarray]] = []
+    jobs: list[tuple[int, str, np.ndarray]] = []
+    batches: list[dict[str, np.ndarray]] = []
+    for i in range(plan.batches):
+        take = slice(i * per, i * per + B)
+        locs += [(obs_rows[take], obs_steps[take]), (next_rows[take], next_steps[take]),
+                 (plan.rows[take], plan.steps[take])]
+        at = 3 * i
+        batch: dict[str, np.ndarray] = {}
+        for name in spec.obs_names:
+            f = spec.fields[name]
+            suffix = name[3:]
+            batch["obs" + suffix] = o = np.empty((B, *f.shape), f.dtype)
+            batch["next_obs" + suffix] = x = np.empty((B, *f.shape), f.dtype)
+            jobs += [(at, name, o), (at + 1, name, x)]
+        for name in others:
+            f = spec.fields[name]
+            batch[name] = v = np.empty((B, *f.shape), f.dtype)
+            jobs.append((at + 2, name, v))
+        batch["index"], batch["step_id"] = plan.rows[take], plan.steps[take]
+        batch["weight"] = plan.weight[take]
+        batches.append(batch)
+    if not gather(locs, jobs):
+        return None
+    if alloc is not numpy_alloc:  # (a worker's shared slot: written once more, there)
+        arrays = alloc([{k: (v.shape, v.dtype) for k, v in b.items()} for b in batches])
+        for src, dst in zip(batches, arrays):
+            for k, v in src.items():
+                np.copyto(dst[k], v)
+        batches = arrays
+    return [(b, 0) for b in batches]

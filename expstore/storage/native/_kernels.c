@@ -19,7 +19,8 @@
  *       batch (``shard_reads.h``; the method table says more).
  *
  *   first_index / table_rows / place_rows: a batch's lookups around the reads
- *       (``batch_lookup.h``).
+ *       (``batch_lookup.h``); gather_held: a batch's small fields from the hot set
+ *       (``hot_gather.h``).
  *
  *   copy_rows(src, src_rows, dst, dst_rows, row_bytes)
  *       gather/scatter whole rows (frame stacks into a batch) with one memcpy each:
@@ -754,6 +755,7 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
 }
 
 #include "batch_lookup.h" /* first_index, table_rows, place_rows */
+#include "hot_gather.h"   /* gather_held */
 
 static PyMethodDef methods[] = {
     {"decode_pread", decode_pread, METH_VARARGS,
@@ -794,6 +796,9 @@ static PyMethodDef methods[] = {
      "table_rows(shards, slots, steps, first, n_rows, trusted, slot, values, shard_rows, "
      "out) -> bool\n\nRows of cached decoded shards (ShardTable) into out, when every row "
      "is held and trusted; else False and nothing written."},
+    {"gather_held", gather_held, METH_VARARGS,
+     "gather_held(shard_rows, spl, known, locs, jobs, copy) -> bool\n\nEvery small field of a "
+     "batch from the hot set (ShardTable values) in one call (see hot_gather.h)."},
     {"place_rows", place_rows, METH_VARARGS,
      "place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own) "
      "-> bool\n\nRowCache.place in one loop; False where scratch is too small."},

@@ -35,9 +35,11 @@ ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
 class ShardTable:
     """Cached shard versions of one field, as arrays over shards (see module docstring).
 
-    ``values_budget``: bytes of decoded values kept for multi-row-chunk fields; beyond it
-    a random slot is evicted (its rows are then read by the kernel through ``fds``, else
-    the general path). ``fds``: the field's descriptors for the kernel (``None``: no
+    ``values_budget``: bytes of decoded values kept for multi-row-chunk fields (this
+    field's share of the store's hot set, ``open(hot_bytes=...)``): shards are admitted as
+    they are first read while it has room, never evicted; rows of shards left out are read
+    by the kernel through ``fds`` (only the blosc blocks holding them decoded), else the
+    general path. ``fds``: the field's descriptors for the kernel (``None``: no
     kernel); frame fields (one row per chunk) are read only through them.
     """
 
@@ -58,7 +60,6 @@ class ShardTable:
         per_slot = shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
         self.max_slots = 0 if chunk_rows == 1 else decoded_slots(n_shards, per_slot,
                                                                   values_budget)
-        self._rng = np.random.default_rng(0)
         self.opened = 0  # versions bound so far (shard opens of this field)
 
     @property
@@ -75,6 +76,8 @@ class ShardTable:
         if values is None or not self.max_slots:
             return  # rows of this shard: the kernel (fds) or the general path
         s = self._take_slot(shard)
+        if s < 0:
+            return  # the budget is full: this shard's rows are read, not held
         self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
         self.trusted[shard], self.fd[shard] = trusted, fd
         self.values[s] = values
@@ -82,18 +85,18 @@ class ShardTable:
     @property
     def fills(self) -> bool:
         """Whether the kernel decodes missed shards straight into value slots: one chunk
-        per shard, and room for the values of at least half the shards (else most
-        would be evicted before they are read again: the kernel decodes only the rows
-        asked for)."""
+        per shard, and room for the values of at least half the shards (with less, the
+        same bytes hold more shards as compressed chunks: ``kernel_shares``)."""
         return self.chunk_rows == self.shard_rows and worth_filling(self.max_slots,
                                                                     len(self.slot))
 
-    def claim(self, shards: np.ndarray) -> np.ndarray | None:
+    def claim(self, shards: np.ndarray) -> np.ndarray:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
-        if they hold one, else free ones, else random others (evicted). The shards are
-        not ready until :meth:`commit`. ``None`` when they do not all fit."""
-        if len(shards) > self.max_slots:
-            return None
+        if they hold one, else free ones while the budget has room; -1 where none is left
+        (admission, not eviction: a slot once given to a shard stays its own, refilled when
+        a lap rewrites the shard, so a store past the budget never churns; rows of shards
+        without a slot are decoded alone, straight into the batch). The shards are not
+        ready until :meth:`commit`."""
         s = self.slot[shards]
         need = np.flatnonzero(s < 0)
         if len(need):
@@ -103,19 +106,10 @@ class ShardTable:
                                max(8, 2 * len(self.owner), len(self.owner) + len(need))))
                 free = np.flatnonzero(self.owner < 0)
             free = free[: len(need)]
-            short = len(need) - len(free)
-            if short:
-                keep = np.zeros(len(self.owner), bool)
-                keep[s[s >= 0]] = True
-                keep[free] = True
-                victims = _pick(self._rng, np.flatnonzero(~keep), short)
-                gone = self.owner[victims]
-                self.slot[gone] = -1
-                self.first[gone] = -1
-                free = np.concatenate([free, victims])
-            self.owner[free] = shards[need]
-            self.slot[shards[need]] = free
-            s[need] = free
+            got = need[: len(free)]
+            self.owner[free] = shards[got]
+            self.slot[shards[got]] = free
+            s[got] = free
         self.first[shards] = -1
         return s
 
@@ -151,15 +145,15 @@ class ShardTable:
             self.fds.clear()
 
     def _take_slot(self, shard: int) -> int:
+        """A free value slot for ``shard`` (-1: the budget is full; nothing is evicted)."""
         free = np.flatnonzero(self.owner < 0)
         if len(free):
             s = int(free[0])
         elif len(self.owner) < self.max_slots:
             s = len(self.owner)
             self._grow(min(self.max_slots, max(8, 2 * len(self.owner))))
-        else:  # full: evict a random slot (no per-access bookkeeping needed)
-            s = int(self._rng.integers(len(self.owner)))
-            self.unbind(int(self.owner[s]))
+        else:
+            return -1
         self.owner[s] = shard
         self.slot[shard] = s
         return s
@@ -184,16 +178,6 @@ class ShardTable:
         ok &= self.slot[shards] >= 0
         return ok
 
-
-
-def _pick(rng: np.random.Generator, items: np.ndarray, k: int) -> np.ndarray:
-    """``k`` distinct random entries of ``items`` (``len(items) >= k``), without the
-    permutation of all of them that ``rng.choice(replace=False)`` makes (~50 µs for a
-    few picks among thousands of slots)."""
-    picked = np.unique(rng.integers(len(items), size=k))
-    while len(picked) < k:
-        picked = np.unique(np.concatenate([picked, rng.integers(len(items), size=k)]))[:k]
-    return items[picked]
 
 
 class FdTable:
@@ -436,16 +420,17 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
     decoded into a value slot of ``table`` and kept there (see :meth:`FdTable.read`)."""
     uniq, inv = np.unique(shards, return_inverse=True)
     claimed = table.claim(uniq)
-    if claimed is None:
+    held = claimed >= 0
+    if not held.any():  # the hot set is full: rows decoded alone
         return table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
     per_slot = table.values[0].nbytes
     chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
     got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats, chunks,
-                                 claimed[inv] * per_slot)
+                                 np.where(held, claimed * per_slot, -1)[inv])
     failed = np.zeros(len(uniq), bool)
     failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
-    table.commit(uniq[~failed], table.fds)
-    table.release(uniq[failed])
+    table.commit(uniq[held & ~failed], table.fds)
+    table.release(uniq[held & failed])
     return got, kernel
 
 

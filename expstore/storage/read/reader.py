@@ -37,6 +37,7 @@ from ..backends import Backend, Handle
 from ..format import EMPTY, HEADER_SIZE, Layout, ShardHead, decoder, index_size
 from ..native import native
 from .general_read import GeneralReads, parse_head_retrying
+from .hot_set import gather_held
 from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
 from .read_cache import (
     FdTable,
@@ -399,6 +400,12 @@ class ShardReader(GeneralReads):
             self.stats.rows += len(rows)
             out[name] = (vals, ready)
         return out
+
+    def gather_held(self, locs: list[tuple[np.ndarray, ...]],
+                    jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
+        """A batch's small fields out of the hot set in one kernel call (see
+        :func:`~expstore.storage.read.hot_set.gather_held`)."""
+        return gather_held(self, locs, jobs, copy)
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,
                   staged: tuple[np.ndarray, StagedRead] | None = None

@@ -1,0 +1,146 @@
+/* expstore.storage.native._kernels: a whole batch of small fields gathered from the
+ * reader's hot set (``ShardTable`` decoded values) in one call. Included once, by
+ * ``_kernels.c``.
+ *
+ *   gather_held(shard_rows, spl, known, locs, jobs, copy) -> bool
+ *       ``locs``: a tuple of ``(rows, steps)`` pairs (int64, one entry per row each) or
+ *       ``(rows, steps, skip)`` triples (``skip``: bool per row, rows neither checked,
+ *       written nor counted: the caller's, e.g. rows still staged);
+ *       ``jobs``: a tuple of ``(loc, first, n_rows, trusted, slot, values, out)``: the rows
+ *       of ``locs[loc]`` of one field, out of its ``ShardTable`` arrays (``first``,
+ *       ``n_rows``, ``trusted``, ``slot``: int64 per shard; ``values``: the value slots,
+ *       ``shard_rows`` rows each) into ``out`` (one row per entry). When every row of every
+ *       job is held by a cached, trusted version (as ``table_rows`` checks), and ``copy``,
+ *       each ``out[i]`` is written (one memcpy per row, without the GIL) and ``known[lane]``
+ *       raised to ``step + 1`` for every row's lane (``spl`` shards per lane): True. Else
+ *       False and nothing written (``copy`` false: only the check).
+ */
+
+#define GATHER_JOB 7
+
+static PyObject *gather_held(PyObject *self, PyObject *args) {
+    Py_ssize_t shard_rows, spl;
+    PyObject *known_o, *locs, *jobs;
+    int copy;
+    if (!PyArg_ParseTuple(args, "nnOO!O!p", &shard_rows, &spl, &known_o, &PyTuple_Type, &locs,
+                          &PyTuple_Type, &jobs, &copy))
+        return NULL;
+    Py_ssize_t n_locs = PyTuple_GET_SIZE(locs), n_jobs = PyTuple_GET_SIZE(jobs);
+    if (shard_rows <= 0 || spl <= 0 || n_locs > 64 || n_jobs > 256) {
+        PyErr_SetString(PyExc_ValueError, "gather_held: shard_rows, spl > 0; at most 64 row "
+                                          "sets and 256 jobs");
+        return NULL;
+    }
+    held_buffer known = {0}, lb[3 * 64], jb[GATHER_JOB * 256];
+    Py_ssize_t job_loc[256] = {0};
+    memset(lb, 0, sizeof lb);
+    memset(jb, 0, sizeof jb);
+    PyObject *result = NULL;
+    if (take(known_o, &known, 8, 1, "known")) goto done;
+    for (Py_ssize_t l = 0; l < n_locs; l++) {
+        PyObject *pair = PyTuple_GET_ITEM(locs, l);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) < 2 || PyTuple_GET_SIZE(pair) > 3) {
+            PyErr_SetString(PyExc_TypeError, "gather_held: locs holds (rows, steps[, skip])");
+            goto done;
+        }
+        if (take(PyTuple_GET_ITEM(pair, 0), &lb[3 * l], 8, 0, "rows") ||
+            take(PyTuple_GET_ITEM(pair, 1), &lb[3 * l + 1], 8, 0, "steps") ||
+            (PyTuple_GET_SIZE(pair) == 3 &&
+             take_ints(PyTuple_GET_ITEM(pair, 2), &lb[3 * l + 2], 1, 0, "skip")))
+            goto done;
+        if (lb[3 * l].view.len != lb[3 * l + 1].view.len ||
+            (lb[3 * l + 2].held && lb[3 * l + 2].view.len * 8 != lb[3 * l].view.len)) {
+            PyErr_SetString(PyExc_ValueError, "gather_held: rows, steps and skip differ in "
+                                              "length");
+            goto done;
+        }
+    }
+    static const char *names[] = {"first", "n_rows", "trusted", "slot", "values", "out"};
+    Py_ssize_t lanes = known.view.len / 8;
+    for (Py_ssize_t j = 0; j < n_jobs; j++) {
+        PyObject *job = PyTuple_GET_ITEM(jobs, j);
+        if (!PyTuple_Check(job) || PyTuple_GET_SIZE(job) != GATHER_JOB) {
+            PyErr_SetString(PyExc_TypeError, "gather_held: jobs holds tuples of 7");
+            goto done;
+        }
+        Py_ssize_t loc = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 0));
+        if (loc < 0 || loc >= n_locs) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "gather_held: a job's loc is out of range");
+            goto done;
+        }
+        job_loc[j] = loc;
+        held_buffer *b = jb + GATHER_JOB * j;
+        for (int k = 0; k < 6; k++)
+            if (take(PyTuple_GET_ITEM(job, k + 1), &b[k], k < 4 ? 8 : 0, k == 5, names[k]))
+                goto done;
+        Py_ssize_t n = lb[3 * loc].view.len / 8, n_shards = b[0].view.len / 8;
+        if (b[1].view.len / 8 != n_shards || b[2].view.len / 8 != n_shards ||
+            b[3].view.len / 8 != n_shards || n_shards / spl > lanes ||
+            (n ? b[5].view.len % n != 0 : b[5].view.len != 0)) {
+            PyErr_SetString(PyExc_ValueError, "gather_held: first/n_rows/trusted/slot per "
+                                              "shard, out of one entry per row");
+            goto done;
+        }
+        if (n == 0) continue;
+        const int64_t *rows = lb[3 * loc].view.buf, *steps = lb[3 * loc + 1].view.buf;
+        const uint8_t *skip = lb[3 * loc + 2].held ? lb[3 * loc + 2].view.buf : NULL;
+        const int64_t *first = b[0].view.buf, *n_rows = b[1].view.buf;
+        const int64_t *trusted = b[2].view.buf, *slot = b[3].view.buf;
+        Py_ssize_t row_bytes = b[5].view.len / n, per_slot = shard_rows * row_bytes;
+        Py_ssize_t pool = per_slot ? b[4].view.len / per_slot : 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (skip && skip[i]) continue;
+            int64_t r = rows[i], s = r / shard_rows, at = r - s * shard_rows;
+            if (r < 0 || s >= n_shards || first[s] < 0 || first[s] + at != steps[i] ||
+                at >= n_rows[s] || steps[i] >= trusted[s] || slot[s] < 0 || slot[s] >= pool) {
+                result = Py_False; /* (a row the hot set does not hold: the caller's path) */
+                goto done;
+            }
+        }
+    }
+    if (copy) {
+        int64_t *kn = known.view.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < n_jobs; j++) {
+            held_buffer *b = jb + GATHER_JOB * j;
+            Py_ssize_t loc = job_loc[j];
+            Py_ssize_t n = lb[3 * loc].view.len / 8;
+            if (n == 0) continue;
+            const int64_t *rows = lb[3 * loc].view.buf, *slot = b[3].view.buf;
+            const uint8_t *skip = lb[3 * loc + 2].held ? lb[3 * loc + 2].view.buf : NULL;
+            const uint8_t *values = b[4].view.buf;
+            uint8_t *out = b[5].view.buf;
+            size_t row_bytes = (size_t)(b[5].view.len / n);
+            size_t per_slot = (size_t)shard_rows * row_bytes;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (skip && skip[i]) continue;
+                int64_t s = rows[i] / shard_rows, at = rows[i] - s * shard_rows;
+                const uint8_t *src = values + (size_t)slot[s] * per_slot + (size_t)at * row_bytes;
+                switch (row_bytes) { /* (fixed sizes: the compiler inlines the copy) */
+                case 1: out[i] = *src; break;
+                case 4: memcpy(out + 4 * i, src, 4); break;
+                case 8: memcpy(out + 8 * i, src, 8); break;
+                default: memcpy(out + i * row_bytes, src, row_bytes);
+                }
+            }
+        }
+        for (Py_ssize_t l = 0; l < n_locs; l++) { /* steps asked for are committed */
+            const int64_t *rows = lb[3 * l].view.buf, *steps = lb[3 * l + 1].view.buf;
+            const uint8_t *skip = lb[3 * l + 2].held ? lb[3 * l + 2].view.buf : NULL;
+            for (Py_ssize_t i = 0, n = lb[3 * l].view.len / 8; i < n; i++) {
+                if (skip && skip[i]) continue;
+                int64_t lane = rows[i] / shard_rows / spl;
+                if (lane < lanes && kn[lane] < steps[i] + 1) kn[lane] = steps[i] + 1;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_True;
+done:
+    release(&known);
+    for (Py_ssize_t l = 0; l < 3 * n_locs && l < 3 * 64; l++) release(&lb[l]);
+    for (Py_ssize_t j = 0; j < GATHER_JOB * n_jobs && j < GATHER_JOB * 256; j++) release(&jb[j]);
+    Py_XINCREF(result);
+    return result;
+}

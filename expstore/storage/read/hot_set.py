@@ -1,0 +1,86 @@
+"""The hot set: a reader's decoded small fields, and a batch gathered out of it at once.
+
+Fields stored many rows per chunk (scalars, state vectors: everything but frames) keep
+decoded shards in their :class:`~expstore.storage.read.read_cache.ShardTable` value slots,
+within the field's share of the store's ``hot_bytes`` (``kernel_budget.kernel_shares``:
+shares by row bytes, so every field holds the same fraction of its shards). Slots are
+taken as shards are first read and never given to another shard: where the budget holds
+every shard, each field is an in-RAM ring of its decoded rows; where it does not, the
+shards read first stay and rows of the others are read from their shards (only the blosc
+blocks holding them decoded), so a store past the budget costs per row missed, with no
+churn. A slot is keyed by the shard version it holds (first lane step, rows, the
+committed count it is trusted for): a row a lap rewrote never comes from it.
+
+:func:`gather_held` serves every small field of a batch from there in one kernel call,
+straight into the batch's arrays, without the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..native import native
+
+
+def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
+                jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
+    """For each job ``(loc, name, out)``, field ``name`` of ``reader`` (a
+    ``ShardReader``) at the rows and lane steps of ``locs[loc]`` (int64 arrays; a third
+    array, bool, marks rows to skip: neither checked nor written) into ``out``
+    (C-contiguous, one entry per row). True when every row not skipped, of every job, is
+    held decoded by a trusted version (and, with ``copy``, is written; the reader's known
+    committed counts are raised to the steps read); False, nothing written, otherwise
+    (read them with ``read_fields``, which fills the hot set). ``copy=False``: only the
+    check."""
+    tables = reader.tables
+    args = []
+    for loc, name, out in jobs:
+        t = tables.get(name)
+        if t is None or t.per_row or not len(t.values):
+            return False
+        args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out))
+    layout = reader.layout
+    S = layout.shard_rows
+    if native is not None:
+        if not native.gather_held(S, layout.shards_per_lane, reader.known, tuple(locs),
+                                  tuple(args), copy):
+            return False
+    elif not _gather_numpy(reader, locs, jobs, copy):
+        return False
+    if copy:
+        n = sum(_count(locs[loc]) for loc, _, _ in jobs)
+        reader.stats.chunk_cache_hits += n
+        reader.stats.rows += n
+    return True
+
+
+def _count(loc: tuple[np.ndarray, ...]) -> int:
+    return len(loc[0]) if len(loc) == 2 else int((~loc[2]).sum())
+
+
+def _gather_numpy(reader: Any, locs: list[tuple[np.ndarray, ...]],
+                  jobs: list[tuple[int, str, np.ndarray]], copy: bool) -> bool:
+    """:func:`gather_held` without the kernel (the same checks and results)."""
+    S = reader.layout.shard_rows
+    tables = reader.tables
+    where = []
+    for loc in locs:
+        rows, steps = loc[0], loc[1]
+        take = np.flatnonzero(~loc[2]) if len(loc) > 2 else slice(None)
+        shards = rows[take] // S
+        where.append((take, shards, rows[take] - shards * S, steps[take]))
+    for loc, name, _ in jobs:
+        _, shards, slots, steps = where[loc]
+        if len(shards) and not tables[name].ready(shards, slots, steps).all():
+            return False
+    if copy:
+        for loc, name, out in jobs:
+            take, shards, slots, _ = where[loc]
+            t = tables[name]
+            out[take] = t.values[t.slot[shards], slots]
+        for _, shards, _, steps in where:
+            if len(shards):
+                reader._bump(shards, steps)
+    return True

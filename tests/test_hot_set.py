@@ -1,0 +1,247 @@
+"""The hot set: decoded small fields (state vectors, scalars) held in RAM for sampling.
+
+A batch of a low-dim store is gathered out of the hot set in one kernel call
+(``ShardReader.gather_held``). It must return exactly what the general path returns for
+the same plan, across ring wraps, rows still staged, a writer in another process lapping
+the ring, a budget too small for the store (admission, no churn) and ``hot_bytes=0``; the
+C kernel and its numpy fallback return the same batches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import expstore as es
+from expstore.loading.columns import numpy_alloc
+from expstore.loading.store_rows import StoreRows
+from expstore.loading.transition_batch import finish_many, read_columns
+
+EP_LEN = 23  # transitions per episode (one final row each)
+
+
+def make_store(path, capacity=256, shard_rows=32, **kw):
+    spec = es.Spec.create(obs=es.Field((5,), np.float32), action=es.Field((2,), np.float32))
+    return es.create(path, spec, capacity=capacity, shard_rows=shard_rows, **kw)
+
+
+def write(store, start: int, n: int) -> None:
+    """Transitions ``start .. start + n``: transition ``g`` (episode ``g // EP_LEN``,
+    position ``g % EP_LEN``) has obs value ``key(g)``, next_obs ``key(g) + 1``, action and
+    reward ``key(g)``: any field of another transition or lap shows."""
+    for g in range(start, start + n):
+        k = key(g)
+        end = g % EP_LEN == EP_LEN - 1
+        store.add(np.full(5, k, np.float32), np.array([k, -k], np.float32), float(k),
+                  np.full(5, k + 1, np.float32), end, False)
+
+
+def key(g: int) -> float:
+    return float((g // EP_LEN) * 100 + g % EP_LEN)
+
+
+def check(batch: dict) -> None:
+    """Every sampled field belongs to the one transition the obs names."""
+    k = batch["obs"][:, 0]
+    assert (batch["obs"] == k[:, None]).all()
+    assert (batch["next_obs"] == k[:, None] + 1).all()
+    assert (batch["action"][:, 0] == k).all() and (batch["action"][:, 1] == -k).all()
+    assert (batch["reward"] == k).all()
+    assert (batch["terminated"] == (k % 100 == EP_LEN - 1)).all()
+
+
+def general(store, plan) -> dict:
+    """The plan read without the hot set (every field through ``read_columns``)."""
+    (batch, stale), = finish_many(plan, *read_columns(plan, store.layout, store.source,
+                                                      lazy=True), numpy_alloc)
+    assert stale == 0
+    return batch
+
+
+def same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+@pytest.fixture
+def hot_calls(monkeypatch):
+    """Batches served from the hot set (``StoreRows.gather_held`` answering True)."""
+    served = [0, 0, False]  # answered True, False; the last answer
+    real = StoreRows.gather_held
+
+    def counting(self, locs, jobs):
+        ok = real(self, locs, jobs)
+        served[0 if ok else 1] += 1
+        served[2] = ok
+        return ok
+
+    monkeypatch.setattr(StoreRows, "gather_held", counting)
+    return served
+
+
+def test_hot_batches_match_the_general_path_across_wraps_and_staged_rows(tmp_path,
+                                                                         hot_calls):
+    store = make_store(tmp_path / "s.zarr")
+    sampler = es.UniformSampler(store, seed=0)
+    write(store, 0, 100)
+    store.flush()
+    g, staged = 100, 0
+    for i in range(120):  # ~5 laps of the 256-row ring
+        write(store, g, 9)
+        g += 9
+        if i % 4:
+            store.flush()
+        for _ in range(3):  # (the first batch after a flush refills the rewritten shard)
+            plan = sampler.plan(32)
+            batch = store.read_plan(plan)
+            check(batch)
+            same(batch, general(store, plan))
+            staged += int((batch["step_id"] >= store.writers[0].committed.count).sum())
+    assert staged > 0  # rows still in the writer's RAM were sampled (not from the hot set)
+    assert hot_calls[0] > 20 and hot_calls[1] > 0
+    store.close()
+
+
+def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, hot_calls):
+    path = tmp_path / "s.zarr"
+    store = make_store(path, capacity=512, shard_rows=64)
+    write(store, 0, 600)
+    store.close()
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path[:0] = {[os.path.dirname(__file__), *sys.path]!r}
+        import numpy as np, expstore as es
+        from test_hot_set import write
+        store = es.open({str(path)!r}, "r+")
+        g, t0 = 600, time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            write(store, g, 40)
+            g += 40
+            store.flush()
+        store.close()
+        print(g)
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              text=True)
+    reader = es.open(path)
+    sampler = es.UniformSampler(reader, seed=1, refresh_every=0)
+    batches = 0
+    try:
+        while writer.poll() is None:
+            check(sampler.sample(64))
+            batches += 1
+    finally:
+        out, _ = writer.communicate(timeout=60)
+    assert writer.returncode == 0
+    assert int(out) > 600 + 2 * 512  # the writer lapped the ring at least twice
+    for _ in range(20):  # after the last lap: every batch from the hot set again
+        check(sampler.sample(64))
+    assert batches > 10 and hot_calls[0] > 5
+    reader.close()
+
+
+def test_a_budget_past_the_store_admits_shards_and_never_churns(tmp_path, hot_calls):
+    """Room for about 10 of 16 shards per field: shards are taken as first read until the
+    budget is full, a slot never changes owner after, rows of the others are still read
+    right (from their shards)."""
+    path = tmp_path / "s.zarr"
+    store = make_store(path, capacity=1024, shard_rows=64)
+    write(store, 0, 1000)
+    store.close()
+    L = store.layout
+    per_row = sum(f.dtype.itemsize * int(np.prod(f.shape)) for n, f in L.spec.fields.items()
+                  if L.chunk_rows(n) > 1)
+    reader = es.open(path, hot_bytes=int(per_row * 64 * 10.5))
+    sampler = es.UniformSampler(reader, seed=2)
+    check(sampler.sample(32))
+    table = reader.reader.tables["obs"]
+    assert 8 <= table.max_slots < 16 and table.fills
+    owners = {}
+    for _ in range(150):
+        plan = sampler.plan(32)
+        batch = reader.read_plan(plan)
+        check(batch)
+        same(batch, general(reader, plan))
+        for name, t in reader.reader.tables.items():
+            for s, shard in enumerate(t.owner.tolist()):
+                if shard >= 0:
+                    assert owners.setdefault((name, s), shard) == shard, name  # no churn
+    assert (table.owner >= 0).sum() == table.max_slots  # full, of first-read shards
+    held = np.flatnonzero(table.slot >= 0)
+    rows = np.concatenate([np.arange(s * 64, s * 64 + 64) for s in held])
+    rows = rows[reader.index.valid(rows, 0, 1) & np.isin((rows + 1) // 64, held)]
+    chunks = reader.reader.stats.chunks
+    batch = reader.transitions(rows[:20])  # rows of held shards: from the hot set, no decode
+    check(batch)
+    assert reader.reader.stats.chunks == chunks
+    assert hot_calls[0] > 0
+    reader.close()
+
+
+def test_no_hot_set_gives_the_same_batches(tmp_path, hot_calls):
+    path = tmp_path / "s.zarr"
+    store = make_store(path)
+    write(store, 0, 300)
+    store.close()
+    hot, cold = es.open(path), es.open(path, hot_bytes=0)
+    assert all(t.max_slots == 0 for t in cold.reader.tables.values())
+    for seed in range(20):
+        a = hot.sample(48, rng=np.random.default_rng(seed))
+        b = cold.sample(48, rng=np.random.default_rng(seed))
+        check(a)
+        same(a, b)
+    assert hot_calls[0] >= 15  # (the cold store's calls all answer False)
+    hot.close()
+    cold.close()
+
+
+def test_numpy_fallback_gathers_the_same_batches(tmp_path, monkeypatch, hot_calls):
+    path = tmp_path / "s.zarr"
+    store = make_store(path)
+    write(store, 0, 300)
+    store.close()
+    c_store = es.open(path)
+    expect = [c_store.sample(40, rng=np.random.default_rng(s)) for s in range(10)]
+    expect = [c_store.sample(40, rng=np.random.default_rng(s)) for s in range(10)]  # warm
+    np_store = es.open(path)
+    monkeypatch.setattr("expstore.storage.read.reader.native", None)
+    for s in range(10):
+        np_store.sample(40, rng=np.random.default_rng(s))  # (fills its hot set)
+    got = [np_store.sample(40, rng=np.random.default_rng(s)) for s in range(10)]
+    for a, b in zip(expect, got):
+        check(b)
+        same(a, b)
+    assert hot_calls[0] >= 20
+    c_store.close()
+    np_store.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_hot_bytes_must_be_a_byte_count(tmp_path, bad):
+    store = make_store(tmp_path / "s.zarr")
+    store.close()
+    with pytest.raises(ValueError, match="hot_bytes"):
+        es.open(tmp_path / "s.zarr", hot_bytes=bad)
+    with pytest.raises(ValueError, match="hot_bytes"):
+        make_store(tmp_path / "t.zarr", hot_bytes=bad)
+
+
+def test_hot_bytes_given_to_create_and_open_is_the_readers_budget(tmp_path):
+    store = make_store(tmp_path / "s.zarr", hot_bytes=1 << 16)
+    write(store, 0, 100)
+    store.flush()
+    assert store.hot_bytes == 1 << 16
+    tables = store.reader.tables.values()
+    assert sum(t.max_slots * 32 * t.dtype.itemsize * int(np.prod(t.shape)) for t in tables) \
+        <= 1 << 16
+    store.close()
+    again = es.open(tmp_path / "s.zarr")
+    assert again.hot_bytes == es.Store.hot_bytes == 512 << 20
+    again.close()
+
