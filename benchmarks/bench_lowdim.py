@@ -29,7 +29,12 @@ about ``--seconds`` per case, the cases alternating, and µs per batch is the me
 repeats; ratios are taken against the same run's TorchRL memmap and numpy ring.
 ``--stages``: where an expstore batch's time goes (plan, read, gather, the whole call).
 ``--profile B``: cProfile of ``store.sample(B)``, the top functions by own time.
-``--loader``: ``make_loader(num_workers=2)`` batches/s against TorchRL ``prefetch=2``.
+``--loader``: ``make_loader(num_workers=2, prefetch_factor=4)`` batches/s (on this
+read-only low-dim store it reads in a prefetch thread, see ``loading/prefetch.py``) against
+TorchRL ``ReplayBuffer(LazyMemmapStorage, prefetch=2)``, same data, batch 256.
+``--hot-bytes N``: the read-only store's hot set (``es.open(hot_bytes=N)``; default the
+store's, 512 MiB); past it (e.g. ``--n 2000000 --hot-bytes 100000000``) shards are
+admitted, never evicted.
 Writes section "Low-dim sample" of benchmarks/RESULTS.md (not with ``--no-write``) and
 results/lowdim.json.
 """
@@ -279,7 +284,8 @@ def profile_top(store: Any, bs: int, batches: int = 2000, top: int = 25) -> str:
 def loader_rates(store: Any, rb: Any, bs: int, repeats: int, seconds: float
                  ) -> dict[str, Any]:
     """Batches/s of ``make_loader(num_workers=2, prefetch_factor=4)`` and of TorchRL
-    ``ReplayBuffer(prefetch=2)`` on the same data, alternating, consumer touching obs."""
+    ``ReplayBuffer(prefetch=2)`` on the same data, alternating, consumer touching obs;
+    ``path``: which way the loader reads (prefetch thread or worker processes)."""
     from torchrl.data import ReplayBuffer
     from torchrl.data.replay_buffers import RandomSampler
 
@@ -302,9 +308,12 @@ def loader_rates(store: Any, rb: Any, bs: int, repeats: int, seconds: float
     for _ in range(repeats):
         got["expstore"].append(rate(it.__next__, "obs"))
         got["torchrl"].append(rate(trl_it.__next__, "observation"))
+    path = "thread" if loader.threaded is not None else "workers"
+    loader.close()
     del it, loader
     getattr(trl, "_prefetch_executor", None) and trl._prefetch_executor.shutdown(wait=True)
-    out = {"batch": bs, "loader_batches_per_s": statistics.median(got["expstore"]),
+    out = {"batch": bs, "path": path,
+           "loader_batches_per_s": statistics.median(got["expstore"]),
            "torchrl_prefetch2_batches_per_s": statistics.median(got["torchrl"]),
            "runs": got}
     out["x_torchrl"] = out["loader_batches_per_s"] / out["torchrl_prefetch2_batches_per_s"]
@@ -327,6 +336,8 @@ def main() -> None:
                    help="print a cProfile of store.sample(B)")
     p.add_argument("--loader", action="store_true",
                    help="make_loader against TorchRL prefetch=2 too (bs 256)")
+    p.add_argument("--hot-bytes", type=int, default=None,
+                   help="es.open(hot_bytes=...) of the read-only store (default: 512 MiB)")
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     a = p.parse_args()
     wanted = a.cases.split(",")
@@ -348,9 +359,10 @@ def main() -> None:
     try:
         if {"expstore", "expstore-writer", "expstore-bridge"} & set(wanted) or a.loader:
             writer, fill["expstore"] = expstore_store(data, work / "lowdim.zarr")
-            reader = es.open(work / "lowdim.zarr")
+            reader = es.open(work / "lowdim.zarr", hot_bytes=a.hot_bytes)
             for name, st in (("expstore", reader), ("expstore-writer", writer)):
                 check_batch(st.sample(256), data)
+                check_batch(st.sample(256), data)  # (the first fills the hot set)
                 samplers[name] = lambda bs, st=st: (lambda: st.sample(bs))
             if "expstore-bridge" in wanted:
                 from expstore.integrations.torchrl import replay_buffer
@@ -440,12 +452,13 @@ def main() -> None:
                      stages, ["batch", "plan_us", "read_us", "gather_us", "sample_us",
                               "python_calls"]))
     if loader:
-        body += ("\n\n" + markdown_table([loader], ["batch", "loader_batches_per_s",
+        body += ("\n\n" + markdown_table([loader], ["batch", "path", "loader_batches_per_s",
                                                     "torchrl_prefetch2_batches_per_s",
                                                     "x_torchrl"])
-                 + "\n\n`make_loader(num_workers=2, prefetch_factor=4)` against TorchRL "
-                 "`ReplayBuffer(prefetch=2)`, batches/s into a consumer reading one obs "
-                 "value (target x_torchrl >= 2).")
+                 + "\n\n`make_loader(num_workers=2, prefetch_factor=4)` (path: a prefetch "
+                 "thread of this process, or worker processes) against TorchRL "
+                 "`ReplayBuffer(LazyMemmapStorage, prefetch=2)`, batches/s into a consumer "
+                 "reading one obs value (target x_torchrl >= 2).")
     print(f"total {time.perf_counter() - t_start:.0f} s; load average (1 min) "
           f"{load0:.2f} / {load1:.2f}")
     save_json("lowdim", {"n": a.n, "obs_dim": a.obs_dim, "act_dim": a.act_dim,

@@ -15,7 +15,9 @@ DataLoader workers read by too.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -87,6 +89,9 @@ class Store:
         self._reader: ShardReader | None = None
         self._reader_pid = -1
         self._sampler = None
+        #: held while this process's reader is used by sample/read_plan or a loader's
+        #: prefetch thread (``loading/prefetch.py``): one thread at a time
+        self._read_lock = threading.RLock()
         self._flush_hooks: list[Callable[[], None]] = []
         if lane is not None and not 0 <= lane < layout.lanes:
             raise ValueError(f"lane: expected 0..{layout.lanes - 1}, got {lane}")
@@ -464,10 +469,11 @@ class Store:
     def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays.
         ``skip_corrupt``: as :attr:`skip_corrupt`, for this read."""
-        batch, _ = assemble(plan, self.layout, self._plan_source(skip_corrupt))
+        with self._read_lock:
+            batch, _ = assemble(plan, self.layout, self._plan_source(skip_corrupt))
         return batch
 
-    @property
+    @functools.cached_property
     def history(self) -> int:
         """Past frames any stacked field needs (deepest ``stack`` - 1)."""
         return max((f.stack or 1) for f in self.spec.fields.values()) - 1
@@ -495,5 +501,6 @@ class Store:
             self._sampler = UniformSampler(self)
         if rng is not None:
             self._sampler.rng = rng
-        return self.read_plan(self._sampler.plan(batch_size, view=view),
-                              skip_corrupt=self._sampler.skip_corrupt)
+        with self._read_lock:
+            return self.read_plan(self._sampler.plan(batch_size, view=view),
+                                  skip_corrupt=self._sampler.skip_corrupt)

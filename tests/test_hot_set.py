@@ -114,13 +114,13 @@ def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, h
     write(store, 0, 600)
     store.close()
     script = textwrap.dedent(f"""
-        import sys, time
+        import sys
         sys.path[:0] = {[os.path.dirname(__file__), *sys.path]!r}
         import numpy as np, expstore as es
         from test_hot_set import write
-        store = es.open({str(path)!r}, "r+")
-        g, t0 = 600, time.monotonic()
-        while time.monotonic() - t0 < 3.0:
+        store = es.open({str(path)!r}, "r+", fsync=False)
+        g = 600
+        while g < 600 + 3 * 512:  # three laps, a flush every 40 rows
             write(store, g, 40)
             g += 40
             store.flush()
@@ -245,3 +245,95 @@ def test_hot_bytes_given_to_create_and_open_is_the_readers_budget(tmp_path):
     assert again.hot_bytes == es.Store.hot_bytes == 512 << 20
     again.close()
 
+
+
+def test_loader_of_a_low_dim_store_reads_in_a_prefetch_thread(tmp_path):
+    path = tmp_path / "s.zarr"
+    store = make_store(path)
+    write(store, 0, 300)
+    store.close()
+    reader = es.open(path)
+    loader = es.make_loader(reader, batch_size=16, num_workers=2, num_batches=40)
+    assert loader.threaded is not None
+    batches = list(loader)
+    assert len(batches) == 40 == loader.stats.batches
+    for b in batches:
+        check({k: v.numpy() for k, v in b.items()})
+        assert b["obs"].shape == (16, 5) and b["index"].shape == (16,)
+    thread = loader._prefetch.thread if loader._prefetch is not None else None
+    loader.close()
+    assert thread is None or not thread.is_alive()
+    it = iter(es.make_loader(reader, batch_size=8, num_workers=1))  # endless: closed
+    check({k: v.numpy() for k, v in next(it).items()})
+    it.close()
+    reader.sample(8)  # the store's reader is free again
+    reader.close()
+
+
+def test_loader_keeps_worker_processes_where_the_thread_does_not_fit(tmp_path):
+    path = tmp_path / "s.zarr"
+    store = make_store(path)
+    write(store, 0, 300)
+    assert es.make_loader(store, batch_size=8, num_workers=2).threaded is None  # writes
+    with pytest.raises(ValueError, match="threads=True"):
+        es.make_loader(store, batch_size=8, threads=True)
+    store.close()
+    reader = es.open(path)
+    assert es.make_loader(reader, batch_size=8, threads=False).threaded is None
+    assert es.make_loader(reader, batch_size=8, num_workers=0).threaded is None
+    per = es.PrioritizedSampler(reader) if hasattr(es, "PrioritizedSampler") else None
+    if per is not None:  # priorities from the training loop: worker path
+        assert es.make_loader(reader, sampler=per, batch_size=8).threaded is None
+    reader.close()
+    small = es.open(path, hot_bytes=1 << 12)  # the hot set holds a few shards: workers
+    assert es.make_loader(small, batch_size=8, num_workers=2).threaded is None
+    small.close()
+
+
+def _reader_with_table(rng):
+    """A stand-in reader (``tables``, ``layout``, ``known``, ``stats``) whose field ``v``
+    holds 4 of 6 shards of 8 rows decoded: shard ``s`` as steps ``8 s ..``, trusted below
+    ``8 s + 7``."""
+    from types import SimpleNamespace
+
+    from expstore.storage.read.read_cache import ShardTable
+
+    t = ShardTable(6, 8, 8, (2,), np.float32, values_budget=1 << 20)
+    for shard in (0, 2, 3, 5):
+        s = t._take_slot(shard)
+        t.values[s] = rng.random((8, 2)).astype(np.float32)
+        t.first[shard], t.n_rows[shard], t.trusted[shard] = shard * 8, 8, shard * 8 + 7
+    layout = SimpleNamespace(shard_rows=8, shards_per_lane=6, lanes=1)
+    stats = SimpleNamespace(chunk_cache_hits=0, rows=0)
+    reader = SimpleNamespace(tables={"v": t}, layout=layout, known=np.zeros(1, np.int64),
+                             stats=stats)
+    reader._bump = lambda shards, steps: np.maximum.at(reader.known, shards // 6, steps + 1)
+    return reader, t
+
+
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
+def test_gather_held_serves_only_held_trusted_versions(monkeypatch, kernel):
+    from expstore.storage.read import hot_set
+
+    if kernel == "numpy":
+        monkeypatch.setattr(hot_set, "native", None)
+    elif hot_set.native is None:
+        pytest.skip("C kernel not built")
+    reader, t = _reader_with_table(np.random.default_rng(0))
+    rows = np.array([1, 17, 26, 40, 3, 46], np.int64)
+    out = np.full((6, 2), -1, np.float32)
+    assert hot_set.gather_held(reader, [(rows, rows.copy())], [(0, "v", out)])
+    np.testing.assert_array_equal(out, t.values[t.slot[rows // 8], rows % 8])
+    assert reader.known[0] == 47 and reader.stats.rows == 6
+    late = np.where(rows == 46, 47, rows)
+    for name, rows_, steps in (
+            ("another version", rows[:5], rows[:5] + 1),  # each step below trusted
+            ("not trusted", late, late)):
+        out = np.full((len(rows_), 2), -1, np.float32)
+        assert not hot_set.gather_held(reader, [(rows_, steps)], [(0, "v", out)]), name
+        assert (out == -1).all(), name  # nothing written
+    skip = rows == 40
+    bad = np.where(skip, 36, rows)  # shard 4 is not held: skipped, so not asked
+    out = np.full((6, 2), -1, np.float32)
+    assert hot_set.gather_held(reader, [(bad, bad.copy(), skip)], [(0, "v", out)])
+    assert (out[skip] == -1).all() and (out[~skip] != -1).all()

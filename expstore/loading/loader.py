@@ -36,6 +36,7 @@ from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
 from .columns import RowSource, numpy_alloc
 from .execute import assemble_batches
+from .prefetch import PrefetchThread, pinned_alloc, thread_path_fits
 from .skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .store_rows import StagedSnapshot, StoreRows
 from .transport import Message, SlotWriter, forget_worker, open_message
@@ -85,10 +86,10 @@ class LoaderStats:
         return self.cache_hits / n if n else 0.0
 
     def add(self, d: dict[str, float]) -> None:
-        for f in fields(self):
-            if f.name in d:
-                old = getattr(self, f.name)
-                setattr(self, f.name, old + type(old)(d[f.name]))
+        for name, v in d.items():
+            old = getattr(self, name, None)
+            if old is not None:
+                setattr(self, name, old + type(old)(v))
 
     def as_dict(self) -> dict[str, float]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -102,13 +103,15 @@ class StoreDataset(torch.utils.data.Dataset):
     def __init__(self, url: str, layout: Layout, storage_options: dict | None = None,
                  cache_bytes: int = 256 << 20,
                  local_source: Callable[[], RowSource] | None = None,
-                 pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False) -> None:
+                 pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False,
+                 hot_bytes: int = 512 << 20) -> None:
         self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
         self._skipping: SkipCorruptSource | None = None
         self.url = url
         self.layout = layout
         self.storage_options = storage_options
         self.cache_bytes = cache_bytes
+        self.hot_bytes = hot_bytes  # a worker's hot set (decoded small fields), bytes
         self.pack = pack  # write batches into shared slots (worker processes, see transport)
         self.n_slots = n_slots
         self.token = int.from_bytes(os.urandom(6), "little")
@@ -148,7 +151,8 @@ class StoreDataset(torch.utils.data.Dataset):
 
             backend = backend_for(self.url, self.storage_options)
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
-                                       row_cache_bytes=self.cache_bytes)
+                                       row_cache_bytes=self.cache_bytes,
+                                       values_budget=self.hot_bytes)
             self._shared = None
             self._pid = os.getpid()
         if staged is None or not staged[0].any():
@@ -169,8 +173,11 @@ class StoreDataset(torch.utils.data.Dataset):
     def __getitems__(self, plans: list[ReadPlan]) -> Any:
         return self.read(plans, self.pack)
 
-    def read(self, plans: list[ReadPlan], pack: bool) -> Message | LocalBatches:
-        """Every batch of ``plans``; ``pack``: written into a shared slot (a worker)."""
+    def read(self, plans: list[ReadPlan], pack: bool,
+             arrays_alloc: Callable[[list], list[dict[str, np.ndarray]]] = numpy_alloc
+             ) -> Message | LocalBatches:
+        """Every batch of ``plans``; ``pack``: written into a shared slot (a worker), else
+        into arrays of ``arrays_alloc`` (a ``columns.Allocator``)."""
         source = self._source(getattr(plans, "staged", None))
         stats = getattr(source, "stats", None)
         before = _snapshot(stats)
@@ -184,9 +191,15 @@ class StoreDataset(torch.utils.data.Dataset):
         writer = self._slots() if pack else None
 
         def alloc(specs: list) -> list[dict[str, np.ndarray]]:
-            arrays = writer([*specs, host_specs]) if pack else numpy_alloc([*specs, host_specs])
-            host.update(arrays.pop())
-            return arrays
+            if pack:
+                arrays = writer([*specs, host_specs])
+                host.update(arrays.pop())
+                return arrays
+            host.update(numpy_alloc([host_specs])[0])
+            return arrays_alloc(specs)
+
+        alloc.retryable = not pack and getattr(arrays_alloc, "retryable",  # type: ignore
+                                               arrays_alloc is numpy_alloc)
 
         if len(plans) == 1:  # one plan of one or more batches: written in place
             results = assemble_batches(plans[0], self.layout, source, alloc)
@@ -302,7 +315,11 @@ class StoreLoader(DataLoader):
     """A DataLoader of expstore batches; ``stats`` sums what the workers did."""
 
     def close(self) -> None:
-        """Stop persistent worker processes now (also after a worker died)."""
+        """Stop persistent worker processes (or the prefetch thread) now (also after a
+        worker died)."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+            self._prefetch = None
         it = getattr(self, "_iterator", None)
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
@@ -336,6 +353,10 @@ class StoreLoader(DataLoader):
         self.index: Any = None
         #: (field number, shard, chunk, lap's first step) quarantined
         self._quarantined: set[tuple[int, int, int, int]] = set()
+        #: ``(read lock, depth, pin)``: batches come from a prefetch thread of this process
+        #: (``prefetch.py``) instead of DataLoader workers; ``None``: the DataLoader's way
+        self.threaded: tuple[Any, int, bool] | None = None
+        self._prefetch: PrefetchThread | None = None
 
     def _quarantine(self, host: dict[str, np.ndarray]) -> None:
         """Take the corrupt chunks a message reports out of sampling, each once per lap
@@ -365,6 +386,9 @@ class StoreLoader(DataLoader):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         device = self.device if self.device is not None and self.device.type != "cpu" else None
+        if self.threaded is not None:
+            yield from self._thread_batches(device)
+            return
         for message in super().__iter__():
             if isinstance(message, Message):
                 self.stats.new_buffers += message.buffer is not None
@@ -386,7 +410,32 @@ class StoreLoader(DataLoader):
                 self.stats.batches += 1
                 yield batch
 
+    def _thread_batches(self, device: torch.device | None
+                        ) -> Iterator[dict[str, torch.Tensor]]:
+        """:meth:`__iter__` when batches come from a prefetch thread (``threaded``)."""
+        lock, depth, pin = self.threaded
+        alloc = pinned_alloc(pin)
+        if self._prefetch is not None:
+            self._prefetch.close()
+        self._prefetch = prefetch = PrefetchThread(
+            self.plans, lambda item: self.dataset.read(item, False, alloc), lock, depth)
+        for got in prefetch:
+            counts = dict(zip(_STAT_NAMES, got.host[_STATS_KEY].tolist()))
+            del counts["batches"]
+            self.stats.add(counts)
+            self._quarantine(got.host)
+            for batch, all_stale in zip(got.batches, got.host[_ALL_STALE].tolist()):
+                if all_stale:
+                    with lock:
+                        batch = self._replan()
+                if device is not None:
+                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                self.stats.batches += 1
+                yield batch
+
     def __del__(self) -> None:
+        if getattr(self, "_prefetch", None) is not None:
+            self._prefetch.close()
         forget_worker(self.dataset.token)
 
 
@@ -397,7 +446,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                 guard: int | None = None, spare: int | None = None,
                 cache_bytes: int = 256 << 20, timeout: float = 0,
                 batches_per_message: int | None = None,
-                skip_corrupt: bool = False) -> StoreLoader:
+                skip_corrupt: bool = False, threads: bool | None = None,
+                hot_bytes: int | None = None) -> StoreLoader:
     """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
 
     ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
@@ -410,7 +460,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     sampled. ``cache_bytes``: per-worker decoded-chunk
     cache. ``device="cuda"`` copies batches with ``non_blocking=True`` (use pin_memory).
     ``batches_per_message``: batches a worker reads in one call and sends at once (default
-    ``max(1, 512 // batch_size)``: small batches share the per-message cost); priorities
+    ``max(1, 512 // batch_size)``, the prefetch thread ``max(1, 1024 // batch_size)``:
+    small batches share the per-message cost); priorities
     reach plans at most ``num_workers * prefetch_factor * batches_per_message`` batches
     later (set it to 1 for the tightest bound). Each worker keeps ``prefetch_factor + 2``
     shared slots of one message each (1.8 MB per 32 stacked 84x84 transitions).
@@ -423,6 +474,19 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     in the same slots is sampled), logs the chunk once and counts it once
     (``corrupt_shards``, ``corrupt_rows_quarantined``). Reopen the store after ``expstore
     repair`` to sample what the repair kept.
+
+    Which path reads: with ``num_workers > 0`` and ``threads=None`` (the default), a store
+    whose fields are all small (no frames: low-dim states, scalars) and whose hot set
+    (``open(hot_bytes=...)``) holds every shard, read by a sampler without priorities, in a
+    process that writes none of its lanes, is read by one prefetch thread of this process
+    (``prefetch.py``: a batch is one C gather without the GIL; ``num_workers *
+    prefetch_factor`` items ahead, into pinned tensors with ``pin_memory``); anything else
+    (frames, priorities, a store this process writes, or ``threads=False``) by
+    ``num_workers`` DataLoader worker processes, each with its own reader and hot set of
+    ``hot_bytes`` (default: the store's, 512 MiB: up to that much RAM per worker, taken as
+    shards are first read). ``threads=True`` asks for the thread whatever the store holds
+    (not for a store this process writes). Either way the loader yields the same batches,
+    takes priorities the same way and stops with :meth:`StoreLoader.close`.
     """
     check_batch(batch_size)
     if sampler is None:
@@ -433,8 +497,19 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                         "sampler and mix their batches, or sample the mixture in this process "
                         "(MixtureSampler.sample)")
     skip_corrupt = bool(skip_corrupt) or bool(getattr(sampler, "skip_corrupt", False))
+    if hot_bytes is None:
+        hot_bytes = getattr(store, "hot_bytes", 512 << 20)
+    if threads and getattr(store, "writers", None):
+        raise ValueError("threads=True: this process writes lanes of the store, and a "
+                         "prefetch thread would read its index and staging while add() "
+                         "changes them; use worker processes (threads=None or False)")
+    threaded = num_workers > 0 and (threads if threads is not None
+                                    else thread_path_fits(store, sampler))
     staged = None
-    if num_workers > 0:
+    if threaded:
+        view = ReaderView(guard=guard or 0,
+                          spare=max(2, batch_size // 16) if spare is None else spare)
+    elif num_workers > 0:
         shard_guard = store.layout.shard_rows if guard is None else guard
         shared = bool(getattr(store, "publishes_staging", False))
         view = ReaderView(committed_only=not shared, guard=shard_guard,
@@ -445,19 +520,23 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
             store.flush()
     else:
         view = ReaderView(guard=guard or 0)
-    local = (lambda: store.source) if num_workers == 0 else None
+    local = (lambda: store.source) if num_workers == 0 or threaded else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
-                           pack=num_workers > 0, n_slots=prefetch_factor + 2,
-                           skip_corrupt=skip_corrupt)
-    kwargs: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory,
-                                  timeout=timeout)
-    if num_workers > 0:
+                           pack=num_workers > 0 and not threaded, n_slots=prefetch_factor + 2,
+                           skip_corrupt=skip_corrupt, hot_bytes=int(hot_bytes))
+    kwargs: dict[str, Any] = dict(num_workers=0 if threaded else num_workers,
+                                  pin_memory=pin_memory and not threaded, timeout=timeout)
+    if num_workers > 0 and not threaded:
         kwargs.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                       multiprocessing_context=multiprocessing_context)
     group = 1 if num_workers == 0 else (
-        max(1, 512 // batch_size) if batches_per_message is None else batches_per_message)
+        batches_per_message if batches_per_message is not None else
+        max(1, (1024 if threaded else 512) // batch_size))
     plans = PlanGroups(sampler, batch_size, view, group, num_batches, staged)
     loader = StoreLoader(dataset, plans, device=device, **kwargs)
+    if threaded:
+        loader.threaded = (store._read_lock, num_workers * prefetch_factor,
+                           bool(pin_memory) and torch.cuda.is_available())
     if skip_corrupt:
         loader.index = getattr(sampler, "store", store).index
     return loader

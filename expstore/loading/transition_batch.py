@@ -9,6 +9,8 @@ chosen, then are gathered once, straight into the batch's memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..sampling.plans import ReadPlan
@@ -126,51 +128,77 @@ def finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
     return results
 
 
+#: id(spec) -> (spec, its hot-set batch shape or None): see :func:`_hot_fields`
+_HOT_FIELDS: dict[int, tuple[Any, Any]] = {}
+
+
+def _hot_fields(spec: Any) -> tuple[list, list] | None:
+    """For a spec whose obs fields are not stacked: ``(obs, others)``, per obs field
+    ``(name, obs key, next_obs key, shape, dtype)`` and per other field ``(name, shape,
+    dtype)``, in the order :func:`read_columns` returns them; else None. Kept per spec."""
+    hit = _HOT_FIELDS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    names = spec.obs_names
+    info = None
+    if not any(spec.fields[n].stack for n in names):
+        obs = [(n, "obs" + n[3:], "next_obs" + n[3:], spec.fields[n].shape,
+                spec.fields[n].dtype) for n in names]
+        others = [(n, f.shape, f.dtype) for n, f in spec.fields.items() if n not in names]
+        info = (obs, others)
+    if len(_HOT_FIELDS) > 64:
+        _HOT_FIELDS.clear()
+    _HOT_FIELDS[id(spec)] = (spec, info)
+    return info
+
+
 def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
                         alloc: Allocator) -> list[tuple[dict | None, int]] | None:
     """Every batch of a one-step plan without frame stacks (low-dim stores) in one call of
     the source's ``gather_held``: each field's values straight from the reader's hot set
     into the batch's arrays (obs and next_obs from the same field), no sample stale, so
     the first ``batch_size`` samples of each batch are taken, as :func:`finish_many` does.
-    ``None`` where that does not apply (n-step, frame stacks, a row not held decoded or
-    staged, no ``gather_held``): the caller reads the plan the general way."""
+    ``None`` where that does not apply (n-step, frame stacks, a row neither held decoded
+    nor staged, no ``gather_held``): the caller reads the plan the general way."""
     gather = getattr(source, "gather_held", None)
     if gather is None or plan.n_step != 1 or plan.history != 0:
         return None
-    spec = layout.spec
-    if any(spec.fields[n].stack for n in spec.obs_names):
+    fields = _hot_fields(layout.spec)
+    if fields is None:
         return None
+    obs_fields, others = fields
     per = len(plan.rows) // plan.batches
     B = per - plan.spare
+    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for _, key_o, key_n, shape, dtype in obs_fields:
+        specs[key_o] = specs[key_n] = ((B, *shape), dtype)
+    for name, shape, dtype in others:
+        specs[name] = ((B, *shape), dtype)
+    specs.update(index=((B,), plan.rows.dtype), step_id=((B,), plan.steps.dtype),
+                 weight=((B,), plan.weight.dtype))
+    # allocators that may be called again after a try that failed write in place; a
+    # worker's shared slot is taken once: gathered into numpy first, then copied there
+    direct = alloc is numpy_alloc or getattr(alloc, "retryable", False)
+    batches = (alloc if direct else numpy_alloc)([specs] * plan.batches)
     obs_rows, next_rows = plan.obs_rows.reshape(-1), plan.next_rows.reshape(-1)
     obs_steps, next_steps = plan.obs_steps.reshape(-1), plan.next_steps.reshape(-1)
-    others = [n for n in spec.fields if n not in spec.obs_names]
     locs: list[tuple[np.ndarray, np.ndarray]] = []
     jobs: list[tuple[int, str, np.ndarray]] = []
-    batches: list[dict[str, np.ndarray]] = []
-    for i in range(plan.batches):
+    for i, batch in enumerate(batches):
         take = slice(i * per, i * per + B)
         locs += [(obs_rows[take], obs_steps[take]), (next_rows[take], next_steps[take]),
                  (plan.rows[take], plan.steps[take])]
         at = 3 * i
-        batch: dict[str, np.ndarray] = {}
-        for name in spec.obs_names:
-            f = spec.fields[name]
-            suffix = name[3:]
-            batch["obs" + suffix] = o = np.empty((B, *f.shape), f.dtype)
-            batch["next_obs" + suffix] = x = np.empty((B, *f.shape), f.dtype)
-            jobs += [(at, name, o), (at + 1, name, x)]
-        for name in others:
-            f = spec.fields[name]
-            batch[name] = v = np.empty((B, *f.shape), f.dtype)
-            jobs.append((at + 2, name, v))
-        batch["index"], batch["step_id"] = plan.rows[take], plan.steps[take]
-        batch["weight"] = plan.weight[take]
-        batches.append(batch)
+        for name, key_o, key_n, _, _ in obs_fields:
+            jobs += [(at, name, batch[key_o]), (at + 1, name, batch[key_n])]
+        jobs += [(at + 2, name, batch[name]) for name, _, _ in others]
+        np.copyto(batch["index"], plan.rows[take])
+        np.copyto(batch["step_id"], plan.steps[take])
+        np.copyto(batch["weight"], plan.weight[take])
     if not gather(locs, jobs):
         return None
-    if alloc is not numpy_alloc:  # (a worker's shared slot: written once more, there)
-        arrays = alloc([{k: (v.shape, v.dtype) for k, v in b.items()} for b in batches])
+    if not direct:
+        arrays = alloc([specs] * plan.batches)
         for src, dst in zip(batches, arrays):
             for k, v in src.items():
                 np.copyto(dst[k], v)

@@ -26,16 +26,20 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
                           &PyTuple_Type, &jobs, &copy))
         return NULL;
     Py_ssize_t n_locs = PyTuple_GET_SIZE(locs), n_jobs = PyTuple_GET_SIZE(jobs);
-    if (shard_rows <= 0 || spl <= 0 || n_locs > 64 || n_jobs > 256) {
-        PyErr_SetString(PyExc_ValueError, "gather_held: shard_rows, spl > 0; at most 64 row "
-                                          "sets and 256 jobs");
+    if (shard_rows <= 0 || spl <= 0) {
+        PyErr_SetString(PyExc_ValueError, "gather_held: shard_rows and spl > 0");
         return NULL;
     }
-    held_buffer known = {0}, lb[3 * 64], jb[GATHER_JOB * 256];
-    Py_ssize_t job_loc[256] = {0};
-    memset(lb, 0, sizeof lb);
-    memset(jb, 0, sizeof jb);
+    held_buffer known = {0};
+    /* (zeroed: release() of a buffer never taken is a no-op) */
+    held_buffer *lb = PyMem_Calloc((size_t)(3 * n_locs + 1), sizeof *lb);
+    held_buffer *jb = PyMem_Calloc((size_t)(GATHER_JOB * n_jobs + 1), sizeof *jb);
+    Py_ssize_t *job_loc = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *job_loc);
     PyObject *result = NULL;
+    if (!lb || !jb || !job_loc) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (take(known_o, &known, 8, 1, "known")) goto done;
     for (Py_ssize_t l = 0; l < n_locs; l++) {
         PyObject *pair = PyTuple_GET_ITEM(locs, l);
@@ -139,8 +143,11 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
     result = Py_True;
 done:
     release(&known);
-    for (Py_ssize_t l = 0; l < 3 * n_locs && l < 3 * 64; l++) release(&lb[l]);
-    for (Py_ssize_t j = 0; j < GATHER_JOB * n_jobs && j < GATHER_JOB * 256; j++) release(&jb[j]);
+    for (Py_ssize_t l = 0; lb && l < 3 * n_locs; l++) release(&lb[l]);
+    for (Py_ssize_t j = 0; jb && j < GATHER_JOB * n_jobs; j++) release(&jb[j]);
+    PyMem_Free(lb);
+    PyMem_Free(jb);
+    PyMem_Free(job_loc);
     Py_XINCREF(result);
     return result;
 }

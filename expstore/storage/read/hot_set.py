@@ -50,14 +50,11 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     elif not _gather_numpy(reader, locs, jobs, copy):
         return False
     if copy:
-        n = sum(_count(locs[loc]) for loc, _, _ in jobs)
+        n = sum(len(locs[loc][0]) - (int(locs[loc][2].sum()) if len(locs[loc]) > 2 else 0)
+                for loc, _, _ in jobs)
         reader.stats.chunk_cache_hits += n
         reader.stats.rows += n
     return True
-
-
-def _count(loc: tuple[np.ndarray, ...]) -> int:
-    return len(loc[0]) if len(loc) == 2 else int((~loc[2]).sum())
 
 
 def _gather_numpy(reader: Any, locs: list[tuple[np.ndarray, ...]],
