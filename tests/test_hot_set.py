@@ -255,17 +255,21 @@ def test_loader_of_a_low_dim_store_reads_in_a_prefetch_thread(tmp_path):
     reader = es.open(path)
     loader = es.make_loader(reader, batch_size=16, num_workers=2, num_batches=40)
     assert loader.threaded is not None
-    batches = list(loader)
+    it = iter(loader)
+    batches = [next(it)]
+    thread = loader._prefetch._thread
+    batches += list(it)
     assert len(batches) == 40 == loader.stats.batches
     for b in batches:
         check({k: v.numpy() for k, v in b.items()})
         assert b["obs"].shape == (16, 5) and b["index"].shape == (16,)
-    thread = loader._prefetch.thread if loader._prefetch is not None else None
-    loader.close()
-    assert thread is None or not thread.is_alive()
-    it = iter(es.make_loader(reader, batch_size=8, num_workers=1))  # endless: closed
+    assert not thread.is_alive() and loader._prefetch is None  # done: stopped
+    endless = es.make_loader(reader, batch_size=8, num_workers=1)
+    it = iter(endless)
     check({k: v.numpy() for k, v in next(it).items()})
-    it.close()
+    thread = endless._prefetch._thread
+    endless.close()
+    assert not thread.is_alive()
     reader.sample(8)  # the store's reader is free again
     reader.close()
 

@@ -31,14 +31,15 @@ from torch.utils.data import DataLoader
 from ..errors import StaleBatchError
 from ..sampling.base import Sampler, check_batch
 from ..sampling.mixture import MixtureSampler
-from ..sampling.plans import ReaderView, ReadPlan, merge_plans
+from ..sampling.plans import ReaderView, ReadPlan
 from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
 from .columns import RowSource, numpy_alloc
 from .execute import assemble_batches
-from .prefetch import PrefetchThread, pinned_alloc, thread_path_fits
+from .plan_groups import PlanGroups
+from .prefetch import Prefetch, locked_reads, pinned_alloc, thread_path_fits
 from .skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
-from .store_rows import StagedSnapshot, StoreRows
+from .store_rows import StoreRows
 from .transport import Message, SlotWriter, forget_worker, open_message
 
 _STATS_KEY = "_expstore_stats"
@@ -235,62 +236,12 @@ class StoreDataset(torch.utils.data.Dataset):
         return self._writer
 
 
-class PlanItem(list):
-    """One DataLoader item: plans, and (``staged``) per lane the writer session whose staged
-    rows they may name and the committed count when they were drawn (``None``: plans of
-    committed rows only)."""
-
-    staged: StagedSnapshot | None = None
-
-
 @dataclass
 class LocalBatches:
     """What :meth:`StoreDataset.read` returns without workers: tensors and host counts."""
 
     batches: list[dict[str, torch.Tensor]]
     host: dict[str, np.ndarray]
-
-
-class PlanGroups:
-    """The loader's ``batch_sampler``: ``group`` plans of ``batch_size`` from ``sampler``
-    per DataLoader item (a worker reads several batches in one call and sends them in one
-    message), drawn for a reader with ``view``; ``num_batches`` in all (``None``: endless).
-    """
-
-    def __init__(self, sampler: Any, batch_size: int, view: ReaderView, group: int = 1,
-                 num_batches: int | None = None, staged: Any = None) -> None:
-        self.sampler = sampler
-        self.batch_size = int(batch_size)
-        self.view = view
-        self.group = max(1, int(group))
-        self.num_batches = num_batches
-        self.staged = staged  # () -> StagedSnapshot when plans may name staged rows
-
-    def plan(self) -> Any:
-        """One batch's plan."""
-        return self.sampler.plan(self.batch_size, view=self.view)
-
-    def item(self, plans: list[Any]) -> PlanItem:
-        """``plans`` as one DataLoader item (with what a worker needs to read them)."""
-        item = PlanItem(plans)
-        if self.staged is not None:
-            item.staged = self.staged()
-        return item
-
-    def __iter__(self) -> Iterator[list[ReadPlan]]:
-        total, done = self.num_batches, 0
-        while total is None or done < total:
-            k = self.group if total is None else min(self.group, total - done)
-            plan_batches = getattr(self.sampler, "plan_batches", None)
-            yield self.item(plan_batches(k, self.batch_size, self.view)
-                            if plan_batches is not None
-                            else merge_plans([self.plan() for _ in range(k)]))
-            done += k
-
-    def __len__(self) -> int:
-        if self.num_batches is None:
-            raise TypeError("an endless loader has no len(); pass num_batches")
-        return -(-self.num_batches // self.group)
 
 
 def _now() -> float:
@@ -356,7 +307,7 @@ class StoreLoader(DataLoader):
         #: ``(read lock, depth, pin)``: batches come from a prefetch thread of this process
         #: (``prefetch.py``) instead of DataLoader workers; ``None``: the DataLoader's way
         self.threaded: tuple[Any, int, bool] | None = None
-        self._prefetch: PrefetchThread | None = None
+        self._prefetch: Prefetch | None = None
 
     def _quarantine(self, host: dict[str, np.ndarray]) -> None:
         """Take the corrupt chunks a message reports out of sampling, each once per lap
@@ -398,17 +349,28 @@ class StoreLoader(DataLoader):
                 if device is not None:
                     batches = [{k: v.to(device, non_blocking=True) for k, v in b.items()}
                                for b in batches]
-            counts = dict(zip(_STAT_NAMES, host[_STATS_KEY].tolist()))
-            del counts["batches"]  # counted as they are handed out
-            self.stats.add(counts)
-            self._quarantine(host)
-            for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
-                if all_stale:
+            yield from self._hand_out(batches, host, device)
+
+    def _hand_out(self, batches: list[dict[str, torch.Tensor]], host: dict[str, np.ndarray],
+                  device: torch.device | None, lock: Any = None,
+                  moved: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+        """One message's batches to the consumer: its counts added (``batches`` as they
+        are handed out), corrupt chunks quarantined, a batch every sample of which was
+        stale read again here (under ``lock``, where a prefetch thread shares the reader);
+        ``moved``: ``batches`` are on ``device`` already."""
+        self.stats.add(dict(zip(_STAT_NAMES[1:], host[_STATS_KEY][1:].tolist())))
+        self._quarantine(host)
+        for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
+            if all_stale:
+                if lock is None:
                     batch = self._replan()
-                    if device is not None:
-                        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                self.stats.batches += 1
-                yield batch
+                else:
+                    with lock:
+                        batch = self._replan()
+            if device is not None and (all_stale or not moved):
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            self.stats.batches += 1
+            yield batch
 
     def _thread_batches(self, device: torch.device | None
                         ) -> Iterator[dict[str, torch.Tensor]]:
@@ -417,21 +379,15 @@ class StoreLoader(DataLoader):
         alloc = pinned_alloc(pin)
         if self._prefetch is not None:
             self._prefetch.close()
-        self._prefetch = prefetch = PrefetchThread(
-            self.plans, lambda item: self.dataset.read(item, False, alloc), lock, depth)
-        for got in prefetch:
-            counts = dict(zip(_STAT_NAMES, got.host[_STATS_KEY].tolist()))
-            del counts["batches"]
-            self.stats.add(counts)
-            self._quarantine(got.host)
-            for batch, all_stale in zip(got.batches, got.host[_ALL_STALE].tolist()):
-                if all_stale:
-                    with lock:
-                        batch = self._replan()
-                if device is not None:
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                self.stats.batches += 1
-                yield batch
+        self._prefetch = prefetch = Prefetch(locked_reads(
+            self.plans, lambda item: self.dataset.read(item, False, alloc), lock), depth)
+        try:
+            for got in prefetch:
+                yield from self._hand_out(got.batches, got.host, device, lock, moved=False)
+        finally:
+            prefetch.close()
+            if self._prefetch is prefetch:
+                self._prefetch = None
 
     def __del__(self) -> None:
         if getattr(self, "_prefetch", None) is not None:

@@ -1,4 +1,5 @@
-"""``make_loader``'s in-process path: batches of a low-dim store read by a prefetch thread.
+"""Reading ahead in a background thread: :class:`Prefetch` (any iterator; the dataset
+importers' blocks too) and ``make_loader``'s in-process path on it.
 
 Where every field of a store is small (no frames) and its hot set holds every shard, a
 batch is one C gather out of RAM without the GIL (``transition_batch.gather_from_hot_set``):
@@ -12,23 +13,16 @@ store's read lock, so the reader is never used by two threads at once.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..sampling.base import Sampler
 from .columns import numpy_alloc
 
 _END = object()
-
-
-class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 def thread_path_fits(store: Any, sampler: Any) -> bool:
@@ -56,6 +50,7 @@ def pinned_alloc(pin: bool):  # noqa: ANN201 - an Allocator
     failed (``retryable``)."""
     if not pin:
         return numpy_alloc
+    import torch  # (loaded on first use, as loader.py is)
 
     def alloc(specs: list) -> list[dict[str, np.ndarray]]:
         sizes = [[(k, shape, np.dtype(dtype), -(-int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -77,23 +72,41 @@ def pinned_alloc(pin: bool):  # noqa: ANN201 - an Allocator
     return alloc
 
 
-class PrefetchThread:
-    """Items of ``plans`` (a ``PlanGroups``) read by ``read(item) -> LocalBatches`` in a
-    daemon thread under ``lock``, at most ``depth`` ahead; iterate to get them, in order.
-    :meth:`close` stops the thread (also when the iterator is dropped)."""
+def locked_reads(plans: Any, read: Any, lock: Any) -> Iterator[Any]:
+    """``read(item)`` of each item of ``plans``, both drawn under ``lock``."""
+    it = iter(plans)
+    while True:
+        with lock:
+            item = next(it, _END)
+            if item is _END:
+                return
+            got = read(item)
+        yield got
 
-    def __init__(self, plans: Any, read: Any, lock: Any, depth: int) -> None:
-        self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self.stop = threading.Event()
-        self._plans, self._read, self._lock = plans, read, lock
-        self.thread = threading.Thread(target=self._run, name="expstore-prefetch",
-                                       daemon=True)
-        self.thread.start()
 
-    def _put(self, x: Any) -> bool:
-        while not self.stop.is_set():
+class Prefetch:
+    """Run an iterator in a background thread, ``depth`` items ahead (I/O and inflate
+    release the GIL, so reading overlaps the store's encoding). Exceptions re-raise in
+    the consumer; :meth:`close` stops the thread."""
+
+    _END = object()
+
+    def __init__(self, it: Iterator[Any], depth: int = 2) -> None:
+        import queue
+
+        self._q: Any = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._it = it
+        self._thread = threading.Thread(target=self._run, name="expstore-prefetch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        import queue
+
+        while not self._stop.is_set():
             try:
-                self.queue.put(x, timeout=0.1)
+                self._q.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
@@ -101,34 +114,39 @@ class PrefetchThread:
 
     def _run(self) -> None:
         try:
-            it = iter(self._plans)
-            while not self.stop.is_set():
-                with self._lock:
-                    item = next(it, _END)
-                    got = _END if item is _END else self._read(item)
-                if not self._put(got) or got is _END:
+            for item in self._it:
+                if not self._put((True, item)):
                     return
-        except BaseException as e:  # handed to the consumer, raised there
-            self._put(_Failed(e))
+            self._put((True, self._END))
+        except BaseException as e:  # handed to the consumer
+            self._put((False, e))
+        finally:
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()
 
     def __iter__(self) -> Iterator[Any]:
-        try:
-            while True:
-                got = self.queue.get()
-                if got is _END:
-                    return
-                if isinstance(got, _Failed):
-                    raise got.error
-                yield got
-        finally:
-            self.close()
+        while True:
+            ok, item = self._q.get()
+            if not ok:
+                raise item
+            if item is self._END:
+                return
+            yield item
 
     def close(self) -> None:
-        self.stop.set()
-        while True:  # (frees a put waiting for room)
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=5)
+        import queue
+
+        self._stop.set()
+        try:
+            while True:
+                self._q.get_nowait()
+        except queue.Empty:
+            pass
+        self._thread.join()
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

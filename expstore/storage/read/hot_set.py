@@ -35,12 +35,15 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     (read them with ``read_fields``, which fills the hot set). ``copy=False``: only the
     check."""
     tables = reader.tables
+    sizes = [len(x[0]) if len(x) == 2 else len(x[0]) - int(x[2].sum()) for x in locs]
     args = []
+    n = 0  # rows served
     for loc, name, out in jobs:
         t = tables.get(name)
         if t is None or t.per_row or not len(t.values):
             return False
         args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out))
+        n += sizes[loc]
     layout = reader.layout
     S = layout.shard_rows
     if native is not None:
@@ -50,8 +53,6 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     elif not _gather_numpy(reader, locs, jobs, copy):
         return False
     if copy:
-        n = sum(len(locs[loc][0]) - (int(locs[loc][2].sum()) if len(locs[loc]) > 2 else 0)
-                for loc, _, _ in jobs)
         reader.stats.chunk_cache_hits += n
         reader.stats.rows += n
     return True

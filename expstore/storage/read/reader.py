@@ -79,9 +79,11 @@ class ShardReader(GeneralReads):
 
     ``chunk_cache_bytes``: decoded multi-row chunks (LRU); ``row_cache_bytes``: decoded
     single-row chunks (frames), split over the fields stored that way; ``values_budget``:
-    multi-row shards held for the batch path (scalars: 14 B/row for action, reward and
-    flags decoded), split over the fields stored that way: decoded where that holds at
-    least half of a field's shards, else as compressed chunks. ``max_fds``: descriptors
+    multi-row shards held for the batch path, the hot set (``Store`` passes
+    ``hot_bytes``; scalars: 14 B/row for action, reward and flags decoded), split over the
+    fields stored that way by row bytes: decoded where that holds at least half of a
+    field's shards (admitted as first read, never evicted: ``hot_set.py``), else as
+    compressed chunks. ``max_fds``: descriptors
     the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames. Both
     splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`.
     """
