@@ -341,3 +341,23 @@ def test_gather_held_serves_only_held_trusted_versions(monkeypatch, kernel):
     out = np.full((6, 2), -1, np.float32)
     assert hot_set.gather_held(reader, [(bad, bad.copy(), skip)], [(0, "v", out)])
     assert (out[skip] == -1).all() and (out[~skip] != -1).all()
+
+
+def test_carved_batches_do_not_overlap_and_match_numpy_ones():
+    from expstore.loading.prefetch import carving_alloc
+
+    alloc = carving_alloc(lambda n: np.empty(n, np.uint8))
+    assert alloc.retryable
+    specs = {"obs": ((3, 5), np.dtype(np.float32)), "flag": ((3,), np.dtype(bool)),
+             "index": ((3,), np.dtype(np.int64))}
+    got = alloc([specs, specs])
+    seen = []
+    for arrays in got:
+        for k, (shape, dtype) in specs.items():
+            a = arrays[k]
+            assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+            a[...] = 1
+            seen.append(a)
+    for i, a in enumerate(seen):  # writing one never changes another
+        a[...] = 0
+        assert all((b != 0).all() for b in seen[i + 1:])

@@ -45,26 +45,30 @@ def thread_path_fits(store: Any, sampler: Any) -> bool:
 
 
 def pinned_alloc(pin: bool):  # noqa: ANN201 - an Allocator
-    """An allocator of arrays (every batch of a call carved out of one pinned tensor with
-    ``pin``; plain numpy arrays without), which may be called again after a try that
-    failed (``retryable``)."""
+    """Where the prefetch thread writes batches: every batch of a call carved out of one
+    pinned tensor with ``pin`` (:func:`carving_alloc`), plain numpy arrays without."""
     if not pin:
         return numpy_alloc
     import torch  # (loaded on first use, as loader.py is)
 
+    return carving_alloc(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy())
+
+
+def carving_alloc(buffer: Any):  # noqa: ANN201 - an Allocator
+    """An allocator whose every call carves its arrays, each 64-byte aligned, out of one
+    ``buffer(nbytes)`` (uint8); ``retryable``: it may be called again after a try that
+    failed (``transition_batch.gather_from_hot_set`` writes into it directly)."""
+
     def alloc(specs: list) -> list[dict[str, np.ndarray]]:
-        sizes = [[(k, shape, np.dtype(dtype), -(-int(np.prod(shape)) * np.dtype(dtype).itemsize
-                                                // 64) * 64)
+        sizes = [[(k, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
                   for k, (shape, dtype) in d.items()] for d in specs]
-        raw = torch.empty(sum(n for d in sizes for *_, n in d), dtype=torch.uint8,
-                          pin_memory=True).numpy()
+        raw = buffer(sum(-(-n // 64) * 64 for d in sizes for *_, n in d))
         out, at = [], 0
         for d in sizes:
             arrays = {}
             for k, shape, dtype, n in d:
-                size = int(np.prod(shape)) * dtype.itemsize
-                arrays[k] = raw[at : at + size].view(dtype).reshape(shape)
-                at += n
+                arrays[k] = raw[at : at + n].view(dtype).reshape(shape)
+                at += -(-n // 64) * 64
             out.append(arrays)
         return out
 

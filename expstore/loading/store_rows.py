@@ -102,12 +102,24 @@ class StoreRows:
         count; ``None`` when none is, or no staging is known."""
         if not self.writers and not self.sessions:
             return None
+        return self._staged_mask(rows, steps, self._committed())
+
+    def _committed(self) -> np.ndarray:
+        """Per lane, the committed count (this process's writers' own for their lanes)."""
         committed = self.committed
         if self.writers:
             committed = committed.copy()
             for lane, w in self.writers.items():
                 committed[lane] = w.committed.count
-        mask = steps >= committed[rows // self.lane_capacity]
+        return committed
+
+    def _staged_mask(self, rows: np.ndarray, steps: np.ndarray, committed: np.ndarray
+                     ) -> np.ndarray | None:
+        """:meth:`staged_mask` against ``committed`` (:meth:`_committed`)."""
+        if len(committed) == 1:
+            mask = steps >= committed[0]
+        else:
+            mask = steps >= committed[rows // self.lane_capacity]
         return mask if mask.any() else None
 
     def read_staged(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
@@ -186,7 +198,8 @@ class StoreRows:
         reader = self.reader
         if not self.writers and not self.sessions:
             return reader.gather_held(locs, jobs)
-        masks = [self.staged_mask(rows, steps) for rows, steps in locs]
+        committed = self._committed()
+        masks = [self._staged_mask(rows, steps, committed) for rows, steps in locs]
         if all(m is None for m in masks):
             return reader.gather_held(locs, jobs)
         split = [loc if m is None else (*loc, m) for loc, m in zip(locs, masks)]
