@@ -70,10 +70,15 @@ def decoded_slots(n_shards: int, shard_bytes: int, budget: int) -> int:
     return int(min(n_shards, budget // max(1, shard_bytes)))
 
 
-def worth_filling(slots: int, n_shards: int) -> bool:
+def worth_filling(slots: int, n_shards: int, values_per_row: int = 1) -> bool:
     """Whether decoded values for ``slots`` of ``n_shards`` shards are worth filling as
-    rows are read: at least half of them (else most slots are evicted before they are read
-    again, and the same bytes hold more shards as compressed chunks)."""
+    rows are read (shards admitted while there is room, never evicted). Vectors (state
+    observations, continuous actions: several values per row, floats that compress
+    little): whenever one shard fits, so a row of a held shard is a copy and only the rest
+    are read. Scalars (flags, counters, discrete actions, rewards): where at least half
+    fit; with less, the same bytes hold more shards as compressed chunks."""
+    if values_per_row > 1:
+        return slots > 0
     return 2 * slots >= n_shards
 
 
@@ -81,10 +86,10 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
     Multi-row-chunk fields batches read share ``values_budget`` by row bytes. A field of
-    one chunk per shard (scalars) keeps it as decoded values where those hold at least
-    half its shards, else as held compressed chunks (an Atari action is 8 B decoded,
-    about 1 B compressed), and gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an
-    even split of ``fds`` gives fewer). The store's metadata fields get
+    one chunk per shard keeps it as decoded values where :func:`worth_filling` says so
+    (vectors: one shard fits; scalars: half of them), else as held compressed chunks
+    (an Atari action is 8 B decoded, about 1 B compressed), and gets
+    :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer). The store's metadata fields get
     :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
     """
     n_shards = layout.capacity // layout.shard_rows
@@ -101,7 +106,7 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
         budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
         shard_bytes = layout.shard_rows * row_bytes(f)
         if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
-                                                n_shards):
+                                                n_shards, int(np.prod(f.shape, dtype=np.int64))):
             budget, held = 0, budget
         count = FDS_METADATA if n not in spec else light_fds if n in light else per_field
         shares[n] = KernelShare(count, budget, held)

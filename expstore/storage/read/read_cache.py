@@ -85,10 +85,11 @@ class ShardTable:
     @property
     def fills(self) -> bool:
         """Whether the kernel decodes missed shards straight into value slots: one chunk
-        per shard, and room for the values of at least half the shards (with less, the
-        same bytes hold more shards as compressed chunks: ``kernel_shares``)."""
-        return self.chunk_rows == self.shard_rows and worth_filling(self.max_slots,
-                                                                    len(self.slot))
+        per shard, and room enough (``kernel_budget.worth_filling``: vectors one shard,
+        scalars half of them; with less, the budget holds compressed chunks:
+        ``kernel_shares``)."""
+        return self.chunk_rows == self.shard_rows and worth_filling(
+            self.max_slots, len(self.slot), int(np.prod(self.shape, dtype=np.int64)))
 
     def claim(self, shards: np.ndarray) -> np.ndarray:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
