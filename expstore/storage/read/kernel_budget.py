@@ -90,7 +90,8 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     (vectors: one shard fits; scalars: half of them), else as held compressed chunks
     (an Atari action is 8 B decoded, about 1 B compressed), and gets
     :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer).
-    The store's metadata fields get :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
+    The store's metadata fields get :data:`FDS_METADATA` each; the other fields batches
+    read (frames) share the rest.
     """
     n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
