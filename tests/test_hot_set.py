@@ -367,3 +367,23 @@ def test_carved_batches_do_not_overlap_and_match_numpy_ones():
     for i, a in enumerate(seen):  # writing one never changes another
         a[...] = 0
         assert all((b != 0).all() for b in seen[i + 1:])
+
+
+@pytest.mark.parametrize("n_step,guard,spare", [(1, 0, 0), (3, 5, 2), (1, 40, 3)])
+def test_uniform_draw_in_one_pass_gives_the_generic_rows(tmp_path, n_step, guard, spare):
+    """``UniformSampler.draw_rows`` (one array, the count read once) draws the rows the
+    generic ``Sampler.draw_rows`` draws from the same random numbers."""
+    from expstore.sampling import ReaderView
+    from expstore.sampling.base import Sampler
+
+    store = make_store(tmp_path / "s.zarr")
+    write(store, 0, 400)  # wrapped, episode ends inside
+    view = ReaderView(guard=guard, spare=spare)
+    for seed in range(5):
+        fast = es.UniformSampler(store, n_step=n_step, seed=seed)
+        slow = es.UniformSampler(store, n_step=n_step, seed=seed)
+        for batches in (1, 3):
+            a, _ = fast.draw_rows(24, batches, view)
+            b, _ = Sampler.draw_rows(slow, 24, batches, view)
+            np.testing.assert_array_equal(a, b)
+    store.close()

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import NotEnoughData
 from .base import Sampler
-from .plans import ReaderView
+from .plans import IN_PROCESS, ReaderView
 
 
 def uniform_draws(sampler: Sampler, n: int, view: ReaderView) -> np.ndarray:
@@ -43,3 +43,31 @@ class UniformSampler(Sampler):
         got = self.index.draw_valid(uniform_draws(self, n, view), out, 0, self.history,
                                     self.n_step, self.guard_for(view), view.committed_only)
         return out[:got], None
+
+    def draw_rows(self, batch_size: int, batches: int = 1, view: ReaderView = IN_PROCESS
+                  ) -> tuple[np.ndarray, None]:
+        """:meth:`Sampler.draw_rows` in one pass over the index per round where nothing
+        overrides the uniform draw (no CER): the same rows from the same random numbers,
+        written into one array (``RowIndex.draw_valid``), the sampleable count read once."""
+        cls = type(self)
+        if self.cer or cls.draw_valid is not UniformSampler.draw_valid or \
+                cls.valid is not Sampler.valid or cls.draw is not UniformSampler.draw:
+            return super().draw_rows(batch_size, batches, view)
+        n = batches * (batch_size + view.spare)
+        guard, co = max(self.guard, view.guard), view.committed_only
+        index = self.index
+        total = int(index.present(guard, co).sum())
+        if total == 0:
+            raise NotEnoughData(f"the store holds no sampleable rows yet "
+                                f"(rows={len(self.store)}, guard={guard})")
+        out = np.empty(n, np.int64)
+        got, history, rng = 0, self.history, self.rng
+        for _ in range(64):
+            need = n - got
+            got = index.draw_valid(rng.integers(0, total, size=max(need * 2, 16)), out, got,
+                                   history, self.n_step, guard, co)
+            if got >= n:
+                return out, None
+        raise NotEnoughData(
+            f"only {got} of {n} sampled rows can start a transition (history={history}, "
+            f"n_step={self.n_step}, guard={guard}); store holds {len(self.store)} rows")
