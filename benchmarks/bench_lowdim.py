@@ -27,7 +27,8 @@ holds the same transitions (checked on one batch of each store):
 Each case is sampled warm (``sample(B)``, B = 32 and 256): every repeat times a loop of
 about ``--seconds`` per case, the cases alternating, and µs per batch is the median over
 repeats; ratios are taken against the same run's TorchRL memmap and numpy ring.
-``--stages``: where an expstore batch's time goes (plan, read, gather, the whole call).
+``--stages``: where an expstore batch's time goes (plan, read from the hot set, the same
+plans read without it, the whole call).
 ``--profile B``: cProfile of ``store.sample(B)``, the top functions by own time.
 ``--loader``: ``make_loader(num_workers=2, prefetch_factor=4)`` batches/s (on this
 read-only low-dim store it reads in a prefetch thread, see ``loading/prefetch.py``) against
@@ -223,23 +224,25 @@ def per_batch_us(step: Callable[[], Any], seconds: float) -> float:
 
 def stage_costs(store: Any, bs: int, repeats: int, seconds: float) -> dict[str, Any]:
     """Median µs per batch of ``store.sample(bs)``'s stages: ``plan`` (sampler, index only),
-    ``read`` (``read_columns``: every field from the reader), ``gather`` (``finish_many``:
-    the batch written), and the whole call; Python function calls per batch."""
+    ``read`` (``store.read_plan``: the batch gathered from the hot set), ``general`` (the
+    same plans read the way without the hot set: ``read_columns`` + ``finish_many``), and
+    the whole call; Python function calls per batch."""
     from expstore.loading.columns import numpy_alloc
     from expstore.loading.transition_batch import finish_many, read_columns
 
     store.sample(bs)
     sampler, layout, source = store._sampler, store.layout, store.source
     n = max(50, int(seconds / 2 * 1e6 / (4 * bs + 200)))
-    times: dict[str, list[float]] = {k: [] for k in ("plan", "read", "gather", "sample")}
+    times: dict[str, list[float]] = {k: [] for k in ("plan", "read", "general", "sample")}
     for _ in range(repeats):
         t0 = time.perf_counter()
         plans = [sampler.plan(bs) for _ in range(n)]
         t1 = time.perf_counter()
-        cols = [read_columns(p, layout, source, lazy=True) for p in plans]
+        for p in plans:
+            store.read_plan(p)
         t2 = time.perf_counter()
-        for p, c in zip(plans, cols):
-            finish_many(p, *c, numpy_alloc)
+        for p in plans:
+            finish_many(p, *read_columns(p, layout, source, lazy=True), numpy_alloc)
         t3 = time.perf_counter()
         for _ in range(n):
             store.sample(bs)
@@ -419,7 +422,7 @@ def main() -> None:
         stages = [stage_costs(reader, bs, a.repeats, a.seconds) for bs in (32, 256)] \
             if a.stages and reader is not None else []
         if stages:
-            print(markdown_table(stages, ["batch", "plan_us", "read_us", "gather_us",
+            print(markdown_table(stages, ["batch", "plan_us", "read_us", "general_us",
                                           "sample_us", "python_calls"]), flush=True)
         if a.profile and reader is not None:
             print(profile_top(reader, a.profile), flush=True)
@@ -446,10 +449,11 @@ def main() -> None:
              "what the reader decoded and read per `expstore` batch, warm.")
     if stages:
         body += ("\n\nWhere an `expstore` batch's time goes (µs per batch, medians): plan = "
-                 "`sampler.plan`, read = `read_columns`, gather = `finish_many`, sample = "
-                 "the whole `store.sample`; python_calls = Python function calls per "
-                 "`store.sample` (cProfile):\n\n" + markdown_table(
-                     stages, ["batch", "plan_us", "read_us", "gather_us", "sample_us",
+                 "`sampler.plan`, read = `store.read_plan` (gathered from the hot set), "
+                 "general = the same plans read without it (`read_columns` + "
+                 "`finish_many`), sample = the whole `store.sample`; python_calls = Python "
+                 "function calls per `store.sample` (cProfile):\n\n" + markdown_table(
+                     stages, ["batch", "plan_us", "read_us", "general_us", "sample_us",
                               "python_calls"]))
     if loader:
         body += ("\n\n" + markdown_table([loader], ["batch", "path", "loader_batches_per_s",
