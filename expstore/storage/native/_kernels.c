@@ -524,6 +524,10 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     int64_t last_shard = -1;
     uint64_t last_off = 0, last_nb = 0;
     const uint8_t *last_rows = NULL; /* where the last multi-row chunk was decoded */
+    /* a multi-row chunk left checked in `blob` (its shard version's open generation,
+       offset, bytes), so the next rows of it in this batch decode without a read */
+    int64_t blob_gen = -1;
+    uint64_t blob_off = 0, blob_nb = 0;
     Py_BEGIN_ALLOW_THREADS
     memset(ok, 0, (size_t)n);
     sort_rows(ord, shards, slots, n, n_chunks * chunk_rows);
@@ -561,6 +565,14 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
             memcpy(row_dst, last_rows + lo, (size_t)row_bytes);
             ok[i] = 1;
+            continue;
+        }
+        if (chunk_rows > 1 && blob_gen == e[TAB_GEN] && off == blob_off && nb == blob_nb &&
+            !(cdst && cdst[i] >= 0)) { /* the chunk just read and checked: no read again */
+            st = decode_range(blob.buf, (size_t)nb - (checksum ? 4 : 0), 0, chunk_bytes, lo,
+                              lo + (size_t)row_bytes, row_dst, &tmp);
+            if (st == STATUS_UNSUPPORTED) status = st;
+            ok[i] = st == STATUS_OK;
             continue;
         }
         if (a && nb <= (uint64_t)arena_n) { /* keep the compressed chunk */
@@ -602,6 +614,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             end = oj + nj;
             q++;
         }
+        blob_gen = -1; /* (blob is read over) */
         if (scratch_reserve(&blob, (size_t)(end - off)) != 0) continue;
         reads++;
         if (pread_all(fd, blob.buf, (size_t)(end - off), (int64_t)off) != 0) continue;
@@ -630,6 +643,11 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             } else {
                 st = decode_into(blob.buf + (oj - off), (size_t)nj, checksum, (size_t)chunk_rows,
                                  chunk_bytes, lo, (size_t)row_bytes, dst_j, &tmp);
+                if (chunk_rows > 1 && st == STATUS_OK) { /* checked: later rows reuse it */
+                    blob_gen = e[TAB_GEN];
+                    blob_off = off;
+                    blob_nb = nb;
+                }
             }
             if (st == STATUS_UNSUPPORTED) status = st;
             ok[j] = st == STATUS_OK;
