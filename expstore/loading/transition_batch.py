@@ -152,6 +152,31 @@ def _hot_fields(spec: Any) -> tuple[list, list] | None:
     return info
 
 
+def _batch_specs(fields: tuple[list, list], B: int) -> dict[bool, dict]:
+    """A hot-set batch's array specs for ``B`` samples: ``{True: without index, step_id and
+    weight (taken from the plan), False: with them}``, kept per ``fields`` and ``B``."""
+    cache = _BATCH_SPECS.setdefault(id(fields), (fields, {}))
+    if cache[0] is not fields:
+        _BATCH_SPECS.clear()
+        cache = _BATCH_SPECS.setdefault(id(fields), (fields, {}))
+    got = cache[1].get(B)
+    if got is None:
+        obs_fields, others = fields
+        mine: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        for _, key_o, key_n, shape, dtype in obs_fields:
+            mine[key_o] = mine[key_n] = ((B, *shape), dtype)
+        for name, shape, dtype in others:
+            mine[name] = ((B, *shape), dtype)
+        full = {**mine, "index": ((B,), np.dtype(np.int64)),
+                "step_id": ((B,), np.dtype(np.int64)), "weight": ((B,), np.dtype(np.float32))}
+        got = cache[1][B] = {True: mine, False: full}
+    return got
+
+
+#: id(hot fields) -> (those fields, {batch size: specs}): see :func:`_batch_specs`
+_BATCH_SPECS: dict[int, tuple[Any, dict]] = {}
+
+
 def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
                         alloc: Allocator) -> list[tuple[dict | None, int]] | None:
     """Every batch of a one-step plan without frame stacks (low-dim stores) in one call of
@@ -169,17 +194,13 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
     obs_fields, others = fields
     per = len(plan.rows) // plan.batches
     B = per - plan.spare
-    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    for _, key_o, key_n, shape, dtype in obs_fields:
-        specs[key_o] = specs[key_n] = ((B, *shape), dtype)
-    for name, shape, dtype in others:
-        specs[name] = ((B, *shape), dtype)
-    specs.update(index=((B,), plan.rows.dtype), step_id=((B,), plan.steps.dtype),
-                 weight=((B,), plan.weight.dtype))
+    specs = _batch_specs(fields, B)
     # allocators that may be called again after a try that failed write in place; a
-    # worker's shared slot is taken once: gathered into numpy first, then copied there
-    direct = alloc is numpy_alloc or getattr(alloc, "retryable", False)
-    batches = (alloc if direct else numpy_alloc)([specs] * plan.batches)
+    # worker's shared slot is taken once: gathered into numpy first, then copied there.
+    # In numpy, index, step_id and weight are the plan's own (a plan is read once)
+    own = alloc is numpy_alloc
+    direct = own or getattr(alloc, "retryable", False)
+    batches = (alloc if direct else numpy_alloc)([specs[own]] * plan.batches)
     obs_rows, next_rows = plan.obs_rows.reshape(-1), plan.next_rows.reshape(-1)
     obs_steps, next_steps = plan.obs_steps.reshape(-1), plan.next_steps.reshape(-1)
     locs: list[tuple[np.ndarray, np.ndarray]] = []
@@ -192,13 +213,17 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
         for name, key_o, key_n, _, _ in obs_fields:
             jobs += [(at, name, batch[key_o]), (at + 1, name, batch[key_n])]
         jobs += [(at + 2, name, batch[name]) for name, _, _ in others]
-        np.copyto(batch["index"], plan.rows[take])
-        np.copyto(batch["step_id"], plan.steps[take])
-        np.copyto(batch["weight"], plan.weight[take])
+        if own:
+            batch["index"], batch["step_id"] = plan.rows[take], plan.steps[take]
+            batch["weight"] = plan.weight[take]
+        else:
+            np.copyto(batch["index"], plan.rows[take])
+            np.copyto(batch["step_id"], plan.steps[take])
+            np.copyto(batch["weight"], plan.weight[take])
     if not gather(locs, jobs):
         return None
     if not direct:
-        arrays = alloc([specs] * plan.batches)
+        arrays = alloc([specs[False]] * plan.batches)
         for src, dst in zip(batches, arrays):
             for k, v in src.items():
                 np.copyto(dst[k], v)
