@@ -87,6 +87,7 @@ class Store:
         self.storage_options = storage_options
         self.index = RowIndex(layout.lanes, layout.lane_capacity)
         self._reader: ShardReader | None = None
+        self._source: StoreRows | None = None  # (made once per reader: ``source``)
         self._reader_pid = -1
         self._sampler = None
         #: held while this process's reader is used by sample/read_plan or a loader's
@@ -463,8 +464,13 @@ class Store:
         """Rows as this process sees them (a ``RowSource``): its writers' staged rows from
         their RAM, rows other writers of this machine staged (found by :meth:`refresh`)
         from shared memory, the rest from shards (``loading/store_rows.py``)."""
-        return StoreRows(self.reader, self.layout.lane_capacity, self.index.committed,
-                         self._staged.sessions, self._staged.lanes, self.writers)
+        reader = self.reader
+        source = self._source
+        if source is None or source.reader is not reader:  # (the rest are live objects)
+            source = self._source = StoreRows(reader, self.layout.lane_capacity,
+                                              self.index.committed, self._staged.sessions,
+                                              self._staged.lanes, self.writers)
+        return source
 
     def read_plan(self, plan: Any, skip_corrupt: bool = False) -> dict[str, np.ndarray]:
         """Execute a sampler's plan in this process: a batch dict of numpy arrays.
