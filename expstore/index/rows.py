@@ -243,13 +243,17 @@ class RowIndex:
         return lane * self.lane_capacity + steps % self.lane_capacity
 
     def draw_valid(self, draws: np.ndarray, out: np.ndarray, filled: int, history: int = 0,
-                   horizon: int = 1, guard: int = 0, committed_only: bool = False) -> int:
+                   horizon: int = 1, guard: int = 0, committed_only: bool = False,
+                   bounds: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """:meth:`rows_at` of uniform ``draws``, the :meth:`valid` ones appended to ``out``
-        (int64) from position ``filled`` until it is full, in draw order; the new fill."""
+        (int64) from position ``filled`` until it is full, in draw order; the new fill.
+        ``bounds``: ``(lower_bound(guard), upper_bound(committed_only))``, where the
+        caller has them."""
         draws = np.ascontiguousarray(draws, np.int64)
         if native is not None and out.dtype == np.int64 and out.flags.c_contiguous:
-            return native.uniform(draws, self.count, self.lower_bound(guard),
-                                  self.upper_bound(committed_only), self.flags,
+            lower, upper = bounds if bounds is not None else (
+                self.lower_bound(guard), self.upper_bound(committed_only))
+            return native.uniform(draws, self.count, lower, upper, self.flags,
                                   self.episode_step, self.lane_capacity, int(history),
                                   int(horizon), _BITS, out, int(filled))
         rows = self.rows_at(draws, guard, committed_only)

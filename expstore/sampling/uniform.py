@@ -56,7 +56,8 @@ class UniformSampler(Sampler):
         n = batches * (batch_size + view.spare)
         guard, co = max(self.guard, view.guard), view.committed_only
         index = self.index
-        total = int(index.present(guard, co).sum())
+        bounds = index.lower_bound(guard), index.upper_bound(co)
+        total = int(np.maximum(bounds[1] - bounds[0], 0).sum())  # (RowIndex.present)
         if total == 0:
             raise NotEnoughData(f"the store holds no sampleable rows yet "
                                 f"(rows={len(self.store)}, guard={guard})")
@@ -65,7 +66,7 @@ class UniformSampler(Sampler):
         for _ in range(64):
             need = n - got
             got = index.draw_valid(rng.integers(0, total, size=max(need * 2, 16)), out, got,
-                                   history, self.n_step, guard, co)
+                                   history, self.n_step, guard, co, bounds)
             if got >= n:
                 return out, None
         raise NotEnoughData(
