@@ -284,10 +284,11 @@ class Store:
         local store also the rows their writers staged and did not flush yet (from shared
         memory, ``expstore/storage/read/staged.py``), which this process's samplers then see."""
         lanes = [i for i in range(self.lanes) if i not in self.writers]
-        self._loader.reload_quarantine()  # (at most every few s)
-        for st in read_states(self.backend, lanes):
-            self._staged.refresh_lane(st, self._loader.load_lane)
-        self.refreshed_at = time.monotonic()
+        with self._read_lock:  # (a loader's prefetch thread plans from the index)
+            self._loader.reload_quarantine()  # (at most every few s)
+            for st in read_states(self.backend, lanes):
+                self._staged.refresh_lane(st, self._loader.load_lane)
+            self.refreshed_at = time.monotonic()
 
     @property
     def publishes_staging(self) -> bool:

@@ -19,6 +19,7 @@ batches_per_message`` batches ahead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -356,17 +357,16 @@ class StoreLoader(DataLoader):
                   moved: bool = True) -> Iterator[dict[str, torch.Tensor]]:
         """One message's batches to the consumer: its counts added (``batches`` as they
         are handed out), corrupt chunks quarantined, a batch every sample of which was
-        stale read again here (under ``lock``, where a prefetch thread shares the reader);
+        stale read again here (both under ``lock``, where a prefetch thread shares the
+        index and the reader);
         ``moved``: ``batches`` are on ``device`` already."""
         self.stats.add(dict(zip(_STAT_NAMES[1:], host[_STATS_KEY][1:].tolist())))
-        self._quarantine(host)
+        with lock or contextlib.nullcontext():  # (the index the thread plans from)
+            self._quarantine(host)
         for batch, all_stale in zip(batches, host[_ALL_STALE].tolist()):
             if all_stale:
-                if lock is None:
+                with lock or contextlib.nullcontext():
                     batch = self._replan()
-                else:
-                    with lock:
-                        batch = self._replan()
             if device is not None and (all_stale or not moved):
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             self.stats.batches += 1
