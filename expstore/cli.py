@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=helptext, description=helptext[0].upper() +
                             helptext[1:] + ".", epilog=_formats_epilog(name),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        fmt_help = "dataset format: dopamine, d4rl, npz, minari (see 'expstore formats')"
+        fmt_help = "dataset format: dopamine, d4rl, npz, minari, rlds (see 'expstore formats')"
         if name == "import":
             sp.add_argument("format", metavar="FORMAT", help=fmt_help)
             sp.add_argument("src", metavar="SRC", help="the dataset to read (per format: "

@@ -227,3 +227,20 @@ register("minari", "expstore.datasets.minari", "import_minari", "export_minari",
                       "compare_jpeg": "also report Minari's JPEG size of the images"},
          src_help="Minari dataset id (e.g. mujoco/pusher/expert-v0) or its data folder",
          dst_help="Minari dataset id to write (under root)")
+register("rlds", "expstore.datasets.rlds", "import_rlds", "export_rlds",
+         "RLDS / TFDS dataset directory (Open X-Embodiment; local or fsspec URL), no TensorFlow",
+         import_help={**_STORE,
+                      "split": "split to import (default: every split)",
+                      "codec": "codec of the image fields, e.g. '{\"name\":\"zstd\",\"level\":3}'",
+                      "workers": "processes decoding shards in parallel (default: one per "
+                                 "CPU core; 1: in this process)",
+                      "source_options": "fsspec options for the source URL, as JSON, e.g. "
+                                        '\'{"token":"anon"}\''},
+         export_help={"name": "dataset name in the shard file names (default: rlds)",
+                      "split": "split written (default: train)",
+                      "image_format": "png (lossless, default) or jpeg",
+                      "png_level": "PNG compression level 0..9",
+                      "shard_bytes": "bytes per TFRecord shard before a new one starts",
+                      "block_rows": _STORE["block_rows"]},
+         src_help="TFDS dataset directory (dataset_info.json, features.json, *.tfrecord-*)",
+         dst_help="directory to write the TFDS dataset into")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
 from ...storage.format import read_state, write_state
+from ..lanes import LaneResult
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
@@ -27,19 +27,6 @@ _SMALL_ROW = 256  # arrays with rows up to this many bytes are loaded whole (C x
 #: blocks inflated ahead of the one being stored: the writer's encoding is the slower
 #: stage, so one hides the inflate and each further block only costs memory
 _PREFETCH = 1
-
-
-@dataclass
-class LaneResult:
-    """What one lane's import wrote in this run (rows / steps / episodes; bytes inflated)."""
-
-    lane: int
-    rows: int = 0
-    steps: int = 0
-    episodes: int = 0
-    bytes_in: int = 0
-    resumed_rows: int = 0  # rows the lane held already (an interrupted import)
-    stopped: bool = False  # stopped early on request (Ctrl-C): the lane is not done
 
 
 def load_small(ck: Checkpoint) -> dict[str, np.ndarray]:
@@ -225,6 +212,14 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
         if store is not None:
             store.close()
     return res
+
+
+def checkpoint_lane(lane: int, ck: Checkpoint, url: str, stack: int, block_rows: int,
+                    storage_options: Any, fsync: bool, *, report: Callable[[int, int], None],
+                    stop: Any) -> LaneResult:
+    """:func:`import_lane` in the call form of :func:`expstore.datasets.lanes.run_lanes`."""
+    return import_lane(ck, url, lane, stack, block_rows, storage_options=storage_options,
+                       fsync=fsync, report=report, stop=stop)
 
 
 def _open_lane(url: str, lane: int, keep: np.ndarray, term: np.ndarray, storage_options: Any,
