@@ -112,7 +112,7 @@ def _store(url: Path, lanes: int = 2, episodes: int = 5, seed: int = 0) -> es.St
     user field; terminated and truncated episodes in every lane."""
     spec = Spec.create(obs={"image": Field((16, 16, 3), np.uint8),
                             "state": Field((4,), np.float64)},
-                       action=Field((), np.int64),
+                       action=Field((), np.int64), reward=Field((), np.float64),
                        extras={"discount": Field((), np.float32), "logp": Field((2,), np.float64)})
     store = es.create(url, spec, 4096, lanes=lanes)
     rng = np.random.default_rng(seed)
@@ -144,6 +144,7 @@ def test_store_to_rlds_to_store_is_exact(tmp_path):
     import_rlds(tmp_path / "ds", tmp_path / "b.zarr", workers=2)
     b = es.open(tmp_path / "b.zarr")
     assert b.spec.fields["obs.state"].dtype == np.float64
+    assert b.spec.fields["reward"].dtype == np.float64  # raw bytes: not rounded to float32
     got, want = _episodes_of(b), _episodes_of(src)
     assert len(got) == len(want) == 10
     for g, w in zip(got, want):

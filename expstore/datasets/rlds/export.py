@@ -39,7 +39,7 @@ def rlds_leaves(spec: Any, image_format: str = "png") -> list[tuple[str | None, 
             out.append((name, Leaf(key, "image", f.shape, f.dtype, image_format, step)))
             continue
         raw = f.dtype == np.float64 or f.row_nbytes >= 1024  # float_list would round / bloat
-        enc = ("zlib" if f.row_nbytes >= 1024 else "bytes") if raw and f.shape else "none"
+        enc = ("zlib" if f.row_nbytes >= 1024 else "bytes") if raw else "none"
         out.append((name, Leaf(key, "tensor", f.shape, f.dtype, enc, step)))
     for flag in ("is_first", "is_last", "is_terminal"):
         out.append((None, Leaf(f"steps/{flag}", "tensor", (), np.dtype(bool))))
