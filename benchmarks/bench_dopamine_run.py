@@ -119,6 +119,16 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
             "cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - cpu0\n"
             "print(json.dumps({'seconds': dt, 'frames': frames, 'cpu_seconds': cpu, "
             "'main_maxrss_mb': me.ru_maxrss / 1024, **extra}))\n")
+    out = run_tree(case, code)
+    out["fps"] = out["frames"] / out["seconds"]
+    out["frames_per_cpu_s"] = out["frames"] / out["cpu_seconds"]
+    return out
+
+
+def run_tree(case: str, code: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter started through ``/bin/sh`` (no inherited RSS
+    high-water mark): the JSON of its last line of output, plus ``tree_peak_rss_mb``, the
+    highest sum of VmRSS over it and its descendants (sampled every 20 ms)."""
     proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c",
                              code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
@@ -130,8 +140,6 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
     if proc.returncode:
         raise RuntimeError(f"{case}: {err[-2000:]}")
     out = json.loads(out_text.strip().splitlines()[-1])
-    out["fps"] = out["frames"] / out["seconds"]
-    out["frames_per_cpu_s"] = out["frames"] / out["cpu_seconds"]
     out["tree_peak_rss_mb"] = peak / 2**20
     return out
 

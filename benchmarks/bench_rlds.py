@@ -28,14 +28,11 @@ benchmarks/results/rlds.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +41,9 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_dopamine_run import _load, _tree_rss  # noqa: E402
+from benchmarks.bench_dopamine_run import _load, run_tree  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = {
     "import_rlds": """
@@ -91,19 +86,7 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
     code = (f"import json, time\nextra = {{}}\n{head}{textwrap.dedent(CHILD[case])}\n"
             "dt = time.perf_counter() - t0\n"
             "print(json.dumps({'seconds': dt, **extra}))\n")
-    proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c",
-                             code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
-        time.sleep(0.02)
-    out_text, err = proc.communicate()
-    if proc.returncode:
-        raise RuntimeError(f"{case}: {err[-2000:]}")
-    out = json.loads(out_text.strip().splitlines()[-1])
-    out["tree_peak_rss_mb"] = peak / 2**20
-    return out
+    return run_tree(case, code)
 
 
 def build_source(d: Path, steps: int, episode: int, source_frames: int,

@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _rlds_builder import episodes
+from test_datasets_dopamine import same_rows
+from test_datasets_dopamine_run import _crash_lane
 
 import expstore as es
 from expstore.cli import main
 from expstore.datasets import export_rlds, import_rlds, store_episodes
-from expstore.datasets.episodes import lane_rows
 from expstore.datasets.rlds.records import frame, masked_crc, parse_features, read_records
 from expstore.errors import DatasetFormatError
 from expstore.field import Field
 from expstore.spec import Spec
-from expstore.storage.backends import backend_for
-from expstore.storage.format import read_import_marker, read_state, write_import_marker, write_state
 
 TINY = Path(__file__).parent / "data" / "rlds_tiny" / "tiny" / "1.0.0"
 TRAIN = TINY / "tiny-train.tfrecord-00000-of-00001"
@@ -161,31 +160,6 @@ def test_store_to_rlds_to_store_is_exact(tmp_path):
             np.testing.assert_array_equal(x[name], y[name], err_msg=name)
 
 
-def _crash_lane(url: Path, lane: int, count: int) -> None:
-    """Make ``lane`` look as a killed import leaves it: ``count`` rows committed, the
-    marker partial with the lane not done."""
-    backend = backend_for(str(url), None, fsync=False)
-    st = read_state(backend, lane)
-    st.count = count
-    write_state(backend, st)
-    marker = read_import_marker(backend)
-    marker["status"] = "partial"
-    marker["lanes"][str(lane)]["done"] = False
-    write_import_marker(backend, marker)
-    backend.close()
-
-
-def _same_lanes(a: es.Store, b: es.Store) -> None:
-    assert a.lanes == b.lanes
-    for lane in range(a.lanes):
-        ra, rb = lane_rows(a, lane), lane_rows(b, lane)
-        np.testing.assert_array_equal(ra.flags, rb.flags)
-        np.testing.assert_array_equal(ra.episode_step, rb.episode_step)
-        for name in a.spec.fields:
-            np.testing.assert_array_equal(a.read(name, ra.rows, ra.steps),
-                                          b.read(name, rb.rows, rb.steps), err_msg=name)
-
-
 @pytest.mark.parametrize("count", [7, 1])  # inside an episode; inside the first one
 def test_resume_ends_with_the_rows_of_an_uninterrupted_import(tmp_path, count):
     _store(tmp_path / "a.zarr", episodes=8)
@@ -197,7 +171,7 @@ def test_resume_ends_with_the_rows_of_an_uninterrupted_import(tmp_path, count):
     _crash_lane(tmp_path / "s.zarr", 1, count)
     s = import_rlds(tmp_path / "ds", tmp_path / "s.zarr", workers=2)
     assert any("were already imported" in n for n in s.notes), s.notes
-    _same_lanes(es.open(tmp_path / "s.zarr"), full)
+    same_rows(es.open(tmp_path / "s.zarr"), full)
     with pytest.raises(FileExistsError, match="overwrite"):  # complete: never resumed into
         import_rlds(tmp_path / "ds", tmp_path / "s.zarr")
 

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import expstore as es
-from expstore.datasets import export_rlds, import_rlds, store_episodes
+from expstore.datasets import export_rlds, import_rlds
 
 pytestmark = pytest.mark.interop
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from _rlds_builder import write_tiny  # noqa: E402
+from test_datasets_rlds import _episodes_of as _store_episodes  # noqa: E402
 from test_datasets_rlds import _store  # noqa: E402
 
 
@@ -50,15 +51,6 @@ def _same_jpeg(ours: np.ndarray, tf_decoded: np.ndarray) -> None:
 
 #: most a pixel of a JPEG image differs between Pillow's and TensorFlow's decoders
 JPEG_LEVELS = 8
-
-
-def _store_episodes(store: es.Store) -> list[dict[str, np.ndarray]]:
-    out = []
-    for lane, first, T in store_episodes(store):
-        steps = np.arange(first, first + T + 1)
-        rows = store.index.lane_rows(lane, steps)
-        out.append({n: store.read(n, rows, steps) for n in store.spec.fields})
-    return out
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

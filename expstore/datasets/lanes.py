@@ -325,6 +325,22 @@ def worker_main(init: dict[str, Any]) -> None:
         conn.close()
 
 
+def rewind_lane(url: str, lane: int, rows: int, storage_options: Any) -> None:
+    """Set ``lane``'s committed count back to ``rows`` (a resumed import rewrites what an
+    interrupted one committed past a point it can restart from)."""
+    from ..storage.backends import backend_for
+    from ..storage.format import read_state, write_state
+
+    backend = backend_for(url, storage_options, fsync=True)
+    try:
+        st = read_state(backend, lane)
+        if st.count > rows:
+            st.count = rows
+            write_state(backend, st)
+    finally:
+        backend.close()
+
+
 # -- the partial-import marker: which lanes are done, so the same import resumes ----------
 def resumable_marker(url: str, fmt: str, source: str, options: dict[str, Any],
                      storage_options: Any, overwrite: bool) -> dict[str, Any] | None:

@@ -232,15 +232,12 @@ register("rlds", "expstore.datasets.rlds", "import_rlds", "export_rlds",
          import_help={**_STORE,
                       "split": "split to import (default: every split)",
                       "codec": "codec of the image fields, e.g. '{\"name\":\"zstd\",\"level\":3}'",
-                      "workers": "processes decoding shards in parallel (default: one per "
-                                 "CPU core; 1: in this process)",
-                      "source_options": "fsspec options for the source URL, as JSON, e.g. "
-                                        '\'{"token":"anon"}\''},
+                      "workers": "processes decoding shards (one lane each) in parallel "
+                                 "(default: one per CPU core; 1: in this process)",
+                      "source_options": FORMATS["dopamine"].import_help["source_options"]},
          export_help={"name": "dataset name in the shard file names (default: rlds)",
-                      "split": "split written (default: train)",
+                      "split": "split written (default: train)", "png_level": "PNG level 0..9",
                       "image_format": "png (lossless, default) or jpeg",
-                      "png_level": "PNG compression level 0..9",
-                      "shard_bytes": "bytes per TFRecord shard before a new one starts",
-                      "block_rows": _STORE["block_rows"]},
+                      "shard_bytes": "bytes per TFRecord shard before a new one starts"},
          src_help="TFDS dataset directory (dataset_info.json, features.json, *.tfrecord-*)",
          dst_help="directory to write the TFDS dataset into")

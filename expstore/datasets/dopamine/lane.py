@@ -18,8 +18,8 @@ import numpy as np
 from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.format import read_state, write_state
-from ..lanes import LaneResult
+from ...storage.format import read_state
+from ..lanes import LaneResult, rewind_lane
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
@@ -140,18 +140,6 @@ def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]
             r.close()
 
 
-def _rewind(url: str, lane: int, rows: int, storage_options: Any) -> None:
-    """Set ``lane``'s committed count back to ``rows`` (dropping a final row's lone step)."""
-    backend = backend_for(url, storage_options, fsync=True)
-    try:
-        st = read_state(backend, lane)
-        if st.count > rows:
-            st.count = rows
-            write_state(backend, st)
-    finally:
-        backend.close()
-
-
 def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int, *,
                 storage_options: Any = None, fsync: bool = False,
                 report: Callable[[int, int], None] = lambda rows, nbytes: None,
@@ -232,7 +220,7 @@ def _open_lane(url: str, lane: int, keep: np.ndarray, term: np.ndarray, storage_
         backend.close()
     q_from, rows = resume_point(keep, term, committed)
     if rows < committed:
-        _rewind(url, lane, rows, storage_options)
+        rewind_lane(url, lane, rows, storage_options)
     store = open_store(url, "r+", lane=lane, storage_options=storage_options, fsync=fsync,
                        index_all=False)  # the lanes of other checkpoints: not needed here
     return store, q_from, rows

@@ -234,6 +234,7 @@ def _leaf_json(leaf: Leaf) -> dict[str, Any]:
     if leaf.kind == "image":
         return {"image": {"dtype": str(leaf.dtype), "encodingFormat": leaf.encoding,
                           "shape": shape}, "pythonClassName": CLASS["image"]}
-    return {"pythonClassName": CLASS["tensor" if leaf.shape else "scalar"],
+    scalar = not leaf.shape and leaf.encoding == "none"  # TFDS's Scalar takes no encoding
+    return {"pythonClassName": CLASS["scalar" if scalar else "tensor"],
             "tensor": {"dtype": str(np.dtype(leaf.dtype)), "encoding": leaf.encoding,
                        "shape": shape}}

@@ -14,10 +14,10 @@ from ...api import create
 from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.format import read_state, write_import_marker, write_state
+from ...storage.format import read_state, write_import_marker
 from ..dopamine.importer import import_shard_rows
 from ..episodes import capacity_for
-from ..lanes import LaneResult, import_lanes, new_marker, resumable_marker
+from ..lanes import LaneResult, import_lanes, new_marker, resumable_marker, rewind_lane
 from ..progress import ProgressArg
 from ..source import SourceFolder
 from ..streaming import check_block_rows
@@ -158,7 +158,7 @@ def shard_lane(lane: int, shard: str, src: str, source_options: Any, url: str,
                     continue
                 if store is None:
                     if rows < committed:  # the lane stopped inside this episode: redo it
-                        _rewind(url, lane, rows, storage_options)
+                        rewind_lane(url, lane, rows, storage_options)
                         res.resumed_rows = rows
                     store = open_store(url, "r+", lane=lane, storage_options=storage_options,
                                        fsync=fsync, index_all=False)
@@ -176,18 +176,6 @@ def shard_lane(lane: int, shard: str, src: str, source_options: Any, url: str,
         if store is not None:
             store.close()
     return res
-
-
-def _rewind(url: str, lane: int, rows: int, storage_options: Any) -> None:
-    """Set ``lane``'s committed count back to ``rows`` (an episode's rows in part)."""
-    backend = backend_for(url, storage_options, fsync=True)
-    try:
-        st = read_state(backend, lane)
-        if st.count > rows:
-            st.count = rows
-            write_state(backend, st)
-    finally:
-        backend.close()
 
 
 def _write_episode(store: Any, lane: int, plan: FieldPlan, feats: dict[str, Any], at: str,
