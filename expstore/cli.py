@@ -11,7 +11,7 @@
     expstore formats
     expstore bench [NAME ...] [--dir DIR] [--list]
 
-``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari), which also lists
+``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari, rlds), which also lists
 each format's ``-o`` options. ``-o`` passes options to the importer/exporter (values are
 JSON when they parse, else strings: ``-o stack=4 -o suffixes=[0,1]
 -o codec='{"name":"blosc","cname":"lz4"}'``). Every import and export prints one summary:
