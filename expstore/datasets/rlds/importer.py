@@ -134,7 +134,8 @@ def shard_lane(lane: int, shard: str, src: str, source_options: Any, url: str,
                plan: FieldPlan, block_rows: int, storage_options: Any, fsync: bool, *,
                report: Any, stop: Any) -> LaneResult:
     """Import one shard into ``lane`` (the call form of ``lanes.run_lanes``), going on
-    after the episodes the lane already holds. ``report(1, bytes)`` per record."""
+    after the episodes the lane already holds. ``report(1, bytes)`` per record (episode;
+bytes: encoded)."""
     folder = SourceFolder(src, source_options)
     where = folder.location(shard)
     res = LaneResult(lane, counts={})
@@ -144,6 +145,7 @@ def shard_lane(lane: int, shard: str, src: str, source_options: Any, url: str,
     finally:
         backend.close()
     res.resumed_rows = committed
+    row_bytes = sum(f.row_nbytes for f in plan.spec.fields.values())
     rows = 0
     store = None
     try:
@@ -165,7 +167,7 @@ def shard_lane(lane: int, shard: str, src: str, source_options: Any, url: str,
                     store.set_episode_position(lane, 0)
                 _write_episode(store, lane, plan, feats, at, block_rows, res)
                 rows += n_rows
-                res.bytes_in += len(data)
+                res.bytes_in += n_rows * row_bytes  # decoded
                 report(1, len(data))
                 if stop is not None and stop.is_set():
                     res.stopped = True
