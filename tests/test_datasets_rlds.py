@@ -112,7 +112,8 @@ def _store(url: Path, lanes: int = 2, episodes: int = 5, seed: int = 0) -> es.St
     spec = Spec.create(obs={"image": Field((16, 16, 3), np.uint8),
                             "state": Field((4,), np.float64)},
                        action=Field((), np.int64), reward=Field((), np.float64),
-                       extras={"discount": Field((), np.float32), "logp": Field((2,), np.float64)})
+                       extras={"discount": Field((), np.float32), "logp": Field((2,), np.float64),
+                               "mask": Field((32, 32), np.uint8)})  # 1 KiB a row: zlib
     store = es.create(url, spec, 4096, lanes=lanes)
     rng = np.random.default_rng(seed)
     for lane in range(lanes):
@@ -125,12 +126,14 @@ def _store(url: Path, lanes: int = 2, episodes: int = 5, seed: int = 0) -> es.St
             (term if e % 2 else trunc)[-1] = True
             logp = rng.standard_normal((T + 1, 2))
             disc = rng.random(T + 1).astype(np.float32)
+            mask = rng.integers(0, 3, (T + 1, 32, 32), dtype=np.uint8)
             store.extend({"obs": {k: v[:-1] for k, v in obs.items()},
                           "next_obs": {k: v[1:] for k, v in obs.items()},
                           "action": rng.integers(0, 6, T), "reward": rng.random(T),
                           "terminated": term, "truncated": trunc, "logp": logp[:-1],
                           "next_logp": logp[1:], "discount": disc[:-1],
-                          "next_discount": disc[1:]}, lane=lane)
+                          "next_discount": disc[1:], "mask": mask[:-1],
+                          "next_mask": mask[1:]}, lane=lane)
     store.flush()
     return store
 
@@ -158,6 +161,33 @@ def test_store_to_rlds_to_store_is_exact(tmp_path):
     for x, y in zip(_episodes_of(c), got):
         for name in y:
             np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+def test_frame_stacking_bounds_and_codecs_survive_the_round_trip(tmp_path):
+    """What TFDS has no place for travels in expstore_spec.json beside the dataset."""
+    spec = Spec.create(obs=Field((84, 84), np.uint8, stack=4, padding="zero",
+                                 codec={"name": "zstd", "level": 3}),
+                       action=Field((), np.int64, low=0, high=5))
+    a = es.create(tmp_path / "a.zarr", spec, 1000)
+    rng = np.random.default_rng(1)
+    for T in (30, 12):
+        obs = rng.integers(0, 256, (T + 1, 84, 84), dtype=np.uint8)
+        term = np.zeros(T, bool)
+        term[-1] = True
+        a.extend(obs=obs[:-1], next_obs=obs[1:], action=rng.integers(0, 6, T),
+                 reward=rng.random(T), terminated=term, truncated=np.zeros(T, bool))
+    a.close()
+    export_rlds(tmp_path / "a.zarr", tmp_path / "ds")
+    assert (tmp_path / "ds" / "expstore_spec.json").exists()
+    a = es.open(tmp_path / "a.zarr", "r")
+    import_rlds(tmp_path / "ds", tmp_path / "b.zarr", workers=1)
+    b = es.open(tmp_path / "b.zarr")
+    for name in ("obs", "action"):
+        assert b.spec.fields[name] == a.spec.fields[name], name
+    assert b.sample(8, np.random.default_rng(0))["obs"].shape == (8, 4, 84, 84)
+    for g, w in zip(_episodes_of(b), _episodes_of(a)):
+        for name in w:
+            np.testing.assert_array_equal(g[name], w[name], err_msg=name)
 
 
 @pytest.mark.parametrize("count", [7, 1])  # inside an episode; inside the first one

@@ -92,7 +92,7 @@ def test_our_export_reads_back_in_tfds_step_for_step(tmp_path):
         assert len(g["action"]) == T + 1
         for rlds_key, field in (("observation/image", "obs.image"),
                                 ("observation/state", "obs.state"), ("discount", "discount"),
-                                ("logp", "logp")):
+                                ("logp", "logp"), ("mask", "mask")):
             want = np.stack([s[rlds_key] for s in steps])
             assert want.dtype == g[field].dtype, field
             np.testing.assert_array_equal(g[field], want, err_msg=field)

@@ -17,7 +17,7 @@ from ..progress import Progress, ProgressArg
 from ..summary import ImportSummary
 from .features import Leaf, encode, features_json
 from .records import Example, frame
-from .source import TEMPLATE, shard_names
+from .source import SPEC_FILE, TEMPLATE, shard_names
 
 _BUILTIN = ("terminated", "truncated")
 
@@ -78,6 +78,7 @@ def export_rlds(url: str | os.PathLike, dst: str | os.PathLike, *, name: str = "
     lengths: list[int] = []
     try:
         leaves = rlds_leaves(store.spec, image_format)
+        spec_json = store.spec.to_json()
         episodes = store_episodes(store)
         reader = ExportReader(store)
         prog = Progress(sum(T + 1 for _, _, T in episodes), f"rlds export {dst.name}",
@@ -124,6 +125,8 @@ def export_rlds(url: str | os.PathLike, dst: str | os.PathLike, *, name: str = "
                         "shardLengths": [str(n) for n in lengths],
                         "numBytes": str(summary.bytes_out)}]}
     (dst / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    # what TFDS has no place for (frame stacking, bounds, codecs): read back by import_rlds
+    (dst / SPEC_FILE).write_text(json.dumps(spec_json, indent=2))
     summary.seconds = time.perf_counter() - t0
     return summary
 

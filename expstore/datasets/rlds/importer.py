@@ -77,7 +77,7 @@ def import_rlds(src: str | os.PathLike, url: str | os.PathLike, *, split: str | 
     block_rows = check_block_rows(block_rows)
     ds = DatasetDir(src, source_options)
     plan = field_plan(ds.leaves, ds.folder.location("features.json"), codec,
-                      reject_nonfinite)
+                      reject_nonfinite, ds.saved_spec())
     shards = ds.shards(split)
     url = os.fspath(url)
     summary = ImportSummary(str(src), url, lanes=len(shards), kind="rlds import")

@@ -41,10 +41,9 @@ def frame(data: bytes) -> bytes:
     return length + _FOOTER.pack(masked_crc(length)) + data + _FOOTER.pack(masked_crc(data))
 
 
-def read_records(f: BinaryIO, where: str, skip: int = 0) -> Iterator[bytes]:
+def read_records(f: BinaryIO, where: str) -> Iterator[bytes]:
     """The records of an open TFRecord file, CRCs checked (``where`` names the file in
-    errors). The first ``skip`` records are framed and length-checked but their data CRC
-    is not computed (a resumed import passes over them)."""
+    errors)."""
     i = 0
     while True:
         head = f.read(_HEADER.size)
@@ -62,7 +61,7 @@ def read_records(f: BinaryIO, where: str, skip: int = 0) -> Iterator[bytes]:
         if len(data) < n or len(foot) < _FOOTER.size:
             raise DatasetFormatError(f"{where}: record {i}: the file ends inside its {n:,} "
                                      "bytes (truncated file?)")
-        if i >= skip and masked_crc(data) != _FOOTER.unpack(foot)[0]:
+        if masked_crc(data) != _FOOTER.unpack(foot)[0]:
             raise DatasetFormatError(f"{where}: record {i}: bad data crc32c (the record's "
                                      f"{n:,} bytes are corrupted)")
         yield data

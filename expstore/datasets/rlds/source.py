@@ -18,6 +18,8 @@ from .features import Leaf, parse_features
 
 #: TFDS's default shard file name template (dataset_info.json's ``filepathTemplate``)
 TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+#: the spec an export writes beside the TFDS files (stacking, bounds, codecs)
+SPEC_FILE = "expstore_spec.json"
 #: RLDS step features with a fixed meaning in the store
 FLAGS = ("is_first", "is_last", "is_terminal")
 
@@ -54,13 +56,15 @@ class FieldPlan:
 
 
 def field_plan(leaves: list[Leaf], where: str, codec: dict | None = None,
-               reject_nonfinite: bool = True) -> FieldPlan:
+               reject_nonfinite: bool = True, saved: Spec | None = None) -> FieldPlan:
     """Store fields for an RLDS dataset's leaves (the mapping of docs/datasets.md, RLDS):
     ``steps/observation[/a/b]`` -> ``obs`` / ``obs.a.b``, ``steps/action[/..]`` ->
     ``action[...]``, ``steps/reward`` -> ``reward``, flags -> terminated/truncated, other
     numeric step features (``discount``, ...) -> user fields named by their path (``/`` ->
     ``.``), numeric episode features -> user fields ``episode_metadata.<key>`` on every row
-    of the episode; strings and variable-shape features are dropped."""
+    of the episode; strings and variable-shape features are dropped. ``saved``: the spec
+    an expstore export wrote: its fields' stacking, bounds and codecs where shape and dtype
+    match."""
     roles: list[Role] = []
     obs: dict[str, Field] = {}
     act: dict[str, Field] = {}
@@ -98,6 +102,15 @@ def field_plan(leaves: list[Leaf], where: str, codec: dict | None = None,
     if missing:
         raise DatasetFormatError(f"{where}: RLDS steps need is_first, is_last and "
                                  f"is_terminal; missing {missing}")
+    if saved is not None:
+        for fields in (obs, act, extras):
+            for k, f in fields.items():
+                name = k if fields is extras else (
+                    ("obs" if fields is obs else "action") + (f".{k}" if k else ""))
+                old = saved.fields.get(name)
+                if old is not None and old.shape == f.shape and old.dtype == f.dtype:
+                    fields[k] = old if codec is None or not f.is_image else replace(
+                        old, codec=codec)
     spec = Spec.create(obs[""] if "" in obs else obs, act[""] if "" in act else act,
                        reward=reward, extras=extras, reject_nonfinite=reject_nonfinite)
     rlds = {"keys": {r.store: r.leaf.key for r in roles if r.role in
@@ -137,6 +150,12 @@ class DatasetDir:
                 return json.loads(f.read())
             except ValueError as e:
                 raise DatasetFormatError(f"{self.folder.location(name)}: not JSON ({e})") from None
+
+    def saved_spec(self) -> Spec | None:
+        """The spec an expstore export left beside the dataset (``None``: not one)."""
+        if not self.folder.exists(SPEC_FILE):
+            return None
+        return Spec.from_json(self._json(SPEC_FILE))
 
     def splits(self) -> list[str]:
         return [s["name"] for s in self.info.get("splits", [])]
