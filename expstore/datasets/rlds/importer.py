@@ -111,7 +111,7 @@ def import_rlds(src: str | os.PathLike, url: str | os.PathLike, *, split: str | 
                      (ds.folder.url, source_options, url, plan, block_rows, storage_options,
                       fsync), summary,
                      total=lambda lanes: sum(ds.episodes.get(shards[i], 0) for i in lanes),
-                     desc=f"rlds {ds.name or ds.folder.name}", workers=workers,
+                     desc=f"rlds {ds.name or ds.folder.name} (episodes)", workers=workers,
                      progress=progress, storage_options=storage_options, report_rows=1,
                      name=lambda lane: shards[lane], unit="shard(s)", counts=counts)
     finally:
