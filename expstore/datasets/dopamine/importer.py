@@ -10,9 +10,10 @@ from typing import Any
 from ...api import create
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.format import auto_shard_rows, read_import_marker, write_import_marker
+from ...storage.format import auto_shard_rows, write_import_marker
 from ..episodes import capacity_for
 from ..progress import Progress, ProgressArg, interruptible
+from ..resume import resumable_marker
 from ..streaming import check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import STORE_PREFIX, dopamine_spec, find_suffixes, inspect_checkpoint
@@ -115,7 +116,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     options = {"suffixes": chosen, "stack": stack, "num_actions": num_actions,
                "codec": codec}
     summary = ImportSummary(str(src), url, lanes=len(cks))
-    marker = _resumable(url, folder, options, storage_options, overwrite)
+    marker = resumable_marker(url, FORMAT, folder.url, options, storage_options, overwrite)
     if marker is None:
         cap = capacity_for(max(count_rows(ck, stack) for ck in cks), len(cks), capacity)
         if shard_rows is None:
@@ -165,38 +166,3 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
         backend.close()
         summary.seconds = time.perf_counter() - t0
     return summary
-
-
-def _resumable(url: str, folder: SourceFolder, options: dict[str, Any],
-               storage_options: Any, overwrite: bool) -> dict[str, Any] | None:
-    """The marker of a partial import of the same checkpoints at ``url`` to resume, or
-    ``None`` (nothing there, or ``overwrite``). A store that is not such an import is left
-    alone: ``create`` refuses it unless ``overwrite``."""
-    if overwrite:
-        return None
-    backend = backend_for(url, storage_options, fsync=False)
-    try:
-        if backend.get("zarr.json") is None:
-            return None
-        marker = read_import_marker(backend)
-    finally:
-        backend.close()
-    if marker is None or marker.get("status") == "complete":
-        return None  # create() refuses: a store exists
-    if marker.get("status") != "partial" or marker.get("format") != FORMAT:
-        return None
-    mine = {"source": folder.url, **options}
-    theirs = {"source": marker.get("source"), **(marker.get("options") or {})}
-    diff = [f"{k}: stored {theirs.get(k)!r}, given {mine[k]!r}" for k in mine
-            if _norm(theirs.get(k)) != _norm(mine[k])]
-    if diff:
-        raise FileExistsError(f"{backend.url}: holds a partial import with other settings ("
-                              + "; ".join(diff) + "); re-run it with the same ones to resume, "
-                              "or pass overwrite=True (--overwrite) to start over")
-    return marker
-
-
-def _norm(v: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(v))
