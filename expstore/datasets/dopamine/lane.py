@@ -163,7 +163,7 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
                     keep_all = ~pad
                     store, q_from, res.resumed_rows = _open_lane(
                         url, lane, keep_all, term_all, storage_options, fsync)
-                    store.setepisode_position(lane, episode_position(
+                    store.set_episode_position(lane, episode_position(
                         keep_all, term_all, q_from, stack - 1 if lead == 0 else 0))
                     if q_from >= ck.n:  # every row is there already
                         report(ck.n, ck.n * row_bytes)

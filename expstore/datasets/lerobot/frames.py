@@ -23,7 +23,7 @@ def decode_images(values: list[Any], shape: tuple[int, ...], where: str) -> np.n
                                      f"{v.get('path') if isinstance(v, dict) else None!r})")
         with Image.open(io.BytesIO(data)) as im:
             a = np.asarray(im)
-        if a.ndim == 2:
+        if a.ndim == 2 and len(shape) == 3:  # grayscale PNG of an (H, W, 1) camera
             a = a[:, :, None]
         if a.shape != shape:
             raise DatasetFormatError(f"{where}: frame {i} decodes to {a.shape}, info.json "
@@ -106,6 +106,7 @@ class VideoWriter:
 
         self.path = path
         self.frames = 0
+        self.bytes = 0  # encoded bytes so far
         self._container = av.open(path, "w")
         rate = Fraction(fps).limit_denominator(1000)
         options = {"crf": str(crf), "g": str(gop)}
@@ -127,6 +128,7 @@ class VideoWriter:
             vf.pts = self.frames
             self.frames += 1
             for packet in self._stream.encode(vf):
+                self.bytes += packet.size
                 self._container.mux(packet)
 
     def close(self) -> None:

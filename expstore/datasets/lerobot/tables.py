@@ -90,7 +90,7 @@ class FeatureWriter:
             if kind != "video":
                 continue
             have = self._vid.get(key)
-            if have is None or Path(have[1].path).stat().st_size >= self.video_file_mb << 20:
+            if have is None or have[1].bytes >= self.video_file_mb << 20:
                 self._next_video(key, -1 if have is None else have[0])
             i, w = self._vid[key]
             ep[key] = (chunk_file(i), w.frames / self.fps)
