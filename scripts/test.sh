@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install expstore with its test extras into a virtualenv (created if missing) and run the tests.
-# Usage: bash scripts/test.sh                 every test but the slow ones (-m "not slow"), on
+# Usage: bash scripts/test.sh                 every test but the slow and interop ones, on
 #                                             EXPSTORE_TEST_WORKERS pytest-xdist workers (auto)
 #        bash scripts/test.sh -m slow         the slow ones (soaks, stress, long integrations)
+# (interop: other projects' own readers in their own venvs; .ci/run runs them, e.g. the lerobot
+# ones with the python of scripts/lerobot_env.sh)
 #        bash scripts/test.sh [pytest args]   anything else: pytest with those arguments
 # CI (.ci/run) runs the first two. EXPSTORE_VENV picks the venv folder.
 set -euo pipefail
@@ -48,8 +50,8 @@ if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
 fi
 WORKERS=(-n "${EXPSTORE_TEST_WORKERS:-auto}")
 if [ $# -eq 0 ]; then
-  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "not slow"
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "not slow and not interop"
 elif [ "$*" = "-m slow" ]; then
-  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m slow
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "slow and not interop"
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"
