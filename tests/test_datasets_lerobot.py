@@ -173,6 +173,15 @@ def test_store_round_trip_is_exact(tmp_path):
     same_rows(es.open(tmp_path / "a.zarr"), es.open(tmp_path / "b.zarr"))
 
 
+def test_codec_option_reaches_the_cameras(tmp_path):
+    _store(tmp_path / "a.zarr")
+    export_lerobot(tmp_path / "a.zarr", tmp_path / "out")
+    zstd = {"name": "blosc", "cname": "zstd", "clevel": 5}
+    import_lerobot(tmp_path / "out", tmp_path / "b.zarr", codec=zstd)
+    fields = es.open(tmp_path / "b.zarr").spec.fields
+    assert fields["obs.frame"].codec == zstd and fields["obs.vel"].codec != zstd
+
+
 def test_open_episode_is_left_out(tmp_path):
     _store(tmp_path / "a.zarr")
     st = es.open(tmp_path / "a.zarr", "r+")

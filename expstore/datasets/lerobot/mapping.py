@@ -54,7 +54,7 @@ def import_plan(meta: Meta, codec: dict | None, reject_nonfinite: bool) -> Plan:
     (``meta/expstore.json``) and gets it back exactly."""
     side = meta.sidecar or {}
     if "spec" in side and "columns" in side:
-        return _sidecar_plan(meta, side)
+        return _sidecar_plan(meta, side, codec)
     obs: dict[str, Field] = {}
     extras: dict[str, Field] = {}
     action = reward = None
@@ -125,8 +125,13 @@ def _origin(meta: Meta, cols: list[Column]) -> dict[str, Any]:
             "columns": {c.field: c.key for c in cols if c.field is not None}}
 
 
-def _sidecar_plan(meta: Meta, side: dict[str, Any]) -> Plan:
+def _sidecar_plan(meta: Meta, side: dict[str, Any], codec: dict | None) -> Plan:
     spec = Spec.from_json(side["spec"])
+    if codec is not None:  # given: for the cameras, as in any import
+        cams = {n for n, k in side["columns"].items()
+                if meta.features.get(k, {}).get("dtype") in ("image", "video")}
+        spec = replace(spec, fields={n: replace(f, codec=codec) if n in cams else f
+                                     for n, f in spec.fields.items()})
     cols = []
     for name, key in side["columns"].items():
         ft = meta.features.get(key)
