@@ -162,3 +162,30 @@ def test_lerobot_loads_our_export(tmp_path, video):
     import_lerobot(tmp_path / "out", tmp_path / "b.zarr")
     if not video:
         same_rows(store, es.open(tmp_path / "b.zarr"))
+
+
+def test_gray_camera_as_video(tmp_path):
+    """A (H, W) uint8 field (Atari frames) goes out as an MP4 (gray in RGB) and comes back
+    (H, W); LeRobot decodes it too."""
+    spec = es.Spec.create(es.Field((H, W), np.uint8, stack=4, padding="zero"),
+                          es.Field((), np.int64, low=0, high=3),
+                          extras={"task_index": es.Field((), np.int64)})
+    st = es.create(tmp_path / "a.zarr", spec, 100)
+    frames = smooth_frames(31, 3)[..., 0]
+    T = 30
+    st.extend({"obs": frames[:-1], "next_obs": frames[1:], "action": np.arange(T) % 4,
+               "reward": np.ones(T, np.float32), "terminated": np.eye(T, dtype=bool)[-1],
+               "truncated": np.zeros(T, bool), "task_index": np.arange(T) // 20,
+               "next_task_index": np.arange(1, T + 1) // 20})
+    st.close()
+    export_lerobot(tmp_path / "a.zarr", tmp_path / "out", video=True, fps=10)
+    ds = LeRobotDataset("local/out", root=tmp_path / "out")
+    assert [ds[i]["task"] for i in (0, 25)] == ["task 0", "task 1"]
+    theirs = np.stack([as_hwc_uint8(ds[i]["observation.image"])[..., 0] for i in range(T)])
+    import_lerobot(tmp_path / "out", tmp_path / "b.zarr")
+    b = es.open(tmp_path / "b.zarr")
+    lr = lane_rows(b, 0)
+    ours = b.read("obs", lr.rows[:T], lr.steps[:T])
+    assert ours.shape == (T, H, W) and b.spec.fields["obs"].stack == 4
+    assert np.abs(ours.astype(int) - frames[:T]).mean() < 6
+    assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= 2

@@ -113,8 +113,8 @@ def export_lerobot(url: str | os.PathLike, dst: str | os.PathLike, *, fps: float
                 finals["episode_index"].append(ep_index)
                 finals["@terminated"].append(bool(reader.read(
                     "terminated", rows[T - 1:T], steps[T - 1:T])[0]))
-                names = [tasks[i] if 0 <= i < len(tasks) else f"task {i}"
-                         for i in sorted(ep_tasks)]
+                tasks += [f"task {i}" for i in range(len(tasks), max(ep_tasks) + 1)]
+                names = [tasks[i] for i in sorted(ep_tasks)]
                 writer.end_episode(ep_index, T, index, names)
                 index += T
         finally:

@@ -24,6 +24,8 @@ from .layout import FINAL_ROWS_PATH, Episode, Meta, Source, read_meta, read_parq
 from .mapping import Column, Plan, import_plan
 
 FORMAT = "lerobot"
+#: decoded bytes a block of frames holds at most (480x640 RGB cameras: 54-frame blocks)
+BLOCK_BYTES = 48 << 20
 
 
 def import_lerobot(src: str | os.PathLike, url: str | os.PathLike, *,
@@ -46,7 +48,8 @@ def import_lerobot(src: str | os.PathLike, url: str | os.PathLike, *,
     notes list every mapping). fps, robot type, tasks and the feature entries are kept in
     the store's ``spec.structure["lerobot"]`` for :func:`export_lerobot`.
 
-    Streamed: ``block_rows`` frames at a time (memory ~ a few blocks of decoded frames).
+    Streamed: ``block_rows`` frames at a time, fewer for large cameras (a block holds at
+    most :data:`BLOCK_BYTES` of decoded frames; memory ~ three blocks).
     The store is marked as a partial import until every frame is in; running the same
     import again resumes it where it stopped. Ctrl-C stops at a block boundary.
     """
@@ -96,7 +99,8 @@ def import_lerobot(src: str | os.PathLike, url: str | os.PathLike, *,
         writer = _Writer(store, plan, finals, summary)
         row_bytes = _row_bytes(plan)
         with interruptible() as intr:
-            blocks = _blocks(source, meta, plan, q_from, block_rows, tolerance_s)
+            block = max(1, min(block_rows, BLOCK_BYTES // max(row_bytes, 1)))
+            blocks = _blocks(source, meta, plan, q_from, block, tolerance_s)
             with Prefetch(blocks, depth=1) as stream:
                 for ep, vals, last in stream:
                     n = writer.write(ep, vals, last)
@@ -327,6 +331,6 @@ def _video_frames(source: Source, meta: Meta, c: Column, ep: Episode, ts: np.nda
         readers[c.key] = have = (file, rd)
     out = np.empty((len(ts), *c.shape), np.uint8)
     for i, t in enumerate(ts):
-        a = have[1].frame(start + float(t))
-        out[i] = a.reshape(c.shape) if a.shape != c.shape and a.size == out[i].size else a
+        a = have[1].frame(start + float(t))  # RGB: a gray camera's channel is its first
+        out[i] = a[..., 0] if len(c.shape) == 2 else a[..., :1] if c.shape[-1] == 1 else a
     return out
