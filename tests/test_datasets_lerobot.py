@@ -302,3 +302,11 @@ def test_cli_formats_import_export(v3, tmp_path, capsys):
     assert "lerobot export" in capsys.readouterr().out
     assert json.loads((tmp_path / "o/meta/info.json").read_text())["total_frames"] == 28
     shutil.rmtree(tmp_path / "o")
+
+
+def test_episodes_table_without_its_columns_is_refused(v3, tmp_path):
+    root, _ = v3
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["dataset_to_index"]), path)
+    with pytest.raises(DatasetFormatError, match=r"missing column\(s\) \['dataset_to_index'\]"):
+        import_lerobot(root, tmp_path / "s.zarr")

@@ -153,6 +153,14 @@ def read_parquet(src: Source, path: str, columns: list[str] | None = None) -> An
         return pq.read_table(f, columns=columns)
 
 
+def parquet_columns(src: Source, path: str) -> list[str]:
+    """Column names of a parquet file (its footer only)."""
+    import pyarrow.parquet as pq
+
+    with src.open(path) as f:
+        return pq.ParquetFile(f).schema_arrow.names
+
+
 def task_texts(table: Any, where: str) -> list[str]:
     """Task text by ``task_index`` from ``meta/tasks.parquet`` (pandas writes the text as the
     frame's index: ``__index_level_0__`` or the column its metadata names)."""
@@ -196,16 +204,16 @@ def read_meta(src: Source) -> Meta:
         raise DatasetFormatError(f"{src.location(EPISODES_DIR)}: no chunk-*/file-*.parquet")
     video_keys = [k for k, f in info["features"].items() if f.get("dtype") == "video"]
     episodes: list[Episode] = []
+    need = ["episode_index", "length", "data/chunk_index", "data/file_index",
+            "dataset_from_index", "dataset_to_index"]
+    need += [f"videos/{k}/{c}" for k in video_keys
+             for c in ("chunk_index", "file_index", "from_timestamp")]
     for path in files:
-        t = read_parquet(src, path)
-        cols = set(t.column_names)
-        need = ["episode_index", "length", "data/chunk_index", "data/file_index",
-                "dataset_from_index", "dataset_to_index"]
-        need += [f"videos/{k}/{c}" for k in video_keys
-                 for c in ("chunk_index", "file_index", "from_timestamp")]
+        cols = set(parquet_columns(src, path))
         missing = [c for c in need if c not in cols]
         if missing:
             raise DatasetFormatError(f"{src.location(path)}: missing column(s) {missing}")
+        t = read_parquet(src, path, need + (["tasks"] if "tasks" in cols else []))
         d = {c: t.column(c).to_pylist() for c in need + (["tasks"] if "tasks" in cols else [])}
         for i in range(t.num_rows):
             ep = Episode(int(d["episode_index"][i]), int(d["length"][i]),
