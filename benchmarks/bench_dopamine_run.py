@@ -126,22 +126,28 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
 
 
 def run_tree(case: str, code: str) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter started through ``/bin/sh`` (no inherited RSS
-    high-water mark): the JSON of its last line of output, plus ``tree_peak_rss_mb``, the
-    highest sum of VmRSS over it and its descendants (sampled every 20 ms)."""
+    """:func:`run_sampled`, its peak in the JSON as ``tree_peak_rss_mb``."""
+    out, peak = run_sampled(code, case)
+    out["tree_peak_rss_mb"] = peak / 2**20
+    return out
+
+
+def run_sampled(code: str, what: str, env: dict[str, str] | None = None
+                ) -> tuple[dict[str, Any], int]:
+    """Python ``code`` in a fresh interpreter started through ``/bin/sh`` (so it does not
+    inherit this process's RSS high-water mark): (the JSON its last line prints, peak
+    bytes resident in its process tree, sampled every 20 ms)."""
     proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c",
                              code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=env)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, _tree_rss(proc.pid))
         time.sleep(0.02)
     out_text, err = proc.communicate()
     if proc.returncode:
-        raise RuntimeError(f"{case}: {err[-2000:]}")
-    out = json.loads(out_text.strip().splitlines()[-1])
-    out["tree_peak_rss_mb"] = peak / 2**20
-    return out
+        raise RuntimeError(f"{what}: {err[-2000:]}")
+    return json.loads(out_text.strip().splitlines()[-1]), peak
 
 
 def build_run(d: Path, checkpoints: int, frames: int, source: dict[str, Any],

@@ -291,7 +291,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
     try:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
-        again = "; run the same command again to resume" if args.format == "dopamine" else ""
+        again = ("; run the same command again to resume"
+                 if args.format in ("dopamine", "lerobot") else "")
         print(f"\ninterrupted: {store_url(args.url)} holds the rows flushed so far{again}",
               file=sys.stderr)
         return EXIT_INTERRUPTED

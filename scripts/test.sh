@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install expstore with its test extras into a virtualenv (created if missing) and run the tests.
-# Usage: bash scripts/test.sh                 every test but the slow ones (-m "not slow"), on
+# Usage: bash scripts/test.sh                 every test but the slow and interop ones, on
 #                                             EXPSTORE_TEST_WORKERS pytest-xdist workers (auto)
 #        bash scripts/test.sh -m slow         the slow ones (soaks, stress, long integrations)
-#        bash scripts/test.sh -m interop      against other projects' own readers (TensorFlow
-#                                             Datasets), in a venv of their own ($VENV-interop)
+#        bash scripts/test.sh -m interop      against other projects' own readers/writers, each
+#                                             in a venv of its own: TensorFlow Datasets
+#                                             ($VENV-interop) and LeRobot (scripts/lerobot_env.sh;
+#                                             its video decoder needs FFmpeg)
 #        bash scripts/test.sh [pytest args]   anything else: pytest with those arguments
 # CI (.ci/run) runs the first three. EXPSTORE_VENV picks the venv folder.
 set -euo pipefail
@@ -62,6 +64,8 @@ elif [ "$*" = "-m interop" ]; then
   "$VI/bin/python" -m pip install -q --disable-pip-version-check "tensorflow-cpu>=2.16" \
     "tensorflow-datasets>=4.9.4" 2>&1 | grep -v "^WARNING: Location" || true
   "$VI/bin/python" -c "import tensorflow_datasets as t, tensorflow as tf; print('tensorflow', tf.__version__, 'tensorflow-datasets', t.__version__)" 2>&1 | tail -1
-  exec "$VI/bin/python" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m interop
+  "$VI/bin/python" -m pytest -q -p no:cacheprovider -m interop tests/test_rlds_interop.py
+  exec "$(bash scripts/lerobot_env.sh)" -m pytest -q -p no:cacheprovider -m interop \
+    tests/test_lerobot_interop.py
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

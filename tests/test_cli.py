@@ -202,7 +202,7 @@ def test_every_subcommand_and_positional_has_help(capsys):
     out, _ = run(capsys, "formats")
     from expstore.datasets import FORMATS
 
-    for fmt in ("dopamine", "d4rl", "npz", "minari", "rlds"):
+    for fmt in ("dopamine", "d4rl", "npz", "minari", "rlds", "lerobot"):
         assert f"\n{fmt} " in "\n" + out
     n = len(FORMATS)
     assert out.count("import -o options:") == n and out.count("export -o options:") == n

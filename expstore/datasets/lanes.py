@@ -1,7 +1,7 @@
 """Source pieces imported in parallel, one lane each, resumably: :func:`run_lanes` (one
-worker process per CPU core), :func:`import_lanes` (the partial-import marker around it) and
-:func:`resumable_marker`. Dopamine checkpoints and RLDS TFRecord shards are imported
-through these.
+worker process per CPU core) and :func:`import_lanes` (the partial-import marker around it;
+``datasets/resume.py`` says where a lane goes on). Dopamine checkpoints and RLDS TFRecord
+shards are imported through these.
 
 Workers are plain ``python -c`` processes (the caller's ``__main__`` is never re-imported,
 so scripts need no ``if __name__ == "__main__"`` guard) connected to the parent by a Unix
@@ -325,60 +325,7 @@ def worker_main(init: dict[str, Any]) -> None:
         conn.close()
 
 
-def rewind_lane(url: str, lane: int, rows: int, storage_options: Any) -> None:
-    """Set ``lane``'s committed count back to ``rows`` (a resumed import rewrites what an
-    interrupted one committed past a point it can restart from)."""
-    from ..storage.backends import backend_for
-    from ..storage.format import read_state, write_state
-
-    backend = backend_for(url, storage_options, fsync=True)
-    try:
-        st = read_state(backend, lane)
-        if st.count > rows:
-            st.count = rows
-            write_state(backend, st)
-    finally:
-        backend.close()
-
-
 # -- the partial-import marker: which lanes are done, so the same import resumes ----------
-def resumable_marker(url: str, fmt: str, source: str, options: dict[str, Any],
-                     storage_options: Any, overwrite: bool) -> dict[str, Any] | None:
-    """The marker of a partial ``fmt`` import of the same ``source`` and ``options`` at
-    ``url`` to resume, or ``None`` (nothing there, or ``overwrite``). A store that is not
-    such an import is left alone: ``create`` refuses it unless ``overwrite``; a partial
-    import with other settings is refused, naming them."""
-    from ..storage.backends import backend_for
-    from ..storage.format import read_import_marker
-
-    if overwrite:
-        return None
-    backend = backend_for(url, storage_options, fsync=False)
-    try:
-        if backend.get("zarr.json") is None:
-            return None
-        marker = read_import_marker(backend)
-    finally:
-        backend.close()
-    if marker is None or marker.get("status") != "partial" or marker.get("format") != fmt:
-        return None  # a complete import or another store: create() refuses it
-    mine = {"source": source, **options}
-    theirs = {"source": marker.get("source"), **(marker.get("options") or {})}
-    diff = [f"{k}: stored {theirs.get(k)!r}, given {mine[k]!r}" for k in mine
-            if _json_norm(theirs.get(k)) != _json_norm(mine[k])]
-    if diff:
-        raise FileExistsError(f"{backend.url}: holds a partial import with other settings ("
-                              + "; ".join(diff) + "); re-run it with the same ones to resume, "
-                              "or pass overwrite=True (--overwrite) to start over")
-    return marker
-
-
-def _json_norm(v: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(v))
-
-
 def new_marker(fmt: str, source: str, options: dict[str, Any],
                pieces: list[dict[str, Any]]) -> dict[str, Any]:
     """A partial-import marker: one entry per lane (``pieces[i]`` says what lane ``i``

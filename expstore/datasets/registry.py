@@ -241,3 +241,26 @@ register("rlds", "expstore.datasets.rlds", "import_rlds", "export_rlds",
                       "shard_bytes": "bytes per TFRecord shard before a new one starts"},
          src_help="TFDS dataset directory (dataset_info.json, features.json, *.tfrecord-*)",
          dst_help="directory to write the TFDS dataset into")
+_LEROBOT_IMPORT = {**_STORE,
+                   "codec": "codec of the camera fields, e.g. "
+                            '\'{"name":"blosc","cname":"lz4"}\'',
+                   "tolerance_s": "how far (s) a decoded video frame may lie from "
+                                  "from_timestamp + timestamp",
+                   "source_options": "fsspec options for SRC, as JSON"}
+_LEROBOT_EXPORT = {"video": "cameras as MP4 files (lossy) instead of PNG in parquet",
+                   "video_codec": "PyAV encoder of video=true: libsvtav1 (LeRobot's), "
+                                  "libx264, ...",
+                   "crf": "video quality (lower: better, larger)",
+                   "gop": "frames between keyframes (LeRobot's: 2)",
+                   "png_level": "zlib level 0..9 of the PNG frames",
+                   "fps": "frames per second (default: the imported dataset's, else 30)",
+                   "task": "task text of every frame when the store has no task_index",
+                   "robot_type": "info.json robot_type",
+                   "data_file_mb": "MiB of frames per data/*.parquet file",
+                   "video_file_mb": "MiB per videos/*.mp4 file",
+                   "block_rows": _STORE["block_rows"]}
+register("lerobot", "expstore.datasets.lerobot", "import_lerobot", "export_lerobot",
+         "LeRobot v3.0 dataset root (meta/info.json, data/*.parquet, videos/*.mp4)",
+         import_help=_LEROBOT_IMPORT, export_help=_LEROBOT_EXPORT,
+         src_help="LeRobot v3 dataset root (folder or fsspec URL, e.g. hf://datasets/...)",
+         dst_help="new folder for the LeRobot v3 dataset root")

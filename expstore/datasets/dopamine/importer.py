@@ -11,8 +11,9 @@ from ...api import create
 from ...errors import DatasetFormatError
 from ...storage.format import auto_shard_rows, write_import_marker
 from ..episodes import capacity_for
-from ..lanes import import_lanes, new_marker, resumable_marker
+from ..lanes import import_lanes, new_marker
 from ..progress import ProgressArg
+from ..resume import resumable_marker
 from ..source import SourceFolder
 from ..streaming import check_block_rows
 from ..summary import ImportSummary

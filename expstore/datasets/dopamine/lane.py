@@ -4,7 +4,7 @@ A checkpoint maps to a lane deterministically: chronological row ``q`` is paddin
 (terminals and the leading zero rows decide), and each kept row becomes one store row, two
 when it is a terminal (its step and the episode's final row). So the rows a lane already
 committed (an interrupted import) say exactly which source row comes next:
-:func:`resume_point`.
+:func:`~expstore.datasets.resume.resume_point`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
 from ...storage.format import read_state
-from ..lanes import LaneResult, rewind_lane
+from ..lanes import LaneResult
+from ..resume import episode_position, resume_point, rewind_lane
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
@@ -78,35 +79,6 @@ def count_rows(ck: Checkpoint, stack: int) -> int:
     small = load_small(ck)
     pad, _ = padding(ck, small, stack)
     return int((~pad).sum()) + int(((small["terminal"] != 0) & ~pad).sum())
-
-
-def resume_point(keep: np.ndarray, term: np.ndarray, committed: int) -> tuple[int, int]:
-    """``(q, rows)``: the first source row not yet stored and the store rows before it.
-
-    ``committed`` rows of the lane are on storage; ``rows`` is ``committed`` or one less
-    when the lane ends between a terminal step and its episode's final row (which the
-    import then writes again, with the final row).
-    """
-    per = keep.astype(np.int64) * (1 + (term & keep))
-    cum = np.cumsum(per)  # store rows after source row q
-    q = int(np.searchsorted(cum, committed, side="right"))  # rows before q: <= committed
-    before = int(cum[q - 1]) if q else 0
-    if q < len(cum) and before < committed:  # inside row q's pair (step + final row)
-        return q, before
-    if before != committed:
-        raise DatasetFormatError(f"the lane holds {committed} rows, more than the "
-                                 f"{int(cum[-1]) if len(cum) else 0} this checkpoint makes; "
-                                 "was the store written by another import? (pass "
-                                 "overwrite=True to start over)")
-    return q, before
-
-
-def _episode_position(keep: np.ndarray, term: np.ndarray, q: int, first: int) -> int:
-    """Episode position of the row that source row ``q`` becomes (``first``: of row 0)."""
-    ends = np.flatnonzero(term[:q] & keep[:q])
-    if len(ends):
-        return int(keep[ends[-1] + 1 : q].sum())
-    return first + int(keep[:q].sum())
 
 
 def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]:
@@ -178,7 +150,7 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
                     keep_all = ~pad
                     store, q_from, res.resumed_rows = _open_lane(
                         url, lane, keep_all, term_all, storage_options, fsync)
-                    store.set_episode_position(lane, _episode_position(
+                    store.set_episode_position(lane, episode_position(
                         keep_all, term_all, q_from, stack - 1 if lead == 0 else 0))
                     if q_from >= ck.n:  # every row is there already
                         report(ck.n, ck.n * row_bytes)

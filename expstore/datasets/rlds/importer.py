@@ -17,8 +17,9 @@ from ...storage.backends import backend_for
 from ...storage.format import read_state, write_import_marker
 from ..dopamine.importer import import_shard_rows
 from ..episodes import capacity_for
-from ..lanes import LaneResult, import_lanes, new_marker, resumable_marker, rewind_lane
+from ..lanes import LaneResult, import_lanes, new_marker
 from ..progress import ProgressArg
+from ..resume import resumable_marker, rewind_lane
 from ..source import SourceFolder
 from ..streaming import check_block_rows
 from ..summary import ImportSummary
