@@ -343,6 +343,14 @@ class Store:
         """
         self._appender.extend(batch, lane, check_next_obs, fields)
 
+    def extend_checked(self, lane: int, steps: Mapping[str, np.ndarray],
+                       check_next_obs: bool = True) -> None:
+        """:meth:`extend` for integrations that checked and cast the steps already (flat
+        field names, ``next_<obs field>``: ``validate.validate_steps``' output): no second
+        check; full shards are written in the background, as :meth:`add` leaves them (a
+        write's error surfaces at the next call)."""
+        self._appender.extend_checked(lane, dict(steps), check_next_obs)
+
     def set_episode_position(self, lane: int, position: int) -> None:
         """The next row of ``lane`` starts at this position of its episode; 0 = a new
         episode (flag FIRST, even when the lane's last episode has no final row: it stays
