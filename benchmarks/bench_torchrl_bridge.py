@@ -272,14 +272,14 @@ def main() -> None:
         "`store.sample(B)` on the bridge's store, numpy out. x_tensor / x_memmap = bridge µs "
         "/ TorchRL's (target x_tensor <= 1.5); bridge_minus_store_us: what the bridge adds "
         "to the store's own sample.")
-    save_json("torchrl_bridge", {"steps": a.steps, "chunk": CHUNK, "results": rows,
-                                 "load_average": [load0, load1], "command": command_line()})
-    if not a.no_write:
-        write_section("TorchRL bridge vs TorchRL storages", body, command=command_line(),
-                      source=f"{', '.join(wanted)}: {a.steps:,} transitions each, "
-                             f"extend in TensorDicts of {CHUNK} steps",
-                      extra={"load average (1 min) start/end": f"{load0:.2f} / {load1:.2f}"})
-
+    load = f"{load0:.2f} / {load1:.2f}"
+    save_json("torchrl_bridge", {"steps": a.steps, "chunk": CHUNK, "load_average": load,
+                                 "command": command_line(), "results": rows})
+    if a.no_write:
+        return
+    source = f"{', '.join(wanted)}: {a.steps:,} transitions each, TensorDicts of {CHUNK} steps"
+    write_section("TorchRL bridge vs TorchRL storages", body, command=command_line(),
+                  source=source, extra={"load average (1 min) start/end": load})
 
 if __name__ == "__main__":
     main()

@@ -290,9 +290,10 @@ class Store:
                                self.writers)
 
     def _poll_writes(self, raise_errors: bool = True) -> None:
-        """Apply the results of background shard writes on this thread: committed counts,
-        shards to re-open, and a failed write's error (raised as ``WriteFailedError``, its
-        rows kept staged for the next flush)."""
+        """Apply the results of background shard writes on this thread (the writing one):
+        committed counts, shards to re-open, and a failed write's error (raised as
+        ``WriteFailedError``, its rows kept staged for the next flush; ``raise_errors=False``:
+        kept for the next write call). Reads see written shards as committed after it."""
         bg = self._bg
         if bg is None or not bg.state["news"]:
             return
