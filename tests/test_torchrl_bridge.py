@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import gymnasium as gym
@@ -376,6 +377,12 @@ def test_sampled_batches_are_the_transitions_at_their_index(tmp_path):
                            seed=0)
         rb.extend(_steps(300, 0, (40, 99, 250)))
         storage = rb._storage
+        w = storage.store.writers[0]
+        while not all(sh.done for sh in w.queued):  # the shards extend left to the
+            time.sleep(0.01)  # background writer get written (nobody applied them yet)
+        assert w.queued and storage.store.index.committed[0] == w.committed.count == 0
+        rb.sample()  # and a read sees them committed (not walking the queue of RAM buffers)
+        assert not w.queued and storage.store.index.committed[0] == w.committed.count > 0
         for _ in range(3):
             td, info = rb.sample(return_info=True)
             assert storage._planned is None  # read once, then dropped
