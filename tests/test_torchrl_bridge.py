@@ -374,7 +374,8 @@ def test_sampled_batches_are_the_transitions_at_their_index(tmp_path):
     for prioritized in (False, True):
         rb = replay_buffer(tmp_path / f"{prioritized}.zarr", spec=spec, capacity=1024,
                            batch_size=64, prioritized=prioritized, n_step=3, gamma=0.5,
-                           seed=0)
+                           seed=0, shard_rows=64, fsync=prioritized)
+        assert rb._storage.store.layout.shard_rows == 64  # (default here: 128)
         rb.extend(_steps(300, 0, (40, 99, 250)))
         storage = rb._storage
         w = storage.store.writers[0]

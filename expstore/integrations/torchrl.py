@@ -372,13 +372,18 @@ def _rows_f(x: Any) -> np.ndarray:
 def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
                   batch_size: int | None = None, prioritized: bool = False,
                   n_step: int = 1, gamma: float = 0.99, spec: Spec | None = None,
-                  lanes: int | None = None, device: Any = None, **sampler_kwargs: Any) -> Any:
+                  lanes: int | None = None, device: Any = None, shard_rows: int | None = None,
+                  fsync: bool = True, **sampler_kwargs: Any) -> Any:
     """A ``TensorDictReplayBuffer`` on an expstore store, writable and sampleable.
 
     ``store``: a :class:`~expstore.Store` or URL; created if absent from ``spec`` (or
     ``spec_from_env(env)``) with ``capacity`` rows and ``lanes`` (default: the env's batch
-    size, one lane per env). ``prioritized``/``sampler_kwargs``: see
-    :class:`ExpstoreSampler`.
+    size, one lane per env), ``shard_rows`` per shard (default: at most 1024, see
+    :func:`~expstore.integrations.step_writer.open_or_create`). ``fsync=False``: shards and
+    lane states are not synced to disk (about 9 syncs per full shard, written behind
+    ``extend``: with small rows they bound how many steps per second the store takes;
+    a process crash loses nothing, a power loss may). ``prioritized``/``sampler_kwargs``:
+    see :class:`ExpstoreSampler`.
     """
     from torchrl.data import TensorDictReplayBuffer
 
@@ -387,8 +392,11 @@ def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
     if lanes is None:
         lanes = int(np.prod(tuple(env.batch_size))) if env is not None and \
             len(env.batch_size) else 1
+    options: dict[str, Any] = {"fsync": fsync}
+    if shard_rows is not None and spec is not None and capacity is not None:
+        options["shard_rows"] = shard_rows  # (a new store's layout)
     storage = ExpstoreStorage(store, n_step=n_step, gamma=gamma, device=device, writable=True,
-                              spec=spec, capacity=capacity, lanes=lanes)
+                              spec=spec, capacity=capacity, lanes=lanes, **options)
     return TensorDictReplayBuffer(storage=storage, writer=ExpstoreWriter(),
                                   sampler=ExpstoreSampler(prioritized, **sampler_kwargs),
                                   batch_size=batch_size, collate_fn=_identity)
