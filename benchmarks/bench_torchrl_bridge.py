@@ -5,6 +5,7 @@ Usage (from the repository root)::
 
     python benchmarks/bench_torchrl_bridge.py                   # CartPole + low-dim
     python benchmarks/bench_torchrl_bridge.py --steps 20000 --repeats 3 --no-write
+    python benchmarks/bench_torchrl_bridge.py --shard-rows 4096 --no-fsync --no-write
     python benchmarks/bench_torchrl_bridge.py --atari           # Atari rb.sample vs memmap
 
 Every buffer is a ``TensorDictReplayBuffer`` (the class ``replay_buffer`` returns, so each
@@ -14,17 +15,18 @@ batch also gets its ``index``), CPU, torch threads 1:
   ``tensor_rb``: a plain ``ReplayBuffer`` on the same storage (sample only);
 - ``memmap``: TorchRL ``LazyMemmapStorage`` (files in a scratch folder);
 - ``bridge``: ``expstore.integrations.torchrl.replay_buffer(url, spec=..., capacity=...)``,
-  a new store with the bridge's defaults (fsync on); ``store``: ``store.sample(B)`` on that
-  same store (numpy out), so ``bridge - store`` is what the bridge adds to the store's own
-  sample.
+  a new store with the bridge's defaults (fsync on, shards of at most 1024 rows; else
+  ``--shard-rows``, ``--no-fsync``); ``store``: ``store.sample(B)`` on that same store
+  (numpy out), so ``bridge - store`` is what the bridge adds to the store's own sample.
 
 Data: ``cartpole``: gymnasium CartPole-v1 under random actions, as TorchRL's ``GymEnv``
 emits it (float32 observation (4,), one-hot int64 action (2,), reward and flags (1,));
 ``lowdim``: ``bench_lowdim.lowdim_data`` (17-dim float32 obs, 6-dim action in [-1, 1]).
 ``--steps`` transitions each, fed as TensorDicts of 100 steps. Extend: each repeat feeds
 every buffer the next ``1/repeats`` of the batches (cases alternating), µs per
-``rb.extend``; the bridge's time includes waiting, at the end, for the shard writes its
-batches filled (its background writer is not left behind). Sample: every repeat times a
+``rb.extend``; ``bridge_drained`` adds the wait, after the calls, for the shard writes they
+filled (the bridge writes full shards behind ``extend``; the wait also keeps its background
+writer from falling behind into the next repeat). Sample: every repeat times a
 loop of about ``--seconds`` per case, cases alternating; medians over repeats. Writes
 section "TorchRL bridge vs TorchRL storages" of RESULTS.md (not with ``--no-write``) and
 results/torchrl_bridge.json.
@@ -92,8 +94,9 @@ def cartpole_data(n: int, seed: int = 0) -> dict[str, Any]:
             "reward": reward, "terminated": term, "truncated": trunc, "episodes": episodes}
 
 
-def buffers(name: str, data: dict[str, Any], work: Path) -> dict[str, Any]:
-    """The empty buffers under test for one data set (``batch_size`` given per sample)."""
+def buffers(name: str, data: dict[str, Any], work: Path, **bridge: Any) -> dict[str, Any]:
+    """The empty buffers under test for one data set (``batch_size`` given per sample);
+    ``bridge``: ``replay_buffer`` options (``shard_rows``, ``fsync``)."""
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
     import expstore as es
@@ -107,15 +110,16 @@ def buffers(name: str, data: dict[str, Any], work: Path) -> dict[str, Any]:
             "memmap": TensorDictReplayBuffer(storage=LazyMemmapStorage(
                 n, scratch_dir=str(work / f"{name}-memmap"))),
             "bridge": replay_buffer(work / f"{name}.zarr", spec=spec,
-                                    capacity=n + data["episodes"] + 1)}
+                                    capacity=n + data["episodes"] + 1, **bridge)}
 
 
 def extend_all(rbs: dict[str, Any], batches: list[Any], repeats: int) -> dict[str, list[float]]:
     """µs per ``rb.extend`` of each repeat's share of ``batches``, cases alternating (the
-    first batch goes in untimed: lazy storages allocate there)."""
+    first batch goes in untimed: lazy storages allocate there). ``bridge_drained``: the
+    bridge's calls plus waiting, after them, for the shard writes they filled."""
     for rb in rbs.values():
         rb.extend(batches[0])
-    runs: dict[str, list[float]] = {c: [] for c in rbs}
+    runs: dict[str, list[float]] = {c: [] for c in [*rbs, "bridge_drained"]}
     share = -(-(len(batches) - 1) // repeats)
     for r in range(repeats):
         part = batches[1 + r * share: 1 + (r + 1) * share]
@@ -123,10 +127,11 @@ def extend_all(rbs: dict[str, Any], batches: list[Any], repeats: int) -> dict[st
             t0 = time.perf_counter()
             for td in part:
                 rb.extend(td)
+            runs[case].append((time.perf_counter() - t0) / len(part) * 1e6)
             if case == "bridge":  # the shard writes these batches filled
                 for w in rb.storage.store.writers.values():
                     w.wait()
-            runs[case].append((time.perf_counter() - t0) / len(part) * 1e6)
+                runs["bridge_drained"].append((time.perf_counter() - t0) / len(part) * 1e6)
     return runs
 
 
@@ -164,6 +169,8 @@ def row(data: str, op: str, runs: dict[str, list[float]]) -> dict[str, Any]:
     r: dict[str, Any] = {"data": data, "op": op}
     r.update({f"{c}_us": statistics.median(v) for c, v in runs.items()})
     r["x_tensor"] = ratio(r["bridge_us"], r["tensor_us"])
+    if "bridge_drained_us" in r:
+        r["x_tensor_drained"] = ratio(r["bridge_drained_us"], r["tensor_us"])
     r["x_memmap"] = ratio(r["bridge_us"], r["memmap_us"])
     if "store_us" in r:
         r["bridge_minus_store_us"] = r["bridge_us"] - r["store_us"]
@@ -219,15 +226,18 @@ def atari_sample(frames: int, repeats: int, seconds: float, write: bool) -> None
 
 
 COLUMNS = ["data", "op", "tensor_us", "tensor_rb_us", "memmap_us", "bridge_us", "store_us",
-           "bridge_minus_store_us", "x_tensor", "x_memmap"]
+           "bridge_minus_store_us", "bridge_drained_us", "x_tensor", "x_memmap",
+           "x_tensor_drained"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100_000, help="transitions per data set")
+    ap.add_argument("--steps", type=int, default=50_000, help="transitions per data set")
     ap.add_argument("--data", default="cartpole,lowdim")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=0.25, help="per sample case and repeat")
+    ap.add_argument("--shard-rows", type=int, default=None, help="the bridge store's")
+    ap.add_argument("--no-fsync", action="store_true", help="the bridge store without fsync")
     ap.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     ap.add_argument("--atari", action="store_true",
                     help="only the Atari rb.sample case against LazyMemmapStorage")
@@ -249,13 +259,15 @@ def main() -> None:
         for name in wanted:
             data = makers[name](a.steps)
             batches = list(_tensordicts(data, CHUNK))
-            rbs = buffers(name, data, work)
+            rbs = buffers(name, data, work, shard_rows=a.shard_rows, fsync=not a.no_fsync)
             rows.append(row(name, f"extend({CHUNK})", extend_all(rbs, batches, a.repeats)))
             check_bridge(rbs["bridge"], data)
             for bs in (32, 256):
                 rows.append(row(name, f"sample({bs})",
                                 sample_all(rbs, bs, a.repeats, a.seconds)))
-            print(markdown_table(rows[-3:], COLUMNS), flush=True)
+            store = rbs["bridge"].storage.store
+            layout = f"{store.layout.shard_rows}-row shards, fsync {'off' if a.no_fsync else 'on'}"
+            print(markdown_table(rows[-3:], COLUMNS), f"\n(bridge store: {layout})", flush=True)
             rbs["bridge"].storage.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -266,18 +278,20 @@ def main() -> None:
     body = table + (
         "\n\nµs per call (medians of repeats, cases alternating; CPU, torch threads 1). "
         "All buffers are `TensorDictReplayBuffer`s: `tensor` on TorchRL `LazyTensorStorage`, "
-        "`memmap` on `LazyMemmapStorage`, `bridge` = `replay_buffer(...)` (a new store, "
-        "fsync on; its extend time includes the shard writes its batches filled). "
-        "`tensor_rb`: plain `ReplayBuffer` on the tensor storage (no index added); `store`: "
-        "`store.sample(B)` on the bridge's store, numpy out. x_tensor / x_memmap = bridge µs "
-        "/ TorchRL's (target x_tensor <= 1.5); bridge_minus_store_us: what the bridge adds "
-        "to the store's own sample.")
+        "`memmap` on `LazyMemmapStorage`, `bridge` = `replay_buffer(...)` (a new store; "
+        "`bridge_drained`: its extend calls plus waiting for the shard writes they filled, "
+        "which otherwise overlap with what the caller does next). `tensor_rb`: plain "
+        "`ReplayBuffer` on the tensor storage (no index added); `store`: `store.sample(B)` on "
+        "the bridge's store, numpy out. x_tensor / x_memmap = bridge µs / TorchRL's (target "
+        "x_tensor <= 1.5); bridge_minus_store_us: what the bridge adds to the store's own "
+        "sample.")
     load = f"{load0:.2f} / {load1:.2f}"
     save_json("torchrl_bridge", {"steps": a.steps, "chunk": CHUNK, "load_average": load,
                                  "command": command_line(), "results": rows})
     if a.no_write:
         return
-    source = f"{', '.join(wanted)}: {a.steps:,} transitions each, TensorDicts of {CHUNK} steps"
+    source = (f"{', '.join(wanted)}: {a.steps:,} transitions each, TensorDicts of {CHUNK} "
+              f"steps; bridge store: {layout}")
     write_section("TorchRL bridge vs TorchRL storages", body, command=command_line(),
                   source=source, extra={"load average (1 min) start/end": load})
 
