@@ -290,9 +290,10 @@ class Store:
                                self.writers)
 
     def _poll_writes(self, raise_errors: bool = True) -> None:
-        """Apply the results of background shard writes on this thread: committed counts,
-        shards to re-open, and a failed write's error (raised as ``WriteFailedError``, its
-        rows kept staged for the next flush)."""
+        """Apply the results of background shard writes on this thread (the writing one):
+        committed counts, shards to re-open, and a failed write's error (raised as
+        ``WriteFailedError``, its rows kept staged for the next flush; ``raise_errors=False``:
+        kept for the next write call). Reads see written shards as committed after it."""
         bg = self._bg
         if bg is None or not bg.state["news"]:
             return
@@ -342,6 +343,14 @@ class Store:
         importers whose batches are known to be consecutive steps.
         """
         self._appender.extend(batch, lane, check_next_obs, fields)
+
+    def extend_checked(self, lane: int, steps: Mapping[str, np.ndarray],
+                       check_next_obs: bool = True) -> None:
+        """:meth:`extend` for integrations that checked and cast the steps already (flat
+        field names, ``next_<obs field>``: ``validate.validate_steps``' output): no second
+        check; full shards are written in the background, as :meth:`add` leaves them (a
+        write's error surfaces at the next call)."""
+        self._appender.extend_checked(lane, dict(steps), check_next_obs)
 
     def set_episode_position(self, lane: int, position: int) -> None:
         """The next row of ``lane`` starts at this position of its episode; 0 = a new

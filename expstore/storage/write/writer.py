@@ -228,13 +228,16 @@ class LaneWriter:
         if n == self._rows:
             self._hand_off()
 
-    def append(self, rows: dict[str, np.ndarray], retry: bool = True) -> tuple[int, int]:
+    def append(self, rows: dict[str, np.ndarray], retry: bool = True, wait: bool = True
+               ) -> tuple[int, int]:
         """Stage ``m`` consecutive rows; full shards are written as they fill, and the call
         returns once they are (their write overlaps with staging the rows after them).
 
         Returns ``(first_step, m)``. Every field (meta included) must be present. If a
         shard write fails, every row is still staged and :class:`WriteFailedError` is
         raised at the end (``count`` tells what was staged). ``retry``: as for :meth:`slot`.
+        ``wait=False``: return once the rows are staged, as :meth:`advance` does (full
+        shards are written in the background; an error surfaces at :meth:`poll`).
         """
         self._check_owner()
         if retry and self.pending:  # an earlier write failed: retry before staging more
@@ -252,6 +255,8 @@ class LaneWriter:
                 buf[cur.n : cur.n + take] = rows[name][done : done + take]
             done += take
             self.advance(take)
+        if not wait:
+            return start, m
         self.wait()
         error = self.take_error()
         if error is not None:
