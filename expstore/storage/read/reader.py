@@ -35,7 +35,7 @@ import numpy as np
 from ...errors import StoreCorruptError
 from ..backends import Backend, Handle
 from ..format import EMPTY, HEADER_SIZE, Layout, ShardHead, decoder, index_size
-from ..native import native
+from ..native import apply_read_depth_env, native
 from .general_read import GeneralReads, parse_head_retrying
 from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
 from .read_cache import (
@@ -120,6 +120,7 @@ class ShardReader(GeneralReads):
             fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
             # given back when the reader is closed, or collected if never closed
             self._fd_share = take_fds(self, fds)
+            apply_read_depth_env()  # (the frame path's preads in flight: read_pool.h)
             shares = kernel_shares(layout, fds, values_budget)
             for n, f in layout.fields.items():
                 share, fdt = shares[n], None
