@@ -200,3 +200,24 @@ def test_set_read_depth_checks_its_argument(bad) -> None:
         set_read_depth(bad)
     with pytest.raises((ValueError, TypeError)):
         native.set_read_depth(bad if not isinstance(bad, (bool, str, float)) else 0)
+
+
+def test_a_cold_stack_costs_one_read_once_its_index_page_was_read(tmp_path) -> None:
+    """Reading one row's index entry remembers its whole 4 KiB page of entries: a later
+    stack of the page (4 frames and the next, one run) costs one read, and a stack whose
+    middle frame is not asked for (held by the caller's frame cache) one read too."""
+    store, rows, steps = _store(tmp_path, capacity=1024, shard_rows=512, n=960)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    out = np.zeros((5, *FRAME), np.uint8)
+    first = np.array([0, 510])  # (510: the shard is trusted up to its step from here on)
+    assert reader.read("obs", rows[first], steps[first], out[:2]).all()
+    assert reader.stats.requests == 5  # header; per row: its entries' page, its chunk
+    for anchor, pick in ((100, [0, 1, 2, 3, 4]), (300, [0, 1, 3, 4]), (500, [0, 4])):
+        sel = anchor + np.array(pick)
+        before = reader.stats.requests
+        assert reader.read("obs", rows[sel], steps[sel], out[: len(sel)]).all()
+        assert reader.stats.requests - before == 1, (anchor, pick)
+        for k, s in enumerate(steps[sel]):
+            assert np.array_equal(out[k], frame(0, int(s)))
+    reader.close()
+    store.close()

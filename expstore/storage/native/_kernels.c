@@ -563,10 +563,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
         int fd = (int)e[TAB_FD];
         int64_t c = slot / chunk_rows;
-        int64_t c_last = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN])
-                             ? c : last_chunk_near(ord, p, n, shards, slots, chunk_rows);
         uint64_t off, nb;
-        if (chunk_entry(e, shard, c, c_last, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
+        if (chunk_entry(e, shard, c, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
                         &reads) != 0)
             continue;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {

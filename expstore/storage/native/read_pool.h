@@ -56,9 +56,10 @@ static pid_t pool_pid = 0;         /* the process that started it */
 static pthread_mutex_t pool_start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
 /* preads in flight per batch read unless set_read_depth / EXPSTORE_READ_DEPTH says otherwise
-   (benchmarks/bench_cold.py: a virtio disk gave its best random-read rate at queue depth
-   16-32; two loader workers at 16 each reach it) */
-#define READ_DEPTH_DEFAULT 16
+   (benchmarks/bench_cold.py, 2-core VM, virtio disk: random reads/s level off from queue
+   depth ~16; two loader workers at 8 each keep 16 in flight, and deeper pools cost the
+   CPU more thread switches than they gain) */
+#define READ_DEPTH_DEFAULT 8
 static int read_depth = READ_DEPTH_DEFAULT;
 #define READ_DEPTH_MAX 256
 
