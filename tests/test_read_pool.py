@@ -221,3 +221,18 @@ def test_a_cold_stack_costs_one_read_once_its_index_page_was_read(tmp_path) -> N
             assert np.array_equal(out[k], frame(0, int(s)))
     reader.close()
     store.close()
+
+
+def test_threads_of_one_process_share_the_pool(tmp_path) -> None:
+    """Readers in several threads submit batches to the one pool at once: each gets its
+    own rows, the same as depth 1 read alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store, rows, steps = _store(tmp_path)
+    expect, _ = _kernel_reads(store, rows, steps, 1)
+    set_read_depth(4)
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda _: _kernel_reads(store, rows, steps, 4)[0], range(4)))
+    for g in got:
+        assert np.array_equal(g, expect)
+    store.close()
