@@ -25,6 +25,9 @@ evictor running, the same run measures
 * the ratio of each cold rate to the limit: the best stack-size reads/s over the queue
   depths, one read per transition (target >= 0.7 at the default depth).
 
+The default size (491,520 rows) is the largest whose ``obs`` index entries each worker's
+kernel remembers all of (``FdTable`` keeps 512k, 32 B each): one read per sample. A
+larger store also pays an index-page read for rows whose remembered entry was evicted.
 Writes section "Larger than RAM, cold" of benchmarks/RESULTS.md and results/cold.json,
 then deletes the store (``--keep`` keeps it).
 """
@@ -160,18 +163,25 @@ def o_direct_allowed(path: Path) -> bool:
         os.close(fd)
 
 
-def loader_rate(path: Path, depth: int, seconds: float, warmup: float,
+def warmup_batches(rows: int, batch: int, workers: int = 2) -> int:
+    """Batches after which each worker has most likely read every 4 KiB page of ``obs``
+    index entries once (``rows / 256`` pages, drawn at random: ~P ln P samples), so that
+    the timed window sees the steady state (one read per sample) whatever the load."""
+    pages = max(rows // 256, 2)
+    return int(1.5 * workers * pages * np.log(pages) / batch) + 20
+
+
+def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
                 batch: int) -> dict[str, Any]:
     """``make_loader`` (2 workers, uniform) at read ``depth``: transitions/s over
-    ``seconds`` after ``warmup`` seconds (workers started, their caches filled)."""
+    ``seconds`` after ``warmup`` batches (workers started, their caches filled)."""
     os.environ[READ_DEPTH_ENV] = str(depth)
     set_read_depth(depth)
     store = es.open(path)
     loader = es.make_loader(store, batch_size=batch, num_workers=2, prefetch_factor=4,
                             multiprocessing_context="fork")
     it = iter(loader)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < warmup:
+    for _ in range(warmup):
         next(it)
     s0 = dict(loader.stats.as_dict())
     n, t0 = 0, time.perf_counter()
@@ -197,7 +207,8 @@ def main() -> None:
                     help="store capacity (rows; a multiple of 4096)")
     ap.add_argument("--root", default=".bench_cold", help="where the store is built")
     ap.add_argument("--seconds", type=float, default=4.0, help="each timed window")
-    ap.add_argument("--warmup", type=float, default=3.0, help="loader warm-up (s)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="loader warm-up (batches; default: every index page read once)")
     ap.add_argument("--disk-seconds", type=float, default=2.0, help="each disk probe (s)")
     ap.add_argument("--depths", default="2,4,16",
                     help="read depths to compare with depth 1 (cold)")
@@ -208,6 +219,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not write RESULTS")
     a = ap.parse_args()
     default_depth = int(native.read_depth())
+    warmup = a.warmup if a.warmup is not None else warmup_batches(a.rows, a.batch)
     depths = sorted({1, default_depth, *(int(d) for d in a.depths.split(",") if d)})
     root = Path(a.root).resolve()
     path = root / "cold.zarr"
@@ -238,12 +250,12 @@ def main() -> None:
             disk.append(row)
             print(row, flush=True)
         for d in depths:
-            r = loader_rate(path, d, a.seconds, a.warmup, a.batch)
+            r = loader_rate(path, d, a.seconds, warmup, a.batch)
             cold.append(r)
             print("cold", r, flush=True)
     for p in files:  # warm: every page of the store in the page cache
         p.read_bytes()
-    warm = loader_rate(path, default_depth, a.seconds, a.warmup, a.batch)
+    warm = loader_rate(path, default_depth, a.seconds, warmup, a.batch)
     print("warm", warm, flush=True)
     limit = max(r["reads_per_s_stack"] for r in disk)
     limit_qd = max(disk, key=lambda r: r["reads_per_s_stack"])["queue_depth"]
@@ -279,7 +291,7 @@ def main() -> None:
         + f"\n\nLimit: {limit:,.0f} stack reads/s (queue depth {limit_qd}), i.e. "
         f"{limit:,.0f} transitions/s at one read per sample.\n\n"
         "`make_loader` (2 workers, batch 32, uniform; tps = transitions/s over "
-        f"{a.seconds:g} s after {a.warmup:g} s of warm-up; reads_per_sample = index-entry "
+        f"{a.seconds:g} s after {warmup:,} batches of warm-up; reads_per_sample = index-entry "
         "reads + chunk runs + shard opens of the workers' kernels per transition; read "
         f"depth = `{READ_DEPTH_ENV}`, preads in flight per worker batch; x_limit = tps / the "
         "limit; x_warm = tps / the warm rate (what the CPU allows with no disk wait); target "
