@@ -163,6 +163,13 @@ def o_direct_allowed(path: Path) -> bool:
         os.close(fd)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` (all its threads: the read pool's too), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def warmup_batches(rows: int, batch: int, workers: int = 2) -> int:
     """Batches after which each worker has most likely read every 4 KiB page of ``obs``
     index entries once (``rows / 256`` pages, drawn at random: ~P ln P samples), so that
@@ -183,6 +190,8 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
     it = iter(loader)
     for _ in range(warmup):
         next(it)
+    pids = [os.getpid()] + [w.pid for w in loader._iterator._workers]
+    cpu0 = sum(_cpu_seconds(p) for p in pids)
     s0 = dict(loader.stats.as_dict())
     n, t0 = 0, time.perf_counter()
     while (dt := time.perf_counter() - t0) < seconds:
@@ -190,6 +199,7 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
         float(b["obs"].reshape(-1)[0]), float(b["next_obs"].reshape(-1)[0])
         n += 1
     s1 = loader.stats.as_dict()
+    cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
     loader.close()
     store.close()
     samples = max(s1["batches"] - s0["batches"], 1) * batch
@@ -198,7 +208,8 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
     return {"depth": depth, "tps": n * batch / dt, "batches_per_s": n / dt,
             "reads_per_sample": (s1["requests"] - s0["requests"]) / samples,
             "bytes_per_sample": (s1["bytes_read"] - s0["bytes_read"]) / samples,
-            "frame_cache_hit_rate": hits / max(hits + misses, 1)}
+            "frame_cache_hit_rate": hits / max(hits + misses, 1),
+            "cpu_us_per_sample": 1e6 * cpu / max(n * batch, 1)}
 
 
 def main() -> None:
@@ -294,12 +305,14 @@ def main() -> None:
         f"{a.seconds:g} s after {warmup:,} batches of warm-up; reads_per_sample = index-entry "
         "reads + chunk runs + shard opens of the workers' kernels per transition; read "
         f"depth = `{READ_DEPTH_ENV}`, preads in flight per worker batch; x_limit = tps / the "
-        "limit; x_warm = tps / the warm rate (what the CPU allows with no disk wait); target "
+        "limit; x_warm = tps / the warm rate (what the CPU allows with no disk wait); "
+        "cpu_us_per_sample: CPU time of the main process and both workers (all threads) per "
+        "transition; target "
         "x_limit >= 0.7 at the default depth):\n\n"
         + markdown_table(rows_out, ["case", "tps", "batches_per_s", "x_limit", "x_depth1",
                                     "x_warm",
                                     "reads_per_sample", "bytes_per_sample",
-                                    "frame_cache_hit_rate"]))
+                                    "frame_cache_hit_rate", "cpu_us_per_sample"]))
     print(body)
     if not a.no_write:
         save_json("cold", result)
