@@ -13,7 +13,8 @@
  * - deferred runs (``pend_*``): ``read_rows`` on the frame path (one row per chunk, no
  *   chunks kept) records each run of chunks lying one after another in the file (a stack
  *   and its next frame: one read) with the rows it serves instead of reading it, then
- *   reads every recorded run through the pool and decodes them in order (``pend_flush``).
+ *   reads every recorded run through the pool, the caller decoding each run in order as
+ *   soon as it is read, while later runs are in flight (``pend_flush``, ``pool_run``).
  *   A flush comes before any shard is opened (an open may close a descriptor a recorded
  *   run reads through), at the end of the call, and beyond ``PEND_BYTES`` recorded bytes.
  *   Each row's chunk offset and size are recorded with it (the remembered index entries
@@ -33,6 +34,7 @@ typedef struct {
     size_t len;
     int64_t off;
     int failed; /* pread failed or came back short */
+    int done;   /* finished (set under the pool's lock) */
 } pool_read;
 
 typedef struct pool_batch {
@@ -98,8 +100,10 @@ static Py_ssize_t pool_claim(read_pool *p, pool_batch *b) {
     return i;
 }
 
-/* (a finished read wakes the batch's caller when it waits: it may read next, or return) */
-static void pool_finish(read_pool *p, pool_batch *b) {
+/* (a finished read wakes the batch's caller when it waits: it may decode it, read next,
+   or return) */
+static void pool_finish(read_pool *p, pool_batch *b, Py_ssize_t i) {
+    b->reads[i].done = 1;
     b->active--;
     b->done++;
     if (b->waiting) pthread_cond_signal(&b->finished);
@@ -115,7 +119,7 @@ static void *pool_thread(void *arg) {
         pthread_mutex_unlock(&p->lock);
         pool_do(&b->reads[i]);
         pthread_mutex_lock(&p->lock);
-        pool_finish(p, b);
+        pool_finish(p, b, i);
     }
     return NULL;
 }
@@ -158,17 +162,21 @@ static read_pool *pool_get(int want) {
     return p;
 }
 
-/* Every read of `reads` (n), at most `depth` in flight: the caller reads too, and waits
-   until all are done. Without the GIL. */
-static void pool_run(pool_read *reads, Py_ssize_t n, int depth) {
+/* what the caller does with read i once reads 0..i are done (in order) */
+typedef void (*pool_consume)(void *ctx, Py_ssize_t i);
+
+/* Every read of `reads` (n), at most `depth` in flight, each handed to `consume` in order
+   as soon as it and those before it are done: the caller decodes read k while later reads
+   are in flight, and reads itself when it has nothing to decode. Without the GIL. */
+static void pool_run(pool_read *reads, Py_ssize_t n, int depth, pool_consume consume,
+                     void *ctx) {
     read_pool *p = depth > 1 && n > 1 ? pool_get(depth - 1) : NULL;
-    if (!p) {
-        for (Py_ssize_t i = 0; i < n; i++) pool_do(&reads[i]);
-        return;
-    }
-    pool_batch b = {reads, n, 0, 0, 0, depth, 0};
-    if (pthread_cond_init(&b.finished, NULL) != 0) {
-        for (Py_ssize_t i = 0; i < n; i++) pool_do(&reads[i]);
+    pool_batch b = {reads, n, 0, 0, 0, depth, 1};
+    if (!p || pthread_cond_init(&b.finished, NULL) != 0) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            pool_do(&reads[i]);
+            consume(ctx, i);
+        }
         return;
     }
     pthread_mutex_lock(&p->lock);
@@ -177,19 +185,22 @@ static void pool_run(pool_read *reads, Py_ssize_t n, int depth) {
     *tail = &b;
     /* wake as many threads as may help: no more (a 2-core machine pays for each switch) */
     for (Py_ssize_t k = 1; k < n && k < depth; k++) pthread_cond_signal(&p->work);
-    b.waiting = 1;
-    while (b.next < b.n) { /* the caller is one of the readers */
-        if (b.active >= b.limit) {
+    for (Py_ssize_t k = 0; k < n;) {
+        if (reads[k].done) {
+            pthread_mutex_unlock(&p->lock);
+            consume(ctx, k++);
+            pthread_mutex_lock(&p->lock);
+        } else if (b.next < b.n && b.active < b.limit) { /* the caller reads too */
+            Py_ssize_t i = pool_claim(p, &b);
+            pthread_mutex_unlock(&p->lock);
+            pool_do(&reads[i]);
+            pthread_mutex_lock(&p->lock);
+            pool_finish(p, &b, i);
+        } else {
             pthread_cond_wait(&b.finished, &p->lock);
-            continue;
         }
-        Py_ssize_t i = pool_claim(p, &b);
-        pthread_mutex_unlock(&p->lock);
-        pool_do(&reads[i]);
-        pthread_mutex_lock(&p->lock);
-        pool_finish(p, &b);
     }
-    while (b.done < b.n) pthread_cond_wait(&b.finished, &p->lock);
+    /* (every read is done and was claimed: no pool thread refers to `b` any more) */
     pthread_mutex_unlock(&p->lock);
     pthread_cond_destroy(&b.finished);
 }
@@ -247,6 +258,7 @@ static int pend_add(pending_runs *pr, int fd, uint64_t off, size_t len, Py_ssize
     r->len = len;
     r->off = (int64_t)off;
     r->failed = 0;
+    r->done = 0;
     pr->first[pr->n] = p;
     pr->last[pr->n] = q;
     pr->n++;
@@ -254,28 +266,44 @@ static int pend_add(pending_runs *pr, int fd, uint64_t off, size_t len, Py_ssize
     return 0;
 }
 
+/* what decoding a recorded run needs (pend_flush) */
+typedef struct {
+    pending_runs *pr;
+    const read_order *ord;
+    const int64_t *dst;
+    uint8_t *o, *ok;
+    Py_ssize_t row_bytes;
+    int checksum, *status;
+    long long *total;
+    scratch_t *tmp;
+} run_decode;
+
+/* Decode the rows of run r (read) into their places, as read_rows does at depth 1. */
+static void pend_decode(void *ctx, Py_ssize_t r) {
+    run_decode *d = ctx;
+    const pool_read *rd = &d->pr->reads[r];
+    if (rd->failed || *d->status != STATUS_OK) return;
+    *d->total += (long long)rd->len;
+    for (Py_ssize_t k = d->pr->first[r]; k <= d->pr->last[r] && *d->status == STATUS_OK; k++) {
+        Py_ssize_t j = d->ord[k].i;
+        int st = decode_into(rd->buf + (d->pr->row_off[k] - (uint64_t)rd->off),
+                             (size_t)d->pr->row_nb[k], d->checksum, 1, (size_t)d->row_bytes,
+                             0, (size_t)d->row_bytes, d->o + d->dst[j] * d->row_bytes, d->tmp);
+        if (st == STATUS_UNSUPPORTED) *d->status = st;
+        d->ok[j] = st == STATUS_OK;
+    }
+}
+
 /* Read every recorded run (at most `depth` in flight) and decode its rows into their
-   places, as read_rows does at depth 1; the runs are then forgotten. */
+   places as its read completes; the runs are then forgotten. */
 static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const int64_t *dst,
                        uint8_t *o, Py_ssize_t row_bytes, int checksum, uint8_t *ok,
                        int *status, long long *total, scratch_t *tmp) {
     if (pr->n == 0) return;
     for (Py_ssize_t r = 0; r < pr->n; r++)
         pr->reads[r].buf = pr->blob.buf + (uintptr_t)pr->reads[r].buf;
-    pool_run(pr->reads, pr->n, depth);
-    for (Py_ssize_t r = 0; r < pr->n && *status == STATUS_OK; r++) {
-        const pool_read *rd = &pr->reads[r];
-        if (rd->failed) continue;
-        *total += (long long)rd->len;
-        for (Py_ssize_t k = pr->first[r]; k <= pr->last[r] && *status == STATUS_OK; k++) {
-            Py_ssize_t j = ord[k].i;
-            int st = decode_into(rd->buf + (pr->row_off[k] - (uint64_t)rd->off),
-                                 (size_t)pr->row_nb[k], checksum, 1, (size_t)row_bytes, 0,
-                                 (size_t)row_bytes, o + dst[j] * row_bytes, tmp);
-            if (st == STATUS_UNSUPPORTED) *status = st;
-            ok[j] = st == STATUS_OK;
-        }
-    }
+    run_decode d = {pr, ord, dst, o, ok, row_bytes, checksum, status, total, tmp};
+    pool_run(pr->reads, pr->n, depth, pend_decode, &d);
     pr->n = 0;
     pr->used = 0;
 }
