@@ -44,14 +44,30 @@ def _store(tmp_path, capacity=1024, shard_rows=32, n=960):
     return store, rows[keep], steps[keep]
 
 
-def _kernel_reads(store, rows, steps, depth, batches=30, **kw):
+def _evict(store) -> None:
+    """Drop the store's pages from the page cache (written back first): its next reads
+    are disk reads, which the pool takes (pages still cached are read by the caller)."""
+    for dirpath, _, names in os.walk(store.url.removeprefix("file://")):
+        for name in names:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _kernel_reads(store, rows, steps, depth, batches=30, cold=True, **kw):
     """Seeded batches of stacks (4 frames and the next: neighbouring rows, random
-    anchors) read by a fresh reader at ``depth``: the frames and the reader's counters."""
+    anchors) read by a fresh reader at ``depth`` (``cold``: the store's pages dropped
+    before each batch): the frames and the reader's counters."""
     set_read_depth(depth)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0, **kw)
     rng = np.random.default_rng(7)
     got = []
     for _ in range(batches):
+        if cold:
+            _evict(store)
         anchors = rng.choice(len(rows) - 5, 32, replace=False)
         pick = (anchors[:, None] + np.arange(5)).reshape(-1)
         out = np.zeros((len(pick), *FRAME), np.uint8)
@@ -83,8 +99,8 @@ def test_pool_reads_with_fewer_descriptors_than_shards_match_depth_one(tmp_path)
     store, rows, steps = _store(tmp_path, capacity=2048, shard_rows=16, n=1900)
     L = store.layout
     fds = 4 * len(L.spec.fields) + 16 * (len(L.fields) - len(L.spec.fields))
-    one, one_stats = _kernel_reads(store, rows, steps, 1, max_fds=fds)
-    many, many_stats = _kernel_reads(store, rows, steps, 16, max_fds=fds)
+    one, one_stats = _kernel_reads(store, rows, steps, 1, batches=12, max_fds=fds)
+    many, many_stats = _kernel_reads(store, rows, steps, 16, batches=12, max_fds=fds)
     assert np.array_equal(one, many)
     assert one_stats == many_stats
     store.close()
@@ -97,7 +113,10 @@ def test_sampled_batches_match_depth_one(tmp_path) -> None:
         set_read_depth(depth)
         reader = es.open(tmp_path / "s.zarr", cache_bytes=0)
         sampler = es.UniformSampler(reader, seed=3)
-        batches[depth] = [sampler.sample(32) for _ in range(10)]
+        batches[depth] = []
+        for _ in range(10):
+            _evict(store)
+            batches[depth].append(sampler.sample(32))
         reader.close()
     for a, b in zip(batches[1], batches[16]):
         for k in ("obs", "next_obs", "action", "step_id"):
@@ -135,8 +154,9 @@ def test_a_damaged_chunk_gives_the_same_error_at_any_depth(tmp_path) -> None:
 
 
 def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
-    """The parent's pool threads do not exist in a child; the child starts its own and
-    reads the same bytes."""
+    """The parent's pool threads do not exist in a child; the child starts its own (not for
+    a warm batch: its runs are all in the page cache, read without a thread) and reads the
+    same bytes."""
     store, rows, steps = _store(tmp_path)
     expect, _ = _kernel_reads(store, rows, steps, 8)
     assert native.read_pool_threads() >= 7
@@ -145,9 +165,12 @@ def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
     if pid == 0:  # the child: report what it saw, then leave without cleanup
         try:
             before = native.read_pool_threads()
+            warm, _ = _kernel_reads(store, rows, steps, 8, cold=False)
+            after_warm = native.read_pool_threads()  # cached pages: read by the caller
             got, _ = _kernel_reads(store, rows, steps, 8)
-            msg = pickle.dumps((before, native.read_pool_threads(),
-                                bool(np.array_equal(got, expect))))
+            msg = pickle.dumps((before, after_warm, native.read_pool_threads(),
+                                bool(np.array_equal(got, expect)),
+                                bool(np.array_equal(warm, expect))))
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             msg = pickle.dumps(repr(e))
         os.write(write_end, msg)
@@ -156,7 +179,7 @@ def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
     with os.fdopen(read_end, "rb") as f:
         report = pickle.loads(f.read())
     os.waitpid(pid, 0)
-    assert report == (0, 7, True)
+    assert report == (0, 0, 7, True, True)
     store.close()
 
 

@@ -25,6 +25,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <sys/uio.h>
 
 /* ---- the pool ----------------------------------------------------------------------- */
 
@@ -294,8 +295,43 @@ static void pend_decode(void *ctx, Py_ssize_t r) {
     }
 }
 
-/* Read every recorded run (at most `depth` in flight) and decode its rows into their
-   places as its read completes; the runs are then forgotten. */
+/* the runs left to the pool: io[t] is run todo[t] */
+typedef struct {
+    run_decode *d;
+    pool_read *io;
+    const Py_ssize_t *todo;
+} run_todo;
+
+static void pend_decode_todo(void *ctx, Py_ssize_t t) {
+    run_todo *w = ctx;
+    w->d->pr->reads[w->todo[t]].failed = w->io[t].failed;
+    pend_decode(w->d, w->todo[t]);
+}
+
+#ifdef RWF_NOWAIT
+static int nowait_works = 1; /* cleared where the kernel or filesystem refuses the flag */
+#endif
+
+/* Read run `r` at once when every byte is in the page cache (preadv2 RWF_NOWAIT): 1 when
+   read, 0 when it needs the disk (or the flag is not supported). */
+static int read_if_cached(pool_read *r) {
+#ifdef RWF_NOWAIT
+    if (!nowait_works) return 0;
+    struct iovec v = {r->buf, r->len};
+    ssize_t got = preadv2(r->fd, &v, 1, (off_t)r->off, RWF_NOWAIT);
+    if (got < 0 && (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL))
+        nowait_works = 0;
+    return got == (ssize_t)r->len;
+#else
+    (void)r;
+    return 0;
+#endif
+}
+
+/* Read every recorded run and decode its rows into their places: runs whose bytes are all
+   in the page cache at once, by the caller (a warm batch wakes no thread), the others
+   through the pool (at most `depth` in flight), each decoded as soon as it is read. The
+   runs are then forgotten. */
 static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const int64_t *dst,
                        uint8_t *o, Py_ssize_t row_bytes, int checksum, uint8_t *ok,
                        int *status, long long *total, scratch_t *tmp) {
@@ -303,7 +339,25 @@ static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const
     for (Py_ssize_t r = 0; r < pr->n; r++)
         pr->reads[r].buf = pr->blob.buf + (uintptr_t)pr->reads[r].buf;
     run_decode d = {pr, ord, dst, o, ok, row_bytes, checksum, status, total, tmp};
-    pool_run(pr->reads, pr->n, depth, pend_decode, &d);
+    Py_ssize_t *todo = malloc((size_t)pr->n * sizeof *todo);
+    pool_read *io = malloc((size_t)pr->n * sizeof *io);
+    if (!todo || !io) { /* (no room to sort them: all through the pool) */
+        pool_run(pr->reads, pr->n, depth, pend_decode, &d);
+    } else {
+        Py_ssize_t m = 0;
+        for (Py_ssize_t r = 0; r < pr->n; r++) {
+            if (read_if_cached(&pr->reads[r])) {
+                pend_decode(&d, r);
+            } else {
+                todo[m] = r;
+                io[m++] = pr->reads[r];
+            }
+        }
+        run_todo w = {&d, io, todo};
+        pool_run(io, m, depth, pend_decode_todo, &w);
+    }
+    free(todo);
+    free(io);
     pr->n = 0;
     pr->used = 0;
 }
