@@ -142,6 +142,7 @@ def test_a_damaged_chunk_gives_the_same_error_at_any_depth(tmp_path) -> None:
         set_read_depth(depth)
         reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
         out = np.zeros((len(pick), *FRAME), np.uint8)
+        _evict(store)  # (disk reads: through the pool at depth 8)
         with pytest.raises(es.StoreCorruptError, match=key.replace("/", ".")) as err:
             reader.read("obs", rows[pick], steps[pick], out)
         errors.append(str(err.value))
