@@ -39,6 +39,7 @@ import mmap
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import sys
 import threading
 import time
@@ -212,6 +213,45 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
             "cpu_us_per_sample": 1e6 * cpu / max(n * batch, 1)}
 
 
+def kernel_rates(path: Path, depths: list[int], seconds: float, repeats: int = 3
+                 ) -> list[dict[str, Any]]:
+    """The frame kernel alone, in this process (one ``ShardReader``, no frame cache, no
+    loader): batches of 32 random stacks (4 frames and the next: one run each) read cold
+    at each depth, interleaved; medians of ``repeats``. What the pool gains without the
+    loader's CPU around it."""
+    from expstore.storage import backend_for
+    from expstore.storage.read import ShardReader
+
+    store = es.open(path)
+    rows = store.capacity
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    every = np.arange(rows)
+    steps = store.index.steps(every)
+    rng = np.random.default_rng(0)
+    out = np.zeros((160, *store.layout.fields["obs"].shape), np.uint8)
+
+    def one_batch() -> None:
+        pick = (rng.integers(0, rows - 5, 32)[:, None] + np.arange(5)).reshape(-1)
+        reader.read("obs", every[pick], steps[pick], out)
+
+    set_read_depth(1)
+    for _ in range(warmup_batches(rows, 32, workers=1)):  # every index page remembered
+        one_batch()
+    got: dict[int, list[tuple[float, float]]] = {d: [] for d in depths}
+    for _ in range(repeats):
+        for d in depths:
+            set_read_depth(d)
+            r0, n, t0 = reader.stats.requests, 0, time.perf_counter()
+            while (dt := time.perf_counter() - t0) < seconds:
+                one_batch()
+                n += 1
+            got[d].append((n * 32 / dt, (reader.stats.requests - r0) / (n * 32)))
+    reader.close()
+    store.close()
+    return [{"depth": d, "tps": statistics.median(x[0] for x in v),
+             "reads_per_sample": statistics.median(x[1] for x in v)} for d, v in got.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=120 * 4096,
@@ -221,7 +261,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None,
                     help="loader warm-up (batches; default: every index page read once)")
     ap.add_argument("--disk-seconds", type=float, default=2.0, help="each disk probe (s)")
-    ap.add_argument("--depths", default="2,4,16",
+    ap.add_argument("--depths", default="2,4,8",
                     help="read depths to compare with depth 1 (cold)")
     ap.add_argument("--evict-interval", type=float, default=0.002,
                     help="sleep between eviction passes (s)")
@@ -260,6 +300,8 @@ def main() -> None:
                         obs_files, size, qd, a.disk_seconds, True)
             disk.append(row)
             print(row, flush=True)
+        kernel = kernel_rates(path, depths, a.seconds / 2)
+        print("kernel", kernel, flush=True)
         for d in depths:
             r = loader_rate(path, d, a.seconds, warmup, a.batch)
             cold.append(r)
@@ -282,7 +324,8 @@ def main() -> None:
                      "x_limit": warm["tps"] / limit})
     result = {"rows": a.rows, "bytes_on_disk": on_disk, "files": len(files),
               "stack_read_bytes": stack_bytes, "o_direct": direct, "disk": disk,
-              "loader": rows_out, "limit_reads_per_s": limit, "limit_queue_depth": limit_qd,
+              "loader": rows_out, "kernel": kernel, "limit_reads_per_s": limit,
+              "limit_queue_depth": limit_qd,
               "evictor_passes_per_s": ev.rate, "load_start": load,
               "load_end": os.getloadavg()[0]}
     disk_cols = ["queue_depth", "reads_per_s_4k", "reads_per_s_stack"] + (
@@ -312,7 +355,11 @@ def main() -> None:
         + markdown_table(rows_out, ["case", "tps", "batches_per_s", "x_limit", "x_depth1",
                                     "x_warm",
                                     "reads_per_sample", "bytes_per_sample",
-                                    "frame_cache_hit_rate", "cpu_us_per_sample"]))
+                                    "frame_cache_hit_rate", "cpu_us_per_sample"])
+        + "\n\nThe frame kernel alone, cold, in one process (a `ShardReader` without frame "
+        "cache, batches of 32 random stacks, each 4 frames and the next; medians of 3 "
+        f"interleaved runs of {a.seconds / 2:g} s; tps = transitions/s):\n\n"
+        + markdown_table(kernel, ["depth", "tps", "reads_per_sample"]))
     print(body)
     if not a.no_write:
         save_json("cold", result)
