@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any
 
 import numpy as np
@@ -58,7 +59,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
     asked = int(capacity)
     capacity = round_capacity(asked, int(lanes), shard_rows)
-    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked)
+    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,
+                    uuid.uuid4().hex)
     backend = backend_for(url, storage_options, fsync)
     try:
         meta = backend.get("zarr.json")

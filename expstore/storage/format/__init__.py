@@ -1,7 +1,7 @@
 """Format: what a store is on disk. The zarr v3 layout and metadata, the shard codec, the
-lane state file, the quarantine and import marker, the priority file, and the per-row
-metadata rebuilt from the rows around a bad chunk. Pure bytes <-> values; no threads,
-no ownership.
+lane state file, the quarantine and import marker, the priority file, the index snapshot
+blocks, and the per-row metadata rebuilt from the rows around a bad chunk. Pure bytes <->
+values; no threads, no ownership.
 """
 
 from .import_marker import (
@@ -9,6 +9,18 @@ from .import_marker import (
     import_is_partial,
     read_import_marker,
     write_import_marker,
+)
+from .index_snapshot import (
+    BlockHead,
+    block_key,
+    block_of,
+    block_rows,
+    blocks_per_lane,
+    decode_block,
+    encode_block,
+    fits,
+    lane_prefix,
+    valid_steps,
 )
 from .layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
 from .metadata_rebuild import DERIVED, derive_step_ids, lost_ranges, read_metadata, rewrite_chunks
@@ -31,6 +43,8 @@ from .state import STATE_VERSION, LaneState, read_state, read_states, state_key,
 from .zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
 
 __all__ = [
+    "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
+    "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
     "STATE_VERSION", "ShardHead", "ShardImage", "auto_shard_rows", "check_arrays",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
