@@ -63,6 +63,7 @@ class IndexLoader:
         self.quarantine = quarantine
         self.quarantine_read = time.monotonic()  # when ``quarantine`` was read
         self.states = states
+        self.snapshot_rows = 0  # rows loaded from index snapshot blocks so far
 
     def load_lane(self, st: LaneState) -> None:
         """Bring the index of one lane up to a committed state (reads metadata shards) and
@@ -102,6 +103,7 @@ class IndexLoader:
             if quarantined or damaged:
                 idx.mark_lost(lane, quarantined + damaged, a, b)
             a = max(b, st.valid_from)  # blocks the writer dropped meanwhile: not read
+        self.snapshot_rows += held.used_rows
         if int(idx.count[lane]) < st.count:  # the writer dropped every row left to read
             idx.count[lane] = idx.committed[lane] = st.count
         self.states[lane] = st

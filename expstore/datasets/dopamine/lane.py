@@ -19,7 +19,7 @@ import numpy as np
 from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.format import read_state, write_state
+from ...storage.format import drop_blocks, read_layout, read_state, write_state
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
@@ -159,6 +159,7 @@ def _rewind(url: str, lane: int, rows: int, storage_options: Any) -> None:
     try:
         st = read_state(backend, lane)
         if st.count > rows:
+            drop_blocks(backend, read_layout(backend), lane, rows, st.count)  # (first)
             st.count = rows
             write_state(backend, st)
     finally:

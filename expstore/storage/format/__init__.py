@@ -17,6 +17,7 @@ from .index_snapshot import (
     block_rows,
     blocks_per_lane,
     decode_block,
+    drop_blocks,
     encode_block,
     fits,
     lane_prefix,
@@ -40,11 +41,17 @@ from .shard import (
     rows_encoder,
 )
 from .state import STATE_VERSION, LaneState, read_state, read_states, state_key, write_state
-from .zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
+from .zarr_meta import (
+    ROOT_KEY,
+    check_arrays,
+    expected_metadata,
+    layout_from_arrays,
+    with_store_id,
+)
 
 __all__ = [
     "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
-    "encode_block", "fits", "lane_prefix", "valid_steps",
+    "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
     "STATE_VERSION", "ShardHead", "ShardImage", "auto_shard_rows", "check_arrays",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
@@ -52,5 +59,5 @@ __all__ = [
     "lost_ranges", "parse_head", "priority_key", "read_import_marker", "read_layout",
     "read_metadata", "read_quarantine", "read_state", "read_states", "rewrite_chunks",
     "round_capacity", "rows_encoder", "state_key", "write_import_marker", "write_metadata",
-    "write_quarantine", "write_state",
+    "with_store_id", "write_quarantine", "write_state",
 ]

@@ -27,6 +27,7 @@ import crc32c
 import numpy as np
 
 from ...errors import StoreCorruptError
+from ..backends import Backend
 from .envelope import seal, unseal
 from .layout import Layout
 
@@ -134,3 +135,21 @@ def valid_steps(head: BlockHead, count: int, valid_from: int,
     overwritten by a later lap."""
     a = max(head.first_step, count - lane_capacity, valid_from)
     return a, min(head.first_step + head.rows, count)
+
+
+def drop_blocks(backend: Backend, layout: Layout, lane: int, start: int = 0,
+                stop: int | None = None) -> None:
+    """Delete lane ``lane``'s blocks holding any of steps ``[start, stop)`` in their lap
+    (``stop=None``: every block of the lane). For whoever lowers a lane's ``count``
+    (an import resumed a row back, ``repair`` rebuilding a lane state): steps at or past
+    the new count will be written again, so a block holding their old metadata must go
+    before the lane state is written."""
+    if stop is None:
+        for key in backend.list(lane_prefix(lane)):
+            backend.delete(key)
+        return
+    step = start
+    while step < stop:
+        j, first, rows = block_of(layout, step)
+        backend.delete(block_key(lane, j))
+        step = first + rows
