@@ -6,7 +6,8 @@ this store (``store_id``), lane and block with the layout's geometry, and only f
 steps the lane state still holds as the block has them (``valid_steps``). Everything else
 (blocks missing, damaged, of another store or an older lap, the lane's tail since its last
 whole block) is left to the metadata shards. Blocks are fetched in order, a few at a time
-(concurrently on remote stores): a load holds at most :data:`FETCH_BLOCKS` blocks.
+(concurrently on remote stores): a load holds at most :data:`FETCH_BLOCKS` blocks, one on
+a local store.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..format import (
     valid_steps,
 )
 
-#: blocks fetched at once (~320 KiB each)
+#: blocks fetched at once from a remote store (~320 KiB each; a local one: one at a time)
 FETCH_BLOCKS = 16
 
 
@@ -82,8 +83,9 @@ class SnapshotRanges:
             self._fetch()
 
     def _fetch(self) -> None:
+        at_once = 1 if self.backend.is_local else FETCH_BLOCKS
         segs = [self._segments.popleft()
-                for _ in range(min(FETCH_BLOCKS, len(self._segments)))]
+                for _ in range(min(at_once, len(self._segments)))]
         keys = [block_key(self.lane, j) for j, _, _ in segs]
         L = self.layout.lane_capacity
         for (j, c, stop), key, raw in zip(segs, keys, self.backend.get_many(keys),
