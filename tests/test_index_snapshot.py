@@ -286,3 +286,40 @@ def test_an_old_store_opens_as_is_and_after_upgrade(tmp_path, capsys):
     with es.open(str(path), "r+") as store:  # the writer now keeps the snapshot up
         _fill(store, 700, start=2100)
     assert _check(path) > 0
+
+
+def test_an_s3_store(s3_url):
+    url, so = s3_url
+    with es.create(url, _spec(), capacity=1024, shard_rows=64, storage_options=so) as store:
+        _fill(store, 900)
+
+    def view() -> tuple[dict, int]:
+        with es.open(url, storage_options=so) as store:
+            idx = store.index
+            return ({k: getattr(idx, k).copy() for k in
+                     ("episode_step", "flags", "count", "committed", "valid_from")},
+                    store._loader.snapshot_rows)
+
+    got, used = view()
+    assert used == 768
+    backend = backend_for(url, so)
+    for key in backend.list("_index/lane_0"):
+        backend.delete(key)
+    want, used = view()
+    assert used == 0 and _same(got, want)
+
+
+def test_lowering_a_lane_count_drops_the_blocks_past_it(tmp_path):
+    """An import resumed one row back (``datasets/dopamine/lane.py``) rewrites steps the
+    lane had committed: the block holding them goes before the lane state is written."""
+    from expstore.datasets.dopamine.lane import _rewind
+
+    path = tmp_path / "s.zarr"
+    with _create(path) as store:
+        _fill(store, 750)  # 750 + 20 final rows: blocks 0, 1 and 2 (512..767) written
+    assert len(_blocks(path)) == 3
+    _rewind(str(path), 0, 760, None)
+    assert [b.name for b in _blocks(path)] == ["block_0", "block_1"]
+    with es.open(str(path), "r+") as store:  # step 760 on: other metadata than before
+        _fill(store, 200, episode=5, start=760)
+    assert _check(path) > 0
