@@ -1,9 +1,9 @@
 """Lanes' committed rows, from storage into the in-RAM row index.
 
-A store's :class:`IndexLoader` reads each lane's index snapshot blocks where they are valid,
-and metadata shards (``_episode_step``, ``_flags``) for the rest, up to a committed lane
-state and puts them into its :class:`RowIndex`, at open
-and on ``refresh()``. It is handed what it works with (the backend, the layout, the
+A store's :class:`IndexLoader` reads each lane's index snapshot blocks where they are
+valid, and its metadata shards (``_episode_step``, ``_flags``) for the rest, up to a
+committed lane state, and puts them into its :class:`RowIndex`, at open and on
+``refresh()``. It is handed what it works with (the backend, the layout, the
 index, this process's shard reader, the quarantine and lane states read at open) and
 keeps the lane states the index reached (:attr:`IndexLoader.states`).
 
@@ -72,10 +72,11 @@ class IndexLoader:
         Steps the lane's index snapshot holds (``storage/read/snapshot.py``: blocks valid
         for this store, lane and lap) are copied from it; the rest is read from the
         metadata shards; quarantined rows are marked lost either way, so both give the
-        same index. Streams: rows are read and indexed in blocks of :data:`LOAD_BLOCK_ROWS`, so the
-        temporary arrays of a load stay a few MB whatever the lane's size (the index
-        itself is 5 bytes per row). The lane's writer may lap this load: rows it drops
-        meanwhile are skipped, never reported as damage (:meth:`read_block`).
+        same index. Streams: rows are read and indexed in blocks of
+        :data:`LOAD_BLOCK_ROWS`, so the temporary arrays of a load stay a few MB whatever
+        the lane's size (the index itself is 5 bytes per row). The lane's writer may lap
+        this load: rows it drops meanwhile are skipped, never reported as damage
+        (:meth:`read_block`).
         """
         idx = self.index
         lane = st.lane

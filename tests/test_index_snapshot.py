@@ -323,3 +323,12 @@ def test_lowering_a_lane_count_drops_the_blocks_past_it(tmp_path):
     with es.open(str(path), "r+") as store:  # step 760 on: other metadata than before
         _fill(store, 200, episode=5, start=760)
     assert _check(path) > 0
+
+
+def test_blocks_of_rows_added_one_step_at_a_time(tmp_path):
+    """``add`` (the step kernel's path) stages the metadata the blocks are made from."""
+    path = tmp_path / "s.zarr"
+    with _create(path) as store:
+        for t in range(1000):
+            store.add(np.float32(t), t % 5, 0.0, np.float32(t + 1), (t + 1) % 43 == 0, False)
+    assert _check(path) > 0
