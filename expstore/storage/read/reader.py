@@ -344,6 +344,23 @@ class ShardReader(GeneralReads):
         finally:
             self._trim_heads()
 
+    def read_run(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+                 ) -> np.ndarray:
+        """:meth:`read` of consecutive rows (a lane's metadata into the index: open,
+        ``refresh()``), chunk by chunk: the batch path, made for scattered rows, would
+        decode a whole multi-row chunk for each row (~4 µs a row against ~0.2-0.6)."""
+        table = self.tables.get(name)
+        if table is not None and table.per_row:
+            return self.read(name, rows, steps, out)
+        rows = np.asarray(rows, np.int64)
+        steps = np.asarray(steps, np.int64)
+        if not len(rows):
+            return np.zeros(0, bool)
+        try:
+            return self._read_general(name, rows, steps, out)
+        finally:
+            self._trim_heads()
+
     def _read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
               ) -> np.ndarray:
         table = self.tables.get(name)
