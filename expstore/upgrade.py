@@ -18,13 +18,13 @@ store that was not upgraded opens as before (its index read from the metadata sh
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .api import new_store_id
 from .errors import StoreCorruptError
 from .index.rows import RowIndex
 from .index_loader import IndexLoader
@@ -96,7 +96,7 @@ def upgrade_store(url: str, storage_options: dict[str, Any] | None = None,
 def _give_id(backend: Backend, layout: Layout) -> Layout:
     """A new store id into every array's layout copy, then the group's attribute (read by
     ``open``): a run stopped half way leaves the group without one, and runs again."""
-    store_id = uuid.uuid4().hex
+    store_id = new_store_id()
     for key in [f"{name}/zarr.json" for name in layout.fields] + [ROOT_KEY]:
         raw = backend.get(key)
         if raw is None:

@@ -324,8 +324,7 @@ class ShardReader(GeneralReads):
         if entry is not None:
             self.backend.close_object(entry[0])
 
-    def read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
-             run: bool = False) -> np.ndarray:
+    def read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Decode ``rows`` of ``name`` into ``out`` (C-contiguous, ``(len(rows), *shape)``).
 
         ``steps`` are the lane steps the caller expects at those rows. Returns a bool mask
@@ -334,9 +333,19 @@ class ShardReader(GeneralReads):
         Headers of every shard not cached are fetched in one batch. A shard replaced after
         its header was read (remote stores: :class:`ObjectChanged`, or the re-check of
         headers on stores that cannot pin versions) is re-opened and read again; a shard
-        that keeps changing has its rows reported as not delivered. ``run``: see
-        :meth:`read_run`.
+        that keeps changing has its rows reported as not delivered.
         """
+        return self._read_rows(name, rows, steps, out, run=False)
+
+    def read_run(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+                 ) -> np.ndarray:
+        """:meth:`read` of consecutive rows (a lane's metadata into the index: open,
+        ``refresh()``), chunk by chunk: the batch path, made for scattered rows, would
+        decode a whole multi-row chunk for each row (~4 µs a row against ~0.2-0.6)."""
+        return self._read_rows(name, rows, steps, out, run=True)
+
+    def _read_rows(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
+                   run: bool) -> np.ndarray:
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
         if not len(rows):
@@ -348,13 +357,6 @@ class ShardReader(GeneralReads):
             return self._read(name, rows, steps, out)
         finally:
             self._trim_heads()
-
-    def read_run(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
-                 ) -> np.ndarray:
-        """:meth:`read` of consecutive rows (a lane's metadata into the index: open,
-        ``refresh()``), chunk by chunk: the batch path, made for scattered rows, would
-        decode a whole multi-row chunk for each row (~4 µs a row against ~0.2-0.6)."""
-        return self.read(name, rows, steps, out, run=True)
 
     def _read(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
               ) -> np.ndarray:
