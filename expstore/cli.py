@@ -218,6 +218,31 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from .upgrade import upgrade_store
+
+    with _Bar("upgrade: index snapshot", args.quiet) as bar:
+        rep = upgrade_store(args.url, _kv(args.storage_option, "-S") or None,
+                            progress=bar.update)
+    print(f"{rep.url}: {rep.summary()}")
+    return 0
+
+
+UPGRADE_TEXT = """\
+Bring a store made by an older expstore up to date, so that it opens in seconds.
+
+What it changes:
+  * a store without an id gets one: the "expstore" attribute of the group's zarr.json
+    and the layout copy in every array's zarr.json ("expstore_layout") gain "store_id";
+    each file is replaced atomically, everything else in it kept;
+  * it writes the index snapshot, _index/lane_<i>/block_<j> (each lane's episode
+    positions and flags in blocks of up to 65,536 rows, ~5 bytes per row), from a scan
+    of the metadata shards; blocks already there and valid are kept.
+No row, shard or lane state is changed or deleted. Run it again to finish an interrupted
+upgrade or to refresh the snapshot. It takes every lane's write lease while it runs:
+a store a writer holds is refused. Stores not upgraded open as before (slower)."""
+
+
 def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace) -> Any:
     params = inspect.signature(fn).parameters
     kw = dict(options)
@@ -429,6 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
     quiet(sp)
     storage(sp)
     sp.set_defaults(fn=_cmd_repair)
+
+    sp = sub.add_parser("upgrade", help="give an older store an id and write its index "
+                        "snapshot (opens in seconds)", description=UPGRADE_TEXT,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("url", metavar="URL", help="the store: " + store_url)
+    quiet(sp)
+    storage(sp)
+    sp.set_defaults(fn=_cmd_upgrade)
 
     for name, helptext in (("import", "create a store from a dataset"),
                            ("export", "write a store as a dataset")):

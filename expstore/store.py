@@ -114,6 +114,10 @@ class Store:
                     self._states[i], self._loader.quarantine, lambda: self.reader,
                     on_shard_written=self._forget_shard, background=self._bg,
                     shared_root=shared_root(backend))
+                snapshot = self.writers[i].snapshot  # its open block: rows written before
+                if snapshot is not None:
+                    snapshot.resume(*self._loader.committed_rows(
+                        i, *snapshot.wants(self.writers[i].first_step)))
             if self.writers:
                 self._appender.step_kernel.plan()  # built now, not in the first add
         except BaseException:

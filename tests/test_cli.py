@@ -169,7 +169,7 @@ def test_bench_runs_scripts(tmp_path, capfd):
 
 
 # -- every subcommand: help, summary, exit code -------------------------------------------------
-COMMANDS = ("info", "verify", "repair", "import", "export", "formats", "bench")
+COMMANDS = ("info", "verify", "repair", "import", "export", "formats", "bench", "upgrade")
 
 
 def _subparsers():

@@ -21,7 +21,13 @@ import numpy as np
 
 from ..errors import DatasetFormatError
 from ..storage.backends import backend_for
-from ..storage.format import read_import_marker, read_state, write_state
+from ..storage.format import (
+    drop_blocks,
+    read_import_marker,
+    read_layout,
+    read_state,
+    write_state,
+)
 
 
 def resumable_marker(url: str, fmt: str, source: str, options: dict[str, Any],
@@ -98,11 +104,14 @@ def committed_rows(url: str, lane: int, storage_options: Any) -> int:
 
 
 def rewind_lane(url: str, lane: int, rows: int, storage_options: Any) -> None:
-    """Set ``lane``'s committed count back to ``rows`` (dropping a final row's lone step)."""
+    """Set ``lane``'s committed count back to ``rows`` (dropping a final row's lone step).
+    The index snapshot's blocks holding steps past ``rows`` go first: the steps are
+    written again, maybe differently."""
     backend = backend_for(url, storage_options, fsync=True)
     try:
         st = read_state(backend, lane)
         if st.count > rows:
+            drop_blocks(backend, read_layout(backend), lane, rows, st.count)
             st.count = rows
             write_state(backend, st)
     finally:

@@ -336,11 +336,25 @@ class ShardReader(GeneralReads):
         headers on stores that cannot pin versions) is re-opened and read again; a shard
         that keeps changing has its rows reported as not delivered.
         """
+        return self._read_rows(name, rows, steps, out, run=False)
+
+    def read_run(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
+                 ) -> np.ndarray:
+        """:meth:`read` of consecutive rows (a lane's metadata into the index: open,
+        ``refresh()``), chunk by chunk: the batch path, made for scattered rows, would
+        decode a whole multi-row chunk for each row (~4 µs a row against ~0.2-0.6)."""
+        return self._read_rows(name, rows, steps, out, run=True)
+
+    def _read_rows(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
+                   run: bool) -> np.ndarray:
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
         if not len(rows):
             return np.zeros(0, bool)
         try:
+            table = self.tables.get(name)
+            if run and table is not None and not table.per_row:
+                return self._read_general(name, rows, steps, out)
             return self._read(name, rows, steps, out)
         finally:
             self._trim_heads()

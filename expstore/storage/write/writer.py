@@ -41,6 +41,7 @@ from .background import FORKS, Background, check_lease
 from .lane_rows import shard_addresses
 from .rewrite import Lineage, Rewrite, RewritingPuts
 from .shard_buffer import ShardBuffer
+from .snapshot_blocks import SnapshotBlocks
 from .staging import N_WORD as _N
 from .staging import SharedStaging
 
@@ -81,6 +82,8 @@ class LaneWriter:
         self.valid_from = state.valid_from
         self.episodes = state.episodes
         self.on_shard_written = on_shard_written
+        #: the lane's index snapshot blocks (stores with an id), written after commits
+        self.snapshot = SnapshotBlocks(layout, self.lane) if layout.store_id else None
         self.codecs = {n: layout.codec(n) for n in layout.fields}
         self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
         self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
@@ -539,6 +542,10 @@ class LaneWriter:
         self._disk = new
         if self.shared is not None:
             self.shared.set_committed(end)
+        if not partial and self.snapshot is not None:  # (after the commit: §4)
+            self.snapshot.committed(backend, sh.first_step,
+                                    sh.staging["_episode_step"][:sh.n],
+                                    sh.staging["_flags"][:sh.n])
         if faults.ARMED:
             faults.hit("flush.done")
         if not partial and sh.spare_dir is not None:
