@@ -119,21 +119,35 @@ def run_child(case: str, env: dict[str, Any]) -> dict[str, float]:
             "cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - cpu0\n"
             "print(json.dumps({'seconds': dt, 'frames': frames, 'cpu_seconds': cpu, "
             "'main_maxrss_mb': me.ru_maxrss / 1024, **extra}))\n")
+    out = run_tree(case, code)
+    out["fps"] = out["frames"] / out["seconds"]
+    out["frames_per_cpu_s"] = out["frames"] / out["cpu_seconds"]
+    return out
+
+
+def run_tree(case: str, code: str) -> dict[str, Any]:
+    """:func:`run_sampled`, its peak in the JSON as ``tree_peak_rss_mb``."""
+    out, peak = run_sampled(code, case)
+    out["tree_peak_rss_mb"] = peak / 2**20
+    return out
+
+
+def run_sampled(code: str, what: str, env: dict[str, str] | None = None
+                ) -> tuple[dict[str, Any], int]:
+    """Python ``code`` in a fresh interpreter started through ``/bin/sh`` (so it does not
+    inherit this process's RSS high-water mark): (the JSON its last line prints, peak
+    bytes resident in its process tree, sampled every 20 ms)."""
     proc = subprocess.Popen(["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, "-c",
                              code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=env)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, _tree_rss(proc.pid))
         time.sleep(0.02)
     out_text, err = proc.communicate()
     if proc.returncode:
-        raise RuntimeError(f"{case}: {err[-2000:]}")
-    out = json.loads(out_text.strip().splitlines()[-1])
-    out["fps"] = out["frames"] / out["seconds"]
-    out["frames_per_cpu_s"] = out["frames"] / out["cpu_seconds"]
-    out["tree_peak_rss_mb"] = peak / 2**20
-    return out
+        raise RuntimeError(f"{what}: {err[-2000:]}")
+    return json.loads(out_text.strip().splitlines()[-1]), peak
 
 
 def build_run(d: Path, checkpoints: int, frames: int, source: dict[str, Any],

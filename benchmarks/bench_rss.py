@@ -6,6 +6,7 @@ Usage (from the repository root)::
     python benchmarks/bench_rss.py                 # 10M rows, ~3 GB on disk under ./.bench_rss
     python benchmarks/bench_rss.py --rows 2000000 --keep
     python benchmarks/bench_rss.py --open 1000000,10000000,100000000   # "Memory: open"
+    python benchmarks/bench_rss.py --open 100000000 --cold   # page cache dropped per open
     python benchmarks/bench_rss.py --flat 1000000,10000000              # "Sampling vs size"
 
 Filling 10M rows through ``store.extend`` takes minutes of encoding, so the store is built
@@ -16,10 +17,19 @@ complete, valid store (``expstore verify`` and plain zarr read it) whose content
 each reports its peak RSS (``ru_maxrss``). Section "Memory (10M rows)" of RESULTS.md.
 
 ``--open``: stores holding only what opening reads (the per-row metadata shards
-``_episode_step`` and ``_flags``, written from one template shard; no frame shards), opened
-in a fresh process that reports its peak RSS above what imports took, once as ``open``
-streams the index and once loading each lane in one pass (the baseline, in the same run;
-skipped above ``--one-pass-max`` rows). ``--flat``: stores of small frames (Atari frames
+``_episode_step`` and ``_flags``, written from one template shard; no frame shards; and the
+index snapshot blocks a writer leaves, ``_index/lane_0/block_<j>``, written with the
+writer's encoder from the same template), opened in a fresh process that reports its peak
+RSS above what imports took: with the snapshot (``open`` as users get it), scanning the
+metadata shards as a store without a snapshot does (streamed), and loading each lane in one
+pass (the old baseline; skipped above ``--one-pass-max`` rows). ``--cold``: before each
+open, ``os.sync()`` and ``posix_fadvise(DONTNEED)`` on every file of the store drop it from
+the page cache; ``mincore`` on a sample of its files checks they left (``resident`` in the
+table: the fraction of their pages still cached, before the open). ``--keep`` keeps the
+stores (a later run reuses them). Building one holds only the template shard and one block
+in RAM (tens of MB whatever its size); on disk it takes ~5.1 bytes per row of snapshot
+plus the metadata shards (measured: see the report of issue 26), so 1B rows need ~6 GB of
+disk and, to open, 5 GB of RAM for the index. ``--flat``: stores of small frames (Atari frames
 subsampled to 17x17, stacked 4, same template scheme) sampled in this process at each
 size: batch cost should not grow with rows.
 """
@@ -48,7 +58,15 @@ from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
-from expstore.storage.format import LaneState, write_state  # noqa: E402
+from expstore.storage import backend_for  # noqa: E402
+from expstore.storage.format import (  # noqa: E402
+    LaneState,
+    block_key,
+    block_rows,
+    blocks_per_lane,
+    encode_block,
+    write_state,
+)
 from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
 
@@ -107,9 +125,22 @@ def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
         store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
         if shard % 200 == 0:
             print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if L.store_id is not None:
+        write_snapshot(store.backend, L, pos.astype(np.int32), flags)
     write_state(store.backend, LaneState(0, count=L.capacity, valid_from=0,
                                          episodes=L.capacity // episode_len))
     return store
+
+
+def write_snapshot(backend, layout, shard_pos: np.ndarray, shard_flags: np.ndarray) -> None:
+    """Lane 0's index snapshot blocks, as its writer leaves them after one lap: every shard
+    holds the template metadata (``shard_pos``, ``shard_flags``), so a block is it tiled."""
+    B, S = block_rows(layout), layout.shard_rows
+    ep, fl = np.tile(shard_pos, B // S), np.tile(shard_flags, B // S)
+    for j in range(blocks_per_lane(layout)):
+        rows = min(B, layout.lane_capacity - j * B)
+        backend.put(block_key(0, j), encode_block(layout.store_id, 0, j, j * B,
+                                                  ep[:rows], fl[:rows]))
 
 
 CHILD = r"""
@@ -149,9 +180,14 @@ OPEN_CHILD = r"""
 import json, resource, sys, time
 import expstore as es
 import expstore.index_loader as loader_mod
-path, block = sys.argv[1], int(sys.argv[2])
+path, block, load = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if block:
     loader_mod.LOAD_BLOCK_ROWS = block
+if load != "snapshot":  # the scan a store without snapshot blocks gets
+    class NoSnapshot(loader_mod.SnapshotRanges):
+        def __init__(self, backend, layout, st, start):
+            super().__init__(backend, layout, st, st.count)
+    loader_mod.SnapshotRanges = NoSnapshot
 def status_mb(key):
     with open("/proc/self/status") as f:
         line = next(x for x in f if x.startswith(key + ":"))
@@ -164,35 +200,105 @@ t0 = time.perf_counter()
 store = es.open(path)
 opened = time.perf_counter() - t0
 peak = status_mb("VmHWM")
-print(json.dumps({"rows": len(store), "load": "one pass" if block else "streamed",
-                  "open_s": opened, "before_mb": base, "peak_mb": peak,
+print(json.dumps({"rows": len(store), "load": load, "open_s": opened,
+                  "snapshot_rows": store._loader.snapshot_rows, "before_mb": base, "peak_mb": peak,
                   "open_peak_mb": peak - base, "open_peak_b_per_row": (peak - base) * 2**20
                   / len(store), "settled_mb": status_mb("VmRSS") - base,
                   "index_mb": store.index.nbytes / 2**20}))
 """
 
 
-def measure_open(path: Path, one_pass: bool) -> dict:
-    block = 1 << 40 if one_pass else 0
-    out = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(path), str(block)],
+def _capacity(path: Path) -> int:
+    return json.loads((path / "zarr.json").read_text())["attributes"]["expstore"]["capacity"]
+
+
+def measure_open(path: Path, load: str, cold: bool) -> dict:
+    """One open of ``path`` in a fresh process: ``load`` = "snapshot", "streamed" (the
+    scan) or "one pass"; ``cold``: the store's files dropped from the page cache first."""
+    resident = evict(path) if cold else None
+    block = 1 << 40 if load == "one pass" else 0
+    out = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(path), str(block), load],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["cache"] = "cold" if cold else "warm"
+    r["resident"] = resident
+    return r
 
 
-def open_rss(sizes: list[int], root: Path, one_pass_max: int) -> list[dict]:
-    """Peak RSS of ``es.open`` on metadata-only stores of each size (see module doc)."""
+def evict(path: Path, sample: int = 256) -> float:
+    """Drop every file under ``path`` from the page cache (``os.sync``, then
+    ``posix_fadvise(DONTNEED)`` per file); the fraction of the pages of ``sample`` of its
+    files (spread over the store) still resident afterwards, by ``mincore``."""
+    os.sync()
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    picked = files[:: max(1, len(files) // sample)]
+    cached = total = 0
+    for name in picked:
+        c, t = resident_pages(name)
+        cached, total = cached + c, total + t
+    return cached / max(1, total)
+
+
+def resident_pages(name: str) -> tuple[int, int]:
+    """``(pages in the page cache, pages)`` of file ``name`` (``mincore`` on a mapping)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(name)
+    if size == 0:
+        return 0, 0
+    page = mmap.PAGESIZE
+    n = -(-size // page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(name, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {name}")
+        vec = ctypes.create_string_buffer(n)
+        try:
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {name}")
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw), n
+
+
+def open_rss(sizes: list[int], root: Path, one_pass_max: int, cold: bool,
+             keep: bool = False) -> list[dict]:
+    """Open time and peak RSS of ``es.open`` on metadata-only stores of each size, with
+    the index snapshot and scanning (see module doc)."""
     results = []
     for rows in sizes:
         path = root / f"meta_{rows}.zarr"
-        print(f"building a {rows:,}-row metadata store at {path} ...", flush=True)
-        build(path, rows, metadata_only=True)
-        for one_pass in (False, True):
-            if one_pass and rows > one_pass_max:
+        if not (path / "_index").is_dir() or _capacity(path) < rows:
+            print(f"building a {rows:,}-row metadata store at {path} ...", flush=True)
+            t0 = time.perf_counter()
+            build(path, rows, metadata_only=True)
+            print(f"  built in {time.perf_counter() - t0:.0f} s; "
+                  f"{backend_for(str(path)).total_bytes() / 2**20:,.0f} MiB on disk",
+                  flush=True)
+        for load in ("snapshot", "streamed", "one pass"):
+            if load == "one pass" and rows > one_pass_max:
                 continue
-            r = measure_open(path, one_pass)
+            r = measure_open(path, load, cold)
             print(r, flush=True)
             results.append(r)
-        shutil.rmtree(path, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
     return results
 
 
@@ -276,6 +382,8 @@ def main() -> None:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--open", default="", help="comma-separated row counts: open RSS only")
+    p.add_argument("--cold", action="store_true",
+                   help="--open: drop the store's files from the page cache before each open")
     p.add_argument("--one-pass-max", type=int, default=10_000_000,
                    help="largest store also opened with the one-pass baseline")
     p.add_argument("--flat", default="", help="comma-separated row counts: sampling cost")
@@ -289,8 +397,9 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         if a.open:
             sizes = [int(x) for x in a.open.split(",")]
-            res = open_rss(sizes, root, a.one_pass_max)
-            body = markdown_table(res, ["rows", "load", "open_s", "before_mb", "peak_mb",
+            res = open_rss(sizes, root, a.one_pass_max, a.cold, a.keep)
+            body = markdown_table(res, ["rows", "load", "cache", "resident", "open_s",
+                                        "snapshot_rows", "before_mb", "peak_mb",
                                         "open_peak_mb", "open_peak_b_per_row", "settled_mb",
                                         "index_mb"])
             body += ("\n\nStores holding only the metadata shards opening reads "
@@ -300,7 +409,13 @@ def main() -> None:
                      "imports done), when its peak (VmHWM) is reset (`/proc/self/clear_refs`);"
                      " peak_mb = VmHWM after open; open_peak = the difference; settled_mb = "
                      "RSS after open minus before_mb; index_mb = the row index "
-                     "(5 B/row). load 'one pass' sets "
+                     "(5 B/row). load 'snapshot': `es.open` as it is (the writer's index "
+                     "snapshot blocks, `_index/lane_0/block_<j>`, 65,536 rows each; "
+                     "snapshot_rows = rows it gave); 'streamed': the same store opened "
+                     "without them (metadata shards scanned, as a store without a snapshot"
+                     "); cache 'cold': os.sync + posix_fadvise(DONTNEED) on every file of "
+                     "the store before each open, resident = fraction of the pages of 256 "
+                     "of its files still cached after that (mincore). load 'one pass' sets "
                      "`expstore.index_loader.LOAD_BLOCK_ROWS` above the lane size: every "
                      "row of a lane indexed at once, as before streaming.")
             save_json("rss_open", {"results": res})

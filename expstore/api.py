@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
     asked = int(capacity)
     capacity = round_capacity(asked, int(lanes), shard_rows)
-    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked)
+    layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,
+                    new_store_id())
     backend = backend_for(url, storage_options, fsync)
     try:
         meta = backend.get("zarr.json")
@@ -82,6 +84,11 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
                   lease_ttl=lease_ttl, strict=strict)
     set_hot_bytes(store, hot_bytes)
     return store
+
+
+def new_store_id() -> str:
+    """A new store's id (``Layout.store_id``): a random uuid4, hex."""
+    return uuid.uuid4().hex
 
 
 def _refuse_unless_store_or_empty(backend: Backend, meta: bytes | None) -> None:

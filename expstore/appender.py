@@ -151,6 +151,14 @@ class Appender:
         self.poll_writes()  # background shard writes: commits, or an error raised here
         self.add_many(lane, validate_batch(self.spec, batch), check_next_obs)
 
+    def extend_checked(self, lane: int, vals: dict[str, np.ndarray],
+                       check_next_obs: bool) -> None:
+        """``Store.extend_checked``: :meth:`add_many` of steps already checked and cast,
+        full shards written in the background (as :meth:`add` leaves them)."""
+        self.access.writer(lane)
+        self.poll_writes()  # background shard writes: commits, or an error raised here
+        self.add_many(lane, vals, check_next_obs, wait=False)
+
     def _table(self) -> LaneRows:
         """The lanes' staging table (made at first use), shared with the C path."""
         if self.lane_rows is None:
@@ -413,10 +421,11 @@ class Appender:
         idx.put_lanes(lanes, steps, ep, flags)
 
     # -- many steps --------------------------------------------------------------------------
-    def add_many(self, lane: int, vals: dict[str, np.ndarray], check_next_obs: bool = True
-                 ) -> None:
+    def add_many(self, lane: int, vals: dict[str, np.ndarray], check_next_obs: bool = True,
+                 wait: bool = True) -> None:
         """Stage ``T`` checked consecutive steps of ``lane`` (``validate_steps`` output);
-        ``check_next_obs=False``: ``next_obs`` is read only where an episode ends."""
+        ``check_next_obs=False``: ``next_obs`` is read only where an episode ends;
+        ``wait``: return once the shards these steps filled are written."""
         T = len(vals["reward"])
         if T == 0:
             return
@@ -442,7 +451,7 @@ class Appender:
         held = self._checked_held(lane) if closes else None
         self._retry_failed(lane)  # raises before anything is staged
         error = self._close(lane, held) if closes else None
-        error = self._append_rows(lane, vals, ends) or error
+        error = self._append_rows(lane, vals, ends, wait) or error
         done = bool(vals["terminated"][-1] | vals["truncated"][-1])
         self._set_held(lane, None if done or not complete else {
             n: v[-1] for n, v in nxt.items()})
@@ -450,16 +459,18 @@ class Appender:
             raise error
 
     def _append_rows(self, lane: int, vals: dict[str, np.ndarray],
-                     ends: np.ndarray | None = None) -> WriteFailedError | None:
+                     ends: np.ndarray | None = None, wait: bool = True
+                     ) -> WriteFailedError | None:
         """Stage the rows of ``vals`` (a final row after each step of ``ends``, default:
-        those that end an episode); a shard write error after staging is returned."""
+        those that end an episode); a shard write error after staging is returned
+        (``wait=False``: full shards are left to the background writer)."""
         w = self.writers[lane]
         rows, next_open, n_final = encode_steps(vals, self.names, int(self.open_step[lane]),
                                                 w.count, ends)
         start = w.count
         error: WriteFailedError | None = None
         try:
-            w.append(rows, retry=False)
+            w.append(rows, retry=False, wait=wait)
         except WriteFailedError as e:  # all rows staged, a shard write failed
             error = e
         w.episodes += n_final

@@ -11,7 +11,7 @@
     expstore formats
     expstore bench [NAME ...] [--dir DIR] [--list]
 
-``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari), which also lists
+``FORMAT`` is one of ``expstore formats`` (dopamine, d4rl, npz, minari, rlds), which also lists
 each format's ``-o`` options. ``-o`` passes options to the importer/exporter (values are
 JSON when they parse, else strings: ``-o stack=4 -o suffixes=[0,1]
 -o codec='{"name":"blosc","cname":"lz4"}'``). Every import and export prints one summary:
@@ -218,6 +218,31 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from .upgrade import upgrade_store
+
+    with _Bar("upgrade: index snapshot", args.quiet) as bar:
+        rep = upgrade_store(args.url, _kv(args.storage_option, "-S") or None,
+                            progress=bar.update)
+    print(f"{rep.url}: {rep.summary()}")
+    return 0
+
+
+UPGRADE_TEXT = """\
+Bring a store made by an older expstore up to date, so that it opens in seconds.
+
+What it changes:
+  * a store without an id gets one: the "expstore" attribute of the group's zarr.json
+    and the layout copy in every array's zarr.json ("expstore_layout") gain "store_id";
+    each file is replaced atomically, everything else in it kept;
+  * it writes the index snapshot, _index/lane_<i>/block_<j> (each lane's episode
+    positions and flags in blocks of up to 65,536 rows, ~5 bytes per row), from a scan
+    of the metadata shards; blocks already there and valid are kept.
+No row, shard or lane state is changed or deleted. Run it again to finish an interrupted
+upgrade or to refresh the snapshot. It takes every lane's write lease while it runs:
+a store a writer holds is refused. Stores not upgraded open as before (slower)."""
+
+
 def _call(fn: Any, *pos: Any, options: dict[str, Any], args: argparse.Namespace) -> Any:
     params = inspect.signature(fn).parameters
     kw = dict(options)
@@ -291,7 +316,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
     try:
         res = _call(imp, args.src, args.url, options=_kv(args.option, "-o"), args=args)
     except KeyboardInterrupt:
-        again = "; run the same command again to resume" if args.format == "dopamine" else ""
+        again = ("; run the same command again to resume"
+                 if args.format in ("dopamine", "lerobot") else "")
         print(f"\ninterrupted: {store_url(args.url)} holds the rows flushed so far{again}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -429,12 +455,20 @@ def build_parser() -> argparse.ArgumentParser:
     storage(sp)
     sp.set_defaults(fn=_cmd_repair)
 
+    sp = sub.add_parser("upgrade", help="give an older store an id and write its index "
+                        "snapshot (opens in seconds)", description=UPGRADE_TEXT,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("url", metavar="URL", help="the store: " + store_url)
+    quiet(sp)
+    storage(sp)
+    sp.set_defaults(fn=_cmd_upgrade)
+
     for name, helptext in (("import", "create a store from a dataset"),
                            ("export", "write a store as a dataset")):
         sp = sub.add_parser(name, help=helptext, description=helptext[0].upper() +
                             helptext[1:] + ".", epilog=_formats_epilog(name),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        fmt_help = "dataset format: dopamine, d4rl, npz, minari (see 'expstore formats')"
+        fmt_help = "dataset format: dopamine, d4rl, npz, minari, rlds (see 'expstore formats')"
         if name == "import":
             sp.add_argument("format", metavar="FORMAT", help=fmt_help)
             sp.add_argument("src", metavar="SRC", help="the dataset to read (per format: "

@@ -1,8 +1,9 @@
 """Lanes' committed rows, from storage into the in-RAM row index.
 
-A store's :class:`IndexLoader` reads each lane's metadata shards (``_episode_step``,
-``_flags``) up to a committed lane state and puts them into its :class:`RowIndex`, at open
-and on ``refresh()``. It is handed what it works with (the backend, the layout, the
+A store's :class:`IndexLoader` reads each lane's index snapshot blocks where they are
+valid, and its metadata shards (``_episode_step``, ``_flags``) for the rest, up to a
+committed lane state, and puts them into its :class:`RowIndex`, at open and on
+``refresh()``. It is handed what it works with (the backend, the layout, the
 index, this process's shard reader, the quarantine and lane states read at open) and
 keeps the lane states the index reached (:attr:`IndexLoader.states`).
 
@@ -32,7 +33,7 @@ from .storage.format import (
     read_quarantine,
     read_state,
 )
-from .storage.read import ShardReader
+from .storage.read import ShardReader, SnapshotRanges
 
 #: seconds between re-reads of the quarantine on ``refresh()``
 QUARANTINE_RELOAD = 5.0
@@ -62,15 +63,20 @@ class IndexLoader:
         self.quarantine = quarantine
         self.quarantine_read = time.monotonic()  # when ``quarantine`` was read
         self.states = states
+        self.snapshot_rows = 0  # rows loaded from index snapshot blocks so far
 
     def load_lane(self, st: LaneState) -> None:
         """Bring the index of one lane up to a committed state (reads metadata shards) and
         remember the state it reached (:attr:`states`).
 
-        Streams: rows are read and indexed in blocks of :data:`LOAD_BLOCK_ROWS`, so the
-        temporary arrays of a load stay a few MB whatever the lane's size (the index
-        itself is 5 bytes per row). The lane's writer may lap this load: rows it drops
-        meanwhile are skipped, never reported as damage (:meth:`read_block`).
+        Steps the lane's index snapshot holds (``storage/read/snapshot.py``: blocks valid
+        for this store, lane and lap) are copied from it; the rest is read from the
+        metadata shards; quarantined rows are marked lost either way, so both give the
+        same index. Streams: rows are read and indexed in blocks of
+        :data:`LOAD_BLOCK_ROWS`, so the temporary arrays of a load stay a few MB whatever
+        the lane's size (the index itself is 5 bytes per row). The lane's writer may lap
+        this load: rows it drops meanwhile are skipped, never reported as damage
+        (:meth:`read_block`).
         """
         idx = self.index
         lane = st.lane
@@ -79,8 +85,18 @@ class IndexLoader:
         idx.set_valid_from(lane, st.valid_from)
         a = max(old_count, st.valid_from)
         quarantined = self.quarantine.lanes.get(lane, [])
+        held = SnapshotRanges(self.backend, self.layout, st, a)
         while a < st.count:  # block ends aligned to LOAD_BLOCK_ROWS: no shard read twice
-            b = min(st.count, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
+            got = held.at(a)
+            if got is not None:  # steps [a, b) from the index snapshot
+                b, ep, fl = got
+                idx.put(lane, a, ep, fl)
+                if quarantined:
+                    idx.mark_lost(lane, quarantined, a, b)
+                a = max(b, st.valid_from)
+                continue
+            b = min(st.count, held.next_start(a),
+                    (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
             ep, fl, lost = self.read_block(st, a, b)
             idx.set_valid_from(lane, st.valid_from)
             idx.put(lane, a, ep, fl)  # (rows below valid_from are not announced)
@@ -88,6 +104,7 @@ class IndexLoader:
             if quarantined or damaged:
                 idx.mark_lost(lane, quarantined + damaged, a, b)
             a = max(b, st.valid_from)  # blocks the writer dropped meanwhile: not read
+        self.snapshot_rows += held.used_rows
         if int(idx.count[lane]) < st.count:  # the writer dropped every row left to read
             idx.count[lane] = idx.committed[lane] = st.count
         self.states[lane] = st
@@ -160,6 +177,20 @@ class IndexLoader:
             ok[keep], ep[keep], fl[keep] = m.ok, m.episode_step, m.flags
             lost[keep] = m.lost
         return ep, fl, ok, lost
+
+    def committed_rows(self, lane: int, start: int, stop: int
+                       ) -> tuple[int, np.ndarray, np.ndarray]:
+        """Episode positions and flags of steps ``[start, stop)`` of ``lane`` as stored,
+        from the index (no read): for a resumed writer's open snapshot block. Empty where
+        the index may differ from storage (the lane has quarantined or lost rows) or does
+        not hold them all."""
+        idx = self.index
+        lo = int(idx.lower_bound()[lane])
+        if (stop <= start or start < lo or stop > int(idx.committed[lane])
+                or self.quarantine.lanes.get(lane) or idx.has_lost):
+            return start, np.zeros(0, np.int32), np.zeros(0, np.uint8)
+        rows = idx.lane_rows(lane, np.arange(start, stop))
+        return start, idx.episode_step[rows], idx.flags[rows]
 
     def reload_quarantine(self) -> None:
         """Pick up rows ``repair`` marked lost since the quarantine was last read, at most

@@ -44,6 +44,7 @@ from .storage.format import (
     ShardHead,
     check_arrays,
     derive_step_ids,
+    drop_blocks,
     expected_metadata,
     index_size,
     layout_from_arrays,
@@ -251,6 +252,7 @@ def _maybe_rebuild_state(backend: Backend, layout: Layout, lane: int, rep: Repai
     rep.rebuilt[lane] = st
     if not dry_run:
         st.generation = 0
+        drop_blocks(backend, layout, lane)  # (its snapshot blocks may know other steps)
         write_state(backend, st)
 
 

@@ -48,29 +48,40 @@ def encode_steps(values: Mapping[str, np.ndarray], names: Iterable[str],
 
     Returns ``(rows, next_open_episode_step, n_final)``: ``rows`` holds every name plus
     ``_episode_step`` (int32), ``_flags`` (uint8) and ``_step_id`` (int64), ``T + n_final``
-    rows each; ``next_open_episode_step`` is ``open_episode_step`` for the write after this
-    one; ``n_final``: episodes finished (final rows added).
+    rows each (with no final row, ``rows[name]`` is ``values[name]`` itself);
+    ``next_open_episode_step`` is ``open_episode_step`` for the write after this one;
+    ``n_final``: episodes finished (final rows added).
     """
     T = len(values["reward"])
     term, trunc = values["terminated"], values["truncated"]
     done = (term | trunc) if ends is None else ends
-    n_final = int(done.sum())
+    n_final = int(np.count_nonzero(done))
+    n_rows = T + n_final
+    flags = np.zeros(n_rows, np.uint8)
+    if n_final == 0:  # no final row: the values are the rows (the caller copies them)
+        rows: dict[str, np.ndarray] = {name: values[name] for name in names}
+        flags |= term.astype(np.uint8) * FLAG_TERMINATED
+        flags |= trunc.astype(np.uint8) * FLAG_TRUNCATED
+        if open_episode_step == 0 and T:
+            flags[0] |= FLAG_FIRST
+        rows["_episode_step"] = np.arange(open_episode_step, open_episode_step + T,
+                                          dtype=np.int32)
+        rows["_flags"] = flags
+        rows["_step_id"] = np.arange(first_step, first_step + T, dtype=np.int64)
+        return rows, open_episode_step + T, 0
     # row position of each step: steps shift by one for each final row before them
     step_pos = np.arange(T) + np.concatenate([[0], np.cumsum(done)[:-1]])
     final_pos = step_pos[done] + 1
-    n_rows = T + n_final
-    rows: dict[str, np.ndarray] = {}
+    rows = {}
     for name in names:
         v = values[name]
-        arr = np.zeros((n_rows, *v.shape[1:]), v.dtype)
+        arr = np.empty((n_rows, *v.shape[1:]), v.dtype)
         arr[step_pos] = v
-        nxt = values.get("next_" + name) if n_final else None
-        if nxt is not None:  # obs; user fields when given
-            arr[final_pos] = nxt[done]
+        nxt = values.get("next_" + name)
+        arr[final_pos] = 0 if nxt is None else nxt[done]  # obs; user fields when given
         rows[name] = arr
-    flags = np.zeros(n_rows, np.uint8)
-    flags[step_pos] |= np.where(term, FLAG_TERMINATED, 0).astype(np.uint8)
-    flags[step_pos] |= np.where(trunc, FLAG_TRUNCATED, 0).astype(np.uint8)
+    flags[step_pos] |= term.astype(np.uint8) * FLAG_TERMINATED
+    flags[step_pos] |= trunc.astype(np.uint8) * FLAG_TRUNCATED
     flags[final_pos] = FLAG_LAST
     # episode positions: count up from the lane's open episode, restart after final rows
     idx = np.arange(n_rows, dtype=np.int64)
@@ -81,6 +92,5 @@ def encode_steps(values: Mapping[str, np.ndarray], names: Iterable[str],
     rows["_episode_step"] = ep.astype(np.int32)
     rows["_flags"] = flags
     rows["_step_id"] = np.arange(first_step, first_step + n_rows, dtype=np.int64)
-    next_open = (open_episode_step if not n_rows else 0 if flags[-1] & FLAG_LAST
-                 else int(ep[-1]) + 1)
+    next_open = 0 if flags[-1] & FLAG_LAST else int(ep[-1]) + 1
     return rows, next_open, n_final

@@ -128,6 +128,10 @@ class Store:
                     self._states[i], self._loader.quarantine, lambda: self.reader,
                     on_shard_written=self._forget_shard, background=self._bg,
                     shared_root=shared_root(backend))
+                snapshot = self.writers[i].snapshot  # its open block: rows written before
+                if snapshot is not None:
+                    snapshot.resume(*self._loader.committed_rows(
+                        i, *snapshot.wants(self.writers[i].first_step)))
             if self.writers:
                 self._appender.step_kernel.plan()  # built now, not in the first add
         except BaseException:
@@ -306,9 +310,10 @@ class Store:
                                self.writers)
 
     def _poll_writes(self, raise_errors: bool = True) -> None:
-        """Apply the results of background shard writes on this thread: committed counts,
-        shards to re-open, and a failed write's error (raised as ``WriteFailedError``, its
-        rows kept staged for the next flush)."""
+        """Apply the results of background shard writes on this thread (the writing one):
+        committed counts, shards to re-open, and a failed write's error (raised as
+        ``WriteFailedError``, its rows kept staged for the next flush; ``raise_errors=False``:
+        kept for the next write call). Reads see written shards as committed after it."""
         bg = self._bg
         if bg is None or not bg.state["news"]:
             return
@@ -358,6 +363,14 @@ class Store:
         importers whose batches are known to be consecutive steps.
         """
         self._appender.extend(batch, lane, check_next_obs, fields)
+
+    def extend_checked(self, lane: int, steps: Mapping[str, np.ndarray],
+                       check_next_obs: bool = True) -> None:
+        """:meth:`extend` for integrations that checked and cast the steps already (flat
+        field names, ``next_<obs field>``: ``validate.validate_steps``' output): no second
+        check; full shards are written in the background, as :meth:`add` leaves them (a
+        write's error surfaces at the next call)."""
+        self._appender.extend_checked(lane, dict(steps), check_next_obs)
 
     def set_episode_position(self, lane: int, position: int) -> None:
         """The next row of ``lane`` starts at this position of its episode; 0 = a new

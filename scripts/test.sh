@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Install expstore with its test extras into a virtualenv (created if missing) and run the tests.
-# Usage: bash scripts/test.sh                 every test but the slow ones (-m "not slow"), on
+# Usage: bash scripts/test.sh                 every test but the slow and interop ones, on
 #                                             EXPSTORE_TEST_WORKERS pytest-xdist workers (auto)
 #        bash scripts/test.sh -m slow         the slow ones (soaks, stress, long integrations)
+#        bash scripts/test.sh -m interop      against other projects' own readers/writers, each
+#                                             in a venv of its own: TensorFlow Datasets
+#                                             ($VENV-interop) and LeRobot (scripts/lerobot_env.sh;
+#                                             its video decoder needs FFmpeg)
 #        bash scripts/test.sh [pytest args]   anything else: pytest with those arguments
-# CI (.ci/run) runs the first two. EXPSTORE_VENV picks the venv folder.
+# CI (.ci/run) runs the first three. EXPSTORE_VENV picks the venv folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${EXPSTORE_VENV:-.venv}
@@ -30,10 +34,10 @@ fi
 # gymnasium 0.29 (CleanRL pins gymnasium==0.29.1): the sb3/gym extras must resolve next to it,
 # and the adapter tests run on it. A second venv sees the first one's packages through a .pth
 # file (no second torch install) and holds only gymnasium 0.29.1 itself. Full runs only.
+site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
   V029=${EXPSTORE_VENV_GYM029:-$VENV-gym029}
   [ -x "$V029/bin/python" ] || "$PY" -c "import sys, venv; venv.create(sys.argv[1], with_pip=True)" "$V029"
-  site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
   # addsitedir also reads the first venv's own .pth files (the editable expstore install)
   echo "import site; site.addsitedir(r'$(site "$PY")')" \
     > "$(site "$V029/bin/python")/expstore-base-venv.pth"
@@ -48,8 +52,20 @@ if [ $# -eq 0 ] && [ -z "${EXPSTORE_SKIP_GYM029:-}" ]; then
 fi
 WORKERS=(-n "${EXPSTORE_TEST_WORKERS:-auto}")
 if [ $# -eq 0 ]; then
-  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "not slow"
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "not slow and not interop"
 elif [ "$*" = "-m slow" ]; then
-  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m slow
+  exec "$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" -m "slow and not interop"
+elif [ "$*" = "-m interop" ]; then
+  # tensorflow-cpu + tensorflow-datasets (the rlds-interop extra) in a venv of their own
+  # that sees the first one's packages (numpy, protobuf, expstore) through a .pth file
+  VI=${EXPSTORE_VENV_INTEROP:-$VENV-interop}
+  [ -x "$VI/bin/python" ] || "$PY" -c "import sys, venv; venv.create(sys.argv[1], with_pip=True)" "$VI"
+  echo "import site; site.addsitedir(r'$(site "$PY")')" > "$(site "$VI/bin/python")/expstore-base-venv.pth"
+  "$VI/bin/python" -m pip install -q --disable-pip-version-check "tensorflow-cpu>=2.16" \
+    "tensorflow-datasets>=4.9.4" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VI/bin/python" -c "import tensorflow_datasets as t, tensorflow as tf; print('tensorflow', tf.__version__, 'tensorflow-datasets', t.__version__)" 2>&1 | tail -1
+  "$VI/bin/python" -m pytest -q -p no:cacheprovider -m interop tests/test_rlds_interop.py
+  exec "$(bash scripts/lerobot_env.sh)" -m pytest -q -p no:cacheprovider -m interop \
+    tests/test_lerobot_interop.py
 fi
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

@@ -77,6 +77,7 @@ LAYERS: dict[str, int] = {
     "expstore.index_loader": 5,
     "expstore.verify": 5,
     "expstore.repair": 5,
+    "expstore.upgrade": 5,
     "expstore.episode_view": 5,
     # 6: edges: dataset formats, framework integrations, test helpers
     "expstore.datasets": 6,

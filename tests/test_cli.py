@@ -169,7 +169,7 @@ def test_bench_runs_scripts(tmp_path, capfd):
 
 
 # -- every subcommand: help, summary, exit code -------------------------------------------------
-COMMANDS = ("info", "verify", "repair", "import", "export", "formats", "bench")
+COMMANDS = ("info", "verify", "repair", "import", "export", "formats", "bench", "upgrade")
 
 
 def _subparsers():
@@ -200,11 +200,14 @@ def test_every_subcommand_and_positional_has_help(capsys):
     exp, _ = run(capsys, "export", "--help")
     assert "compression=\"gzip\"" in exp and "compresslevel=9" in exp
     out, _ = run(capsys, "formats")
-    for fmt in ("dopamine", "d4rl", "npz", "minari"):
+    from expstore.datasets import FORMATS
+
+    for fmt in ("dopamine", "d4rl", "npz", "minari", "rlds", "lerobot"):
         assert f"\n{fmt} " in "\n" + out
-    assert out.count("import -o options:") == 4 and out.count("export -o options:") == 4
+    n = len(FORMATS)
+    assert out.count("import -o options:") == n and out.count("export -o options:") == n
     assert "see the function's docstring" not in out  # every option has its own help
-    assert run(capsys, "formats", "--brief")[0].count("\n") == 4
+    assert run(capsys, "formats", "--brief")[0].count("\n") == n
 
 
 def test_version_and_usage_errors(capsys):

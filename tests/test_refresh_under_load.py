@@ -41,7 +41,7 @@ def test_a_refresh_lapped_by_the_writer_skips_what_it_dropped(tmp_path):
     _add(actor, 0, 3000)  # the learner is two laps behind
     actor.flush()
     reads = {"laps": 0}
-    read = learner.reader.read
+    read = learner.reader.read_run  # (how metadata is read: consecutive rows)
 
     def lapped_read(name, rows, steps, out):
         if name == "_episode_step" and reads["laps"] < 8:
@@ -50,10 +50,10 @@ def test_a_refresh_lapped_by_the_writer_skips_what_it_dropped(tmp_path):
             actor.flush()
         return read(name, rows, steps, out)
 
-    learner.reader.read = lapped_read
+    learner.reader.read_run = lapped_read
     learner.refresh()
     assert reads["laps"] >= 1, "the refresh should have met a lapped shard"
-    learner.reader.read = read
+    learner.reader.read_run = read
     lo, hi = int(learner.index.lower_bound()[0]), int(learner.index.count[0])
     assert hi > lo and hi <= int(actor.index.count[0])
     assert lo >= int(actor.index.lower_bound()[0]) - 4 * 512  # (laps committed since)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import gymnasium as gym
@@ -233,3 +234,169 @@ def test_len_counts_transitions_as_torchrl_own_buffer_does(tmp_path):
                           0, int(store.index.count[0]))  # (what a repair's quarantine does)
     assert len(rb3) == store.num_transitions + 1
     rb3._storage.close()
+
+
+# -- the write path: one check for every lane, then one batched append per lane -----------
+def _jump(td, at: int, by: float = 100.0):
+    """``td`` (batch [..., T]) with every observation from step ``at`` on shifted by ``by``:
+    step ``at`` does not continue step ``at - 1`` (an env reset without a done flag)."""
+    td = td.clone()
+    td["observation"][..., at:, :] += by
+    td["next", "observation"][..., at:, :] += by
+    return td
+
+
+def _rows_of(store, lane):
+    """Every stored column of ``lane``'s rows, oldest first."""
+    rows = store.index.lane_rows(lane, np.arange(int(store.index.count[lane])))
+    return {name: store.read(name, rows) for name in
+            [*store.spec.fields, "_flags", "_episode_step", "_step_id"]}
+
+
+def test_extend_stores_the_rows_the_checked_step_writer_path_stored(tmp_path):
+    """Batches spanning episode ends, ending on a done step, breaking without a done flag,
+    in 1 and 2 lanes: the bridge's one-check batched append stores exactly the rows the
+    step writer's fully checked ``store.extend`` path stores (flags, final rows, obs)."""
+    from expstore.integrations.step_writer import StepWriter
+
+    spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64),
+                          extras={"cost": es.Field((), np.float32)})
+    batches = [_steps(10, 0, (3,)), _steps(7, 10, (16,)), _jump(_steps(12, 17, (25,)), 5),
+               _steps(1, 29), _jump(_steps(30, 130, (140, 159)), 0), _steps(5, 160)]
+    for lanes in (1, 2):
+        rb = replay_buffer(tmp_path / f"b{lanes}.zarr", spec=spec, capacity=2048, lanes=lanes)
+        ref = es.create(tmp_path / f"r{lanes}.zarr", spec, capacity=2048, lanes=lanes,
+                        shard_rows=rb._storage.store.layout.shard_rows)
+        writer = StepWriter(ref)  # checks again inside store.extend, waits for shard writes
+        for k, b in enumerate(batches):
+            b = b.expand(lanes, *b.shape).clone() if lanes > 1 else b
+            b["cost"] = torch.full(b.shape, float(k))
+            rb.extend(b)
+            for lane in range(lanes):
+                td = b[lane] if lanes > 1 else b
+                writer.extend(lane, writer.coerce(
+                    td["observation"].numpy(), td["action"].numpy(),
+                    td["next", "reward"].reshape(-1).numpy(),
+                    td["next", "observation"].numpy(),
+                    td["next", "terminated"].reshape(-1).numpy(),
+                    td["next", "truncated"].reshape(-1).numpy(),
+                    {"cost": td["cost"].numpy()}, lead=(len(td),)))
+        rb._storage.close()
+        writer.end()
+        ref.close()
+        got, want = es.open(tmp_path / f"b{lanes}.zarr"), es.open(tmp_path / f"r{lanes}.zarr")
+        assert writer.breaks == 3 * lanes  # steps 21, 28 and 29 were closed as truncated
+        for lane in range(lanes):
+            a, b = _rows_of(got, lane), _rows_of(want, lane)
+            assert len(a["reward"]) == 65 + 9  # 65 steps; final rows: 5 ends, 3 breaks, close
+            for name in b:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        got.close()
+        want.close()
+
+
+def test_bad_values_name_the_tensordict_key_and_store_nothing(tmp_path):
+    spec = es.Spec.create(obs=es.Field((4,), np.float32),
+                          action=es.Field((), np.int64, low=0, high=1))
+    rb = replay_buffer(tmp_path / "a.zarr", spec=spec, capacity=1024, lanes=2)
+    store = rb._storage.store
+    rb.extend(_steps(6, 0, (2,), lead=(2,)))
+    before = (len(rb), store.index.count.copy(), [dict(h) for h in rb._storage.writer.held])
+
+    def refused(td, match):
+        with pytest.raises(es.ValidationError, match=match):
+            rb.extend(td)
+        assert len(rb) == before[0]
+        np.testing.assert_array_equal(store.index.count, before[1])
+        for h, h0 in zip(rb._storage.writer.held, before[2]):
+            assert h.keys() == h0.keys() and all(np.array_equal(h[k], h0[k]) for k in h)
+
+    bad = _steps(5, 6, lead=(2,))
+    bad["action"][1, 3] = 7  # lane 1 only: lane 0 must not be stored either
+    refused(bad, r"TensorDict key 'action': action: value 7 at \(1, 3\) is above high")
+    bad = _steps(5, 6, lead=(2,))
+    bad["next", "observation"][1, 2, 0] = float("nan")
+    refused(bad, r"TensorDict key \('next', 'observation'\): next_obs: expected finite")
+    bad = _steps(5, 6, lead=(2,))
+    bad["observation"] = torch.zeros(2, 5, 3)
+    refused(bad, r"TensorDict key 'observation': obs: expected shape \(2, 5, 4\), "
+                 r"got \(2, 5, 3\)")
+    bad = _steps(5, 6, lead=(2,))
+    bad["action"] = torch.full((2, 5), 0.5)
+    refused(bad, r"TensorDict key 'action': action: dtype float32 cannot be cast safely")
+    bad = _steps(5, 6, lead=(2,))
+    bad["next", "reward"] = torch.ones(2, 5, 2)
+    refused(bad, r"TensorDict key \('next', 'reward'\): reward: expected shape \(2, 5\)")
+    bad = _steps(5, 6, lead=(2,))
+    del bad["next", "observation"]
+    refused(bad, r"next_obs: key \('next', 'observation'\) missing from the TensorDict")
+    rb.extend(_steps(0, 6, lead=(2,)))  # an empty batch stores nothing
+    assert len(rb) == before[0]
+    rb.extend(_steps(5, 6, lead=(2,)))  # and the stream goes on where it was
+    assert len(rb) == before[0] + 10
+    rb._storage.close()
+
+
+def test_a_shard_write_failing_behind_extend_surfaces_and_loses_nothing(tmp_path):
+    """extend leaves full shards to the background writer (as add does): a write that
+    fails is raised by the next extend (nothing of that batch stored) or flush, every row
+    stays readable meanwhile, and once storage works again every row is written."""
+    spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    store = es.create(tmp_path / "a.zarr", spec, capacity=1024, shard_rows=64)
+    rb = replay_buffer(store)
+    real_put = store.backend.put
+    failing = []
+
+    def full_disk(key, data):
+        failing.append(key)
+        raise OSError(28, "No space left on device", key)
+
+    store.backend.put = full_disk
+    rb.extend(_steps(100, 0, (50,)))  # fills a shard: its write fails in the background
+    store.writers[0].wait()
+    assert failing and len(rb) == 100
+    with pytest.raises(es.WriteFailedError, match="No space left on device"):
+        rb.extend(_steps(10, 100))
+    assert len(rb) == 100  # that batch was not stored
+    td = rb.sample(32)  # staged rows stay readable
+    assert (td["next", "observation"] == td["observation"] + 1).all()
+    store.backend.put = real_put
+    rb.extend(_steps(10, 100))
+    rb._storage.close()
+    back = es.open(tmp_path / "a.zarr")
+    assert back.num_transitions == 110 and back.num_episodes == 2
+
+
+def test_sampled_batches_are_the_transitions_at_their_index(tmp_path):
+    """The sampler's plan is read for the rows TorchRL asks for next; other rows (or the
+    same ones again) are checked and planned anew: the same values either way."""
+    spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    for prioritized in (False, True):
+        rb = replay_buffer(tmp_path / f"{prioritized}.zarr", spec=spec, capacity=1024,
+                           batch_size=64, prioritized=prioritized, n_step=3, gamma=0.5,
+                           seed=0, shard_rows=64, fsync=prioritized)
+        assert rb._storage.store.layout.shard_rows == 64  # (default here: 128)
+        rb.extend(_steps(300, 0, (40, 99, 250)))
+        storage = rb._storage
+        w = storage.store.writers[0]
+        while not all(sh.done for sh in w.queued):  # the shards extend left to the
+            time.sleep(0.01)  # background writer get written (nobody applied them yet)
+        assert w.queued and storage.store.index.committed[0] == w.committed.count == 0
+        rb.sample()  # and a read sees them committed (not walking the queue of RAM buffers)
+        assert not w.queued and storage.store.index.committed[0] == w.committed.count > 0
+        for _ in range(3):
+            td, info = rb.sample(return_info=True)
+            assert storage._planned is None  # read once, then dropped
+            want = to_tensordict(storage.store.transitions(info["index"].numpy(), 3, 0.5),
+                                 weights=False)
+            for key in want.keys(True, True):
+                assert torch.equal(td[key], want[key]), key
+            assert torch.equal(td["priority_weight"], info["priority_weight"])
+            assert (td["next", "horizon"] <= 3).all() and td["next", "discount"].shape == (64, 1)
+        rows, _ = rb._sampler.sample(storage, 8)
+        other = torch.arange(20, 28)
+        np.testing.assert_array_equal(storage.get(other)["observation"][:, 0].numpy(),
+                                      np.arange(20, 28))  # not the planned rows
+        again = storage.get(rows)  # the plan was dropped: checked and planned anew
+        np.testing.assert_array_equal(again["index"].numpy(), rows.numpy())
+        storage.close()

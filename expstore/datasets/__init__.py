@@ -1,4 +1,4 @@
-"""Offline datasets <-> stores: D4RL, Minari, Dopamine (DQN Replay), npz.
+"""Offline datasets <-> stores: D4RL, Minari, Dopamine (DQN Replay), npz, RLDS.
 
 Every format is one module (or subpackage) with ``import_<fmt>(src, url, **options)`` and
 ``export_<fmt>(url_or_store, dst, **options)``, registered by name in

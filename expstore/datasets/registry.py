@@ -227,3 +227,40 @@ register("minari", "expstore.datasets.minari", "import_minari", "export_minari",
                       "compare_jpeg": "also report Minari's JPEG size of the images"},
          src_help="Minari dataset id (e.g. mujoco/pusher/expert-v0) or its data folder",
          dst_help="Minari dataset id to write (under root)")
+register("rlds", "expstore.datasets.rlds", "import_rlds", "export_rlds",
+         "RLDS / TFDS dataset directory (Open X-Embodiment; local or fsspec URL), no TensorFlow",
+         import_help={**_STORE,
+                      "split": "split to import (default: every split)",
+                      "codec": "codec of the image fields, e.g. '{\"name\":\"zstd\",\"level\":3}'",
+                      "workers": "processes decoding shards (one lane each) in parallel "
+                                 "(default: one per CPU core; 1: in this process)",
+                      "source_options": FORMATS["dopamine"].import_help["source_options"]},
+         export_help={"name": "dataset name in the shard file names (default: rlds)",
+                      "split": "split written (default: train)", "png_level": "PNG level 0..9",
+                      "image_format": "png (lossless, default) or jpeg",
+                      "shard_bytes": "bytes per TFRecord shard before a new one starts"},
+         src_help="TFDS dataset directory (dataset_info.json, features.json, *.tfrecord-*)",
+         dst_help="directory to write the TFDS dataset into")
+_LEROBOT_IMPORT = {**_STORE,
+                   "codec": "codec of the camera fields, e.g. "
+                            '\'{"name":"blosc","cname":"lz4"}\'',
+                   "tolerance_s": "how far (s) a decoded video frame may lie from "
+                                  "from_timestamp + timestamp",
+                   "source_options": "fsspec options for SRC, as JSON"}
+_LEROBOT_EXPORT = {"video": "cameras as MP4 files (lossy) instead of PNG in parquet",
+                   "video_codec": "PyAV encoder of video=true: libsvtav1 (LeRobot's), "
+                                  "libx264, ...",
+                   "crf": "video quality (lower: better, larger)",
+                   "gop": "frames between keyframes (LeRobot's: 2)",
+                   "png_level": "zlib level 0..9 of the PNG frames",
+                   "fps": "frames per second (default: the imported dataset's, else 30)",
+                   "task": "task text of every frame when the store has no task_index",
+                   "robot_type": "info.json robot_type",
+                   "data_file_mb": "MiB of frames per data/*.parquet file",
+                   "video_file_mb": "MiB per videos/*.mp4 file",
+                   "block_rows": _STORE["block_rows"]}
+register("lerobot", "expstore.datasets.lerobot", "import_lerobot", "export_lerobot",
+         "LeRobot v3.0 dataset root (meta/info.json, data/*.parquet, videos/*.mp4)",
+         import_help=_LEROBOT_IMPORT, export_help=_LEROBOT_EXPORT,
+         src_help="LeRobot v3 dataset root (folder or fsspec URL, e.g. hf://datasets/...)",
+         dst_help="new folder for the LeRobot v3 dataset root")

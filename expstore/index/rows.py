@@ -119,17 +119,26 @@ class RowIndex:
         m = len(flags)
         if m == 0:
             return
-        steps = np.arange(first_step, first_step + m)
-        rows = self.lane_rows(lane, steps)
-        self.episode_step[rows] = episode_step
-        self.flags[rows] = flags
+        L = self.lane_capacity
+        slot = first_step % L
+        if slot + m <= L:  # one run of slots (opening a store: ~1 GB/s, no temporaries)
+            at = slice(lane * L + slot, lane * L + slot + m)
+            self.episode_step[at] = episode_step
+            self.flags[at] = flags
+        else:
+            at = self.lane_rows(lane, np.arange(first_step, first_step + m))
+            self.episode_step[at] = episode_step
+            self.flags[at] = flags
         self.count[lane] = max(int(self.count[lane]), first_step + m)
         if committed:
             self.committed[lane] = self.count[lane]
         self.last_lane = lane
-        # rows a batch longer than the lane already overwrote (or dropped) are not added
-        alive = steps >= self.lower_bound()[lane]
-        self._emit("added", rows[((flags & FLAG_LAST) == 0) & alive])
+        if self._listeners:
+            # rows a batch longer than the lane already overwrote (or dropped) are not added
+            steps = np.arange(first_step, first_step + m)
+            rows = self.lane_rows(lane, steps)
+            alive = steps >= self.lower_bound()[lane]
+            self._emit("added", rows[((flags & FLAG_LAST) == 0) & alive])
 
     def put_row(self, lane: int, step: int, episode_step: int, flags: int) -> None:
         """One staged row, ``put`` without arrays (the per-step path of ``Store.add``).

@@ -28,11 +28,17 @@ Step = dict[str, np.ndarray]  # flat field name -> array with leading axis T
 
 
 class StepWriter:
-    """One-step-late writer over a writable store (all of its lanes)."""
+    """One-step-late writer over a writable store (all of its lanes).
 
-    def __init__(self, store: Any) -> None:
+    ``checked=True``: every step given to :meth:`extend` is :meth:`coerce`'s output (or
+    ``validate.coerce``'s, field by field), so it is stored without a second check
+    (``Store.extend_checked``: full shards are written in the background).
+    """
+
+    def __init__(self, store: Any, checked: bool = False) -> None:
         self.store = store
         self.spec = store.spec
+        self.checked = checked
         self.held: list[Step | None] = [None] * store.lanes
         #: steps written as truncated because the next step did not continue the episode
         self.breaks = 0
@@ -95,6 +101,9 @@ class StepWriter:
             self.held[int(lane)] = None
 
     def _write(self, lane: int, steps: Step) -> None:
+        if self.checked:  # (every break was closed above: the store need not compare)
+            self.store.extend_checked(lane, steps, check_next_obs=False)
+            return
         spec = self.spec
         batch: dict[str, Any] = {"obs": _unflatten(spec, "obs", steps),
                                  "next_obs": _unflatten(spec, "obs", steps, "next_"),

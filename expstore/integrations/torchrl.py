@@ -33,64 +33,10 @@ from ..rows import FLAG_BAD, FLAG_LAST
 from ..spec import Spec
 from ..store import Store
 from .step_writer import StepWriter, open_or_create
+from .tensordict_batch import StepColumns, to_tensordict
 
 __all__ = ["ExpstoreSampler", "ExpstoreStorage", "ExpstoreWriter", "replay_buffer",
            "spec_from_env", "to_tensordict"]
-
-
-# -- names --------------------------------------------------------------------------------
-_BATCH_KEYS = ("reward", "terminated", "truncated", "index", "step_id", "weight", "horizon",
-               "discount")
-
-
-def _obs_key(name: str) -> str:
-    """Store obs field -> TensorDict key: ``obs`` -> ``observation``, ``obs.<k>`` -> ``k``."""
-    return "observation" if name == "obs" else name[4:]
-
-
-def _act_key(name: str) -> Any:
-    return "action" if name == "action" else ("action", name[7:])
-
-
-def to_tensordict(batch: Mapping[str, np.ndarray], device: Any = None,
-                  weights: bool = True) -> TensorDict:
-    """An expstore batch (``store.sample``, ``sampler.sample``, a loader batch) in TorchRL's
-    layout, batch size ``[B]``.
-
-    ``observation`` (or one key per Dict-space key), ``action``, user fields,
-    ``next: {observation, reward, done, terminated, truncated}`` (reward and flags with a
-    trailing 1, as TorchRL envs emit them), plus ``index``, ``step_id`` and
-    ``priority_weight`` (TorchRL losses weight by it); with n-step also ``next/discount``
-    and ``next/horizon``.
-    """
-    B = len(batch["reward"])
-    t = lambda a: torch.as_tensor(np.ascontiguousarray(a))  # noqa: E731
-    td: dict[str, Any] = {}
-    nxt: dict[str, Any] = {}
-    for name, v in batch.items():
-        if name == "obs" or name.startswith("obs."):
-            td[_obs_key(name)] = t(v)
-            nxt[_obs_key(name)] = t(batch["next_" + name])
-        elif name == "action":
-            td["action"] = t(v)
-        elif name.startswith("action."):
-            td.setdefault("action", {})[name[7:]] = t(v)
-        elif not name.startswith("next_obs") and name not in _BATCH_KEYS:
-            td[name] = t(v)  # user fields
-    term = t(batch["terminated"]).reshape(B, 1)
-    trunc = t(batch["truncated"]).reshape(B, 1)
-    nxt.update(reward=t(batch["reward"]).reshape(B, 1), terminated=term, truncated=trunc,
-               done=term | trunc)
-    for extra in ("discount", "horizon"):
-        if extra in batch:
-            nxt[extra] = t(batch[extra]).reshape(B, 1)
-    td["next"] = nxt
-    for key in ("index", "step_id"):
-        if key in batch:
-            td[key] = t(batch[key])
-    if weights and "weight" in batch:
-        td["priority_weight"] = t(batch["weight"])
-    return TensorDict(td, batch_size=[B], device=device)
 
 
 def spec_from_env(env: Any, extras: Mapping[str, Field] | None = None) -> Spec:
@@ -158,16 +104,31 @@ class ExpstoreStorage(_TRLStorage):
         self.n_step = int(n_step)
         self.gamma = float(gamma)
         self.device = device
-        self.writer = StepWriter(store) if store.mode != "r" else None
+        self.writer = StepWriter(store, checked=True) if store.mode != "r" else None
+        self._columns = StepColumns(store.spec)
         self._uniform: Any = None
+        self._planned: Any = None  # see _plan
         self._transitions = _TransitionCount(store.index)
 
     # reading
     def get(self, index: Any) -> TensorDict:
+        if self.writer is not None:  # shards written behind extend count as committed now
+            self.store._poll_writes(raise_errors=False)  # (TorchRL holds its write lock)
         rows = _rows(index)
-        batch = self.store.transitions(np.atleast_1d(rows), self.n_step, self.gamma)
+        plan, self._planned = self._planned, None
+        if plan is not None and rows.ndim == 1 and np.array_equal(rows, plan.rows):
+            batch = self.store.read_plan(plan)  # the rows a sampler just drew and planned
+        else:
+            batch = self.store.transitions(np.atleast_1d(rows), self.n_step, self.gamma)
         td = to_tensordict(batch, self.device, weights=False)
         return td[0] if np.ndim(rows) == 0 else td
+
+    def _plan(self, sampler: Any, batch_size: int) -> Any:
+        """``sampler``'s plan of ``batch_size`` transitions, kept for the ``get`` of its rows
+        that TorchRL makes next (it reads the plan instead of checking and planning the
+        rows again)."""
+        self._planned = plan = sampler.plan(batch_size)
+        return plan
 
     def __len__(self) -> int:
         """Transitions held (see the class doc); O(lanes + rows written since the last
@@ -185,8 +146,7 @@ class ExpstoreStorage(_TRLStorage):
                 torch.randint(2**31 - 1, (), generator=self._rng))
             self._uniform = UniformSampler(self.store, n_step=self.n_step, gamma=self.gamma,
                                            seed=seed)
-        rows, _ = self._uniform.sample_rows(batch_size)
-        return torch.as_tensor(rows)
+        return torch.from_numpy(self._plan(self._uniform, batch_size).rows)
 
     def contains(self, item: Any) -> Any:
         rows = np.atleast_1d(_rows(item))
@@ -199,57 +159,26 @@ class ExpstoreStorage(_TRLStorage):
                                   "through ExpstoreWriter (replay_buffer(...) sets it up)")
 
     def write(self, data: TensorDictBase) -> None:
-        """Store collector steps: batch ``[T]`` (one lane) or ``[lanes, T]``."""
+        """Store collector steps: batch ``[T]`` (one lane) or ``[lanes, T]``. Every value
+        is checked (for every lane) before any is stored."""
         if self.writer is None:
             raise ValidationError(f"{self.store.url}: opened read-only; pass writable=True")
-        if data.ndim == 1:
-            if self.store.lanes != 1:
-                raise ValidationError(f"a [T] batch needs a 1-lane store; this one has "
-                                      f"{self.store.lanes} lanes (pass [lanes, T] batches)")
-            data = data.unsqueeze(0)
-        if data.ndim != 2 or data.shape[0] != self.store.lanes:
-            raise ValidationError(f"expected a [T] or [{self.store.lanes}, T] batch, got "
+        lanes = self.store.lanes
+        if data.ndim == 1 and lanes != 1:
+            raise ValidationError(f"a [T] batch needs a 1-lane store; this one has "
+                                  f"{lanes} lanes (pass [lanes, T] batches)")
+        if data.ndim not in (1, 2) or (data.ndim == 2 and data.shape[0] != lanes):
+            raise ValidationError(f"expected a [T] or [{lanes}, T] batch, got "
                                   f"shape {tuple(data.shape)}")
-        for lane in range(data.shape[0]):
-            self.writer.extend(lane, self._steps(data[lane]))
-
-    def _steps(self, td: TensorDictBase) -> dict[str, np.ndarray]:
-        spec = self.store.spec
-        T = td.shape[0]
-
-        def get(key: Any, what: str) -> np.ndarray:
-            v = td.get(key, None)
-            if v is None:
-                raise ValidationError(f"{what}: key {key!r} missing from the TensorDict "
-                                      f"(keys: {sorted(map(str, td.keys(True, True)))})")
-            return v.detach().cpu().numpy()
-
-        if spec.structure["obs"]["kind"] == "single":
-            obs, nxt = get("observation", "obs"), get(("next", "observation"), "next_obs")
-        else:
-            obs = {n[4:]: get(_obs_key(n), n) for n in spec.obs_names}
-            nxt = {n[4:]: get(("next", _obs_key(n)), "next_" + n) for n in spec.obs_names}
-        if spec.structure["action"]["kind"] == "single":
-            act = get("action", "action")
-        else:
-            act = {n[7:]: get(_act_key(n), n) for n in spec.action_names}
-        reward = get(("next", "reward"), "reward").reshape(T)
-        term = td.get(("next", "terminated"), None)
-        done = td.get(("next", "done"), None)
-        if term is None and done is None:
-            raise ValidationError("terminated: neither ('next', 'terminated') nor "
-                                  "('next', 'done') is in the TensorDict")
-        term = (term if term is not None else done).reshape(T).cpu().numpy()
-        trunc = td.get(("next", "truncated"), None)
-        if trunc is None:
-            trunc = done.reshape(T).cpu().numpy() & ~term if done is not None else \
-                np.zeros(T, bool)
-        else:
-            trunc = trunc.reshape(T).cpu().numpy()
-        extras = {n: get(n, n) for n in spec.fields if n not in spec.obs_names
-                  and n not in spec.action_names and n not in ("reward", "terminated",
-                                                                "truncated")}
-        return self.writer.coerce(obs, act, reward, nxt, term, trunc, extras, lead=(T,))
+        lead = tuple(data.shape)
+        if lead[-1] == 0:
+            return
+        steps = self._columns(data, lead)
+        if data.ndim == 1:
+            self.writer.extend(0, steps)
+            return
+        for lane in range(lanes):
+            self.writer.extend(lane, {k: v[lane] for k, v in steps.items()})
 
     def flush(self) -> None:
         self.store.flush()
@@ -337,7 +266,7 @@ class _TransitionCount:
 
 def _rows(index: Any) -> Any:
     if isinstance(index, torch.Tensor):
-        return index.detach().cpu().numpy().astype(np.int64)
+        return np.asarray(index.detach().cpu().numpy(), np.int64)
     if isinstance(index, (int, np.integer)):
         return np.int64(index)
     return np.asarray(index, np.int64)
@@ -402,9 +331,8 @@ class ExpstoreSampler(_TRLSampler):
         return self.sampler
 
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
-        rows, w = self._make(storage).sample_rows(batch_size)
-        w = np.ones(len(rows), np.float32) if w is None else w
-        return torch.as_tensor(rows), {"priority_weight": torch.as_tensor(w)}
+        plan = storage._plan(self._make(storage), batch_size)
+        return torch.from_numpy(plan.rows), {"priority_weight": torch.from_numpy(plan.weight)}
 
     def _sampleable_count(self, storage: Any, batch_size: int) -> int:
         return len(storage)
@@ -444,13 +372,18 @@ def _rows_f(x: Any) -> np.ndarray:
 def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
                   batch_size: int | None = None, prioritized: bool = False,
                   n_step: int = 1, gamma: float = 0.99, spec: Spec | None = None,
-                  lanes: int | None = None, device: Any = None, **sampler_kwargs: Any) -> Any:
+                  lanes: int | None = None, device: Any = None, shard_rows: int | None = None,
+                  fsync: bool = True, **sampler_kwargs: Any) -> Any:
     """A ``TensorDictReplayBuffer`` on an expstore store, writable and sampleable.
 
     ``store``: a :class:`~expstore.Store` or URL; created if absent from ``spec`` (or
     ``spec_from_env(env)``) with ``capacity`` rows and ``lanes`` (default: the env's batch
-    size, one lane per env). ``prioritized``/``sampler_kwargs``: see
-    :class:`ExpstoreSampler`.
+    size, one lane per env), ``shard_rows`` per shard (default: at most 1024, see
+    :func:`~expstore.integrations.step_writer.open_or_create`). ``fsync=False``: shards and
+    lane states are not synced to disk (about 9 syncs per full shard, written behind
+    ``extend``: with small rows they bound how many steps per second the store takes;
+    a process crash loses nothing, a power loss may). ``prioritized``/``sampler_kwargs``:
+    see :class:`ExpstoreSampler`.
     """
     from torchrl.data import TensorDictReplayBuffer
 
@@ -459,8 +392,11 @@ def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
     if lanes is None:
         lanes = int(np.prod(tuple(env.batch_size))) if env is not None and \
             len(env.batch_size) else 1
+    options: dict[str, Any] = {"fsync": fsync}
+    if shard_rows is not None and spec is not None and capacity is not None:
+        options["shard_rows"] = shard_rows  # (a new store's layout)
     storage = ExpstoreStorage(store, n_step=n_step, gamma=gamma, device=device, writable=True,
-                              spec=spec, capacity=capacity, lanes=lanes)
+                              spec=spec, capacity=capacity, lanes=lanes, **options)
     return TensorDictReplayBuffer(storage=storage, writer=ExpstoreWriter(),
                                   sampler=ExpstoreSampler(prioritized, **sampler_kwargs),
                                   batch_size=batch_size, collate_fn=_identity)

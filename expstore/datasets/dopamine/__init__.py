@@ -28,8 +28,8 @@ Mapping (one checkpoint = one expstore lane, in chronological order):
 A whole run imports straight from a local folder or any fsspec URL (the DQN Replay
 Dataset: ``gs://atari-replay-datasets/dqn/<Game>/<run>/replay_logs``): files are streamed,
 never copied; checkpoints are decoded in parallel, one worker process per core
-(:mod:`.parallel`); gzip inflates with ``isal`` when installed. The store is marked as a
-partial import until every checkpoint is in, and the same import resumes it
+(:mod:`expstore.datasets.lanes`); gzip inflates with ``isal`` when installed. The store is
+marked as a partial import until every checkpoint is in, and the same import resumes it
 (:mod:`.lane`: source rows map to store rows deterministically).
 
 Every stored row (all fields) survives import -> export -> import unchanged. Export writes
@@ -43,6 +43,7 @@ is not "full" and every transition but the newest can be sampled by Dopamine).
 
 from __future__ import annotations
 
+from ..source import SourceFolder
 from .checkpoint import (
     STORE_PREFIX,
     Checkpoint,
@@ -55,7 +56,6 @@ from .checkpoint import (
 )
 from .export import export_dopamine
 from .importer import import_dopamine, parse_suffixes
-from .source import SourceFolder
 
 __all__ = ["Checkpoint", "STORE_PREFIX", "SourceFolder", "ckpt_name", "ckpt_path",
            "dopamine_invalid_range", "dopamine_spec", "export_dopamine", "find_suffixes",

@@ -15,7 +15,7 @@ from ...errors import DatasetFormatError
 from ...field import Field
 from ...spec import Spec
 from ..npy_gzip import NpyGzipReader
-from .source import SourceFolder
+from ..source import SourceFolder
 
 STORE_PREFIX = "$store$_"
 #: Dopamine storage names -> expstore field names

@@ -9,16 +9,16 @@ from typing import Any
 
 from ...api import create
 from ...errors import DatasetFormatError
-from ...storage.backends import backend_for
-from ...storage.format import auto_shard_rows, read_import_marker, write_import_marker
+from ...storage.format import auto_shard_rows, write_import_marker
 from ..episodes import capacity_for
-from ..progress import Progress, ProgressArg, interruptible
+from ..lanes import import_lanes, new_marker
+from ..progress import ProgressArg
+from ..resume import resumable_marker
+from ..source import SourceFolder
 from ..streaming import check_block_rows
 from ..summary import ImportSummary
 from .checkpoint import STORE_PREFIX, dopamine_spec, find_suffixes, inspect_checkpoint
-from .lane import LaneResult, count_rows
-from .parallel import run_lanes
-from .source import SourceFolder
+from .lane import checkpoint_lane, count_rows
 
 FORMAT = "dopamine"
 #: raw bytes of one shard's rows an import's default shard size stays within: each worker's
@@ -115,7 +115,7 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
     options = {"suffixes": chosen, "stack": stack, "num_actions": num_actions,
                "codec": codec}
     summary = ImportSummary(str(src), url, lanes=len(cks))
-    marker = _resumable(url, folder, options, storage_options, overwrite)
+    marker = resumable_marker(url, FORMAT, folder.url, options, storage_options, overwrite)
     if marker is None:
         cap = capacity_for(max(count_rows(ck, stack) for ck in cks), len(cks), capacity)
         if shard_rows is None:
@@ -124,79 +124,19 @@ def import_dopamine(src: str | os.PathLike, url: str | os.PathLike,
                        overwrite=overwrite, storage_options=storage_options, fsync=fsync,
                        mode="r")  # lanes are opened for writing by the workers, one each
         try:
-            marker = {"format": FORMAT, "source": folder.url, "status": "partial",
-                      "options": options, "lanes": {str(i): {"checkpoint": ck.suffix,
-                                                             "done": False}
-                                                    for i, ck in enumerate(cks)}}
+            marker = new_marker(FORMAT, folder.url, options,
+                                [{"checkpoint": ck.suffix} for ck in cks])
             write_import_marker(store.backend, marker)
         finally:
             store.close()
             del store
-    todo = [i for i in range(len(cks)) if not marker["lanes"][str(i)]["done"]]
-    if len(todo) < len(cks):
-        summary.notes.append(f"resumed a partial import: {len(cks) - len(todo)} of "
-                             f"{len(cks)} checkpoint(s) were already imported")
-    backend = backend_for(url, storage_options, fsync=True)
-    prog = Progress(sum(cks[i].n for i in todo), f"dopamine {folder.name}", progress)
-
-    def lane_done(res: LaneResult) -> None:
-        summary.rows += res.rows
-        summary.steps += res.steps
-        summary.episodes += res.episodes
-        summary.bytes_in += res.bytes_in
-        if res.resumed_rows:
-            summary.notes.append(f"lane {res.lane} (checkpoint {cks[res.lane].suffix}) "
-                                 f"resumed after its {res.resumed_rows:,} stored rows")
-        if not res.stopped:
-            marker["lanes"][str(res.lane)]["done"] = True
-            write_import_marker(backend, marker)
-
     try:
-        with interruptible() as intr:
-            run_lanes([(lane, cks[lane]) for lane in todo], url, stack, block_rows,
-                      storage_options=storage_options, fsync=fsync, workers=workers,
-                      progress=prog.update, interrupted=lambda: intr.requested,
-                      lane_done=lane_done)
-            intr.check()
-        marker["status"] = "complete"
-        write_import_marker(backend, marker)
+        import_lanes(url, marker, cks, checkpoint_lane,
+                     (url, stack, block_rows, storage_options, fsync), summary,
+                     total=lambda lanes: sum(cks[i].n for i in lanes),
+                     desc=f"dopamine {folder.name}", workers=workers, progress=progress,
+                     storage_options=storage_options, report_rows=8 * block_rows,
+                     name=lambda lane: f"checkpoint {cks[lane].suffix}", unit="checkpoint(s)")
     finally:
-        prog.close()
-        backend.close()
         summary.seconds = time.perf_counter() - t0
     return summary
-
-
-def _resumable(url: str, folder: SourceFolder, options: dict[str, Any],
-               storage_options: Any, overwrite: bool) -> dict[str, Any] | None:
-    """The marker of a partial import of the same checkpoints at ``url`` to resume, or
-    ``None`` (nothing there, or ``overwrite``). A store that is not such an import is left
-    alone: ``create`` refuses it unless ``overwrite``."""
-    if overwrite:
-        return None
-    backend = backend_for(url, storage_options, fsync=False)
-    try:
-        if backend.get("zarr.json") is None:
-            return None
-        marker = read_import_marker(backend)
-    finally:
-        backend.close()
-    if marker is None or marker.get("status") == "complete":
-        return None  # create() refuses: a store exists
-    if marker.get("status") != "partial" or marker.get("format") != FORMAT:
-        return None
-    mine = {"source": folder.url, **options}
-    theirs = {"source": marker.get("source"), **(marker.get("options") or {})}
-    diff = [f"{k}: stored {theirs.get(k)!r}, given {mine[k]!r}" for k in mine
-            if _norm(theirs.get(k)) != _norm(mine[k])]
-    if diff:
-        raise FileExistsError(f"{backend.url}: holds a partial import with other settings ("
-                              + "; ".join(diff) + "); re-run it with the same ones to resume, "
-                              "or pass overwrite=True (--overwrite) to start over")
-    return marker
-
-
-def _norm(v: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(v))

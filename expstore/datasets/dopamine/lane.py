@@ -4,14 +4,13 @@ A checkpoint maps to a lane deterministically: chronological row ``q`` is paddin
 (terminals and the leading zero rows decide), and each kept row becomes one store row, two
 when it is a terminal (its step and the episode's final row). So the rows a lane already
 committed (an interrupted import) say exactly which source row comes next:
-:func:`resume_point`.
+:func:`~expstore.datasets.resume.resume_point`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,9 @@ import numpy as np
 from ...api import open as open_store
 from ...errors import DatasetFormatError
 from ...storage.backends import backend_for
-from ...storage.format import read_state, write_state
+from ...storage.format import read_state
+from ..lanes import LaneResult
+from ..resume import episode_position, resume_point, rewind_lane
 from ..streaming import Prefetch, blocks
 from .checkpoint import CORE, Checkpoint
 
@@ -27,19 +28,6 @@ _SMALL_ROW = 256  # arrays with rows up to this many bytes are loaded whole (C x
 #: blocks inflated ahead of the one being stored: the writer's encoding is the slower
 #: stage, so one hides the inflate and each further block only costs memory
 _PREFETCH = 1
-
-
-@dataclass
-class LaneResult:
-    """What one lane's import wrote in this run (rows / steps / episodes; bytes inflated)."""
-
-    lane: int
-    rows: int = 0
-    steps: int = 0
-    episodes: int = 0
-    bytes_in: int = 0
-    resumed_rows: int = 0  # rows the lane held already (an interrupted import)
-    stopped: bool = False  # stopped early on request (Ctrl-C): the lane is not done
 
 
 def load_small(ck: Checkpoint) -> dict[str, np.ndarray]:
@@ -93,35 +81,6 @@ def count_rows(ck: Checkpoint, stack: int) -> int:
     return int((~pad).sum()) + int(((small["terminal"] != 0) & ~pad).sum())
 
 
-def resume_point(keep: np.ndarray, term: np.ndarray, committed: int) -> tuple[int, int]:
-    """``(q, rows)``: the first source row not yet stored and the store rows before it.
-
-    ``committed`` rows of the lane are on storage; ``rows`` is ``committed`` or one less
-    when the lane ends between a terminal step and its episode's final row (which the
-    import then writes again, with the final row).
-    """
-    per = keep.astype(np.int64) * (1 + (term & keep))
-    cum = np.cumsum(per)  # store rows after source row q
-    q = int(np.searchsorted(cum, committed, side="right"))  # rows before q: <= committed
-    before = int(cum[q - 1]) if q else 0
-    if q < len(cum) and before < committed:  # inside row q's pair (step + final row)
-        return q, before
-    if before != committed:
-        raise DatasetFormatError(f"the lane holds {committed} rows, more than the "
-                                 f"{int(cum[-1]) if len(cum) else 0} this checkpoint makes; "
-                                 "was the store written by another import? (pass "
-                                 "overwrite=True to start over)")
-    return q, before
-
-
-def _episode_position(keep: np.ndarray, term: np.ndarray, q: int, first: int) -> int:
-    """Episode position of the row that source row ``q`` becomes (``first``: of row 0)."""
-    ends = np.flatnonzero(term[:q] & keep[:q])
-    if len(ends):
-        return int(keep[ends[-1] + 1 : q].sum())
-    return first + int(keep[:q].sum())
-
-
 def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]:
     """Blocks of the streamed arrays, oldest rows first: ``{name: (b-a, ...) array}``.
 
@@ -151,18 +110,6 @@ def _stream(ck: Checkpoint, names: list[str], block_rows: int) -> Iterator[dict]
     finally:
         for r in readers.values():
             r.close()
-
-
-def _rewind(url: str, lane: int, rows: int, storage_options: Any) -> None:
-    """Set ``lane``'s committed count back to ``rows`` (dropping a final row's lone step)."""
-    backend = backend_for(url, storage_options, fsync=True)
-    try:
-        st = read_state(backend, lane)
-        if st.count > rows:
-            st.count = rows
-            write_state(backend, st)
-    finally:
-        backend.close()
 
 
 def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int, *,
@@ -203,7 +150,7 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
                     keep_all = ~pad
                     store, q_from, res.resumed_rows = _open_lane(
                         url, lane, keep_all, term_all, storage_options, fsync)
-                    store.set_episode_position(lane, _episode_position(
+                    store.set_episode_position(lane, episode_position(
                         keep_all, term_all, q_from, stack - 1 if lead == 0 else 0))
                     if q_from >= ck.n:  # every row is there already
                         report(ck.n, ck.n * row_bytes)
@@ -227,6 +174,14 @@ def import_lane(ck: Checkpoint, url: str, lane: int, stack: int, block_rows: int
     return res
 
 
+def checkpoint_lane(lane: int, ck: Checkpoint, url: str, stack: int, block_rows: int,
+                    storage_options: Any, fsync: bool, *, report: Callable[[int, int], None],
+                    stop: Any) -> LaneResult:
+    """:func:`import_lane` in the call form of :func:`expstore.datasets.lanes.run_lanes`."""
+    return import_lane(ck, url, lane, stack, block_rows, storage_options=storage_options,
+                       fsync=fsync, report=report, stop=stop)
+
+
 def _open_lane(url: str, lane: int, keep: np.ndarray, term: np.ndarray, storage_options: Any,
                fsync: bool) -> tuple[Any, int, int]:
     """Open ``lane`` for writing where its rows stop: ``(store, next source row, rows held)``."""
@@ -237,7 +192,7 @@ def _open_lane(url: str, lane: int, keep: np.ndarray, term: np.ndarray, storage_
         backend.close()
     q_from, rows = resume_point(keep, term, committed)
     if rows < committed:
-        _rewind(url, lane, rows, storage_options)
+        rewind_lane(url, lane, rows, storage_options)
     store = open_store(url, "r+", lane=lane, storage_options=storage_options, fsync=fsync,
                        index_all=False)  # the lanes of other checkpoints: not needed here
     return store, q_from, rows

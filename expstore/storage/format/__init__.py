@@ -1,7 +1,7 @@
 """Format: what a store is on disk. The zarr v3 layout and metadata, the shard codec, the
-lane state file, the quarantine and import marker, the priority file, and the per-row
-metadata rebuilt from the rows around a bad chunk. Pure bytes <-> values; no threads,
-no ownership.
+lane state file, the quarantine and import marker, the priority file, the index snapshot
+blocks, and the per-row metadata rebuilt from the rows around a bad chunk. Pure bytes <->
+values; no threads, no ownership.
 """
 
 from .import_marker import (
@@ -9,6 +9,19 @@ from .import_marker import (
     import_is_partial,
     read_import_marker,
     write_import_marker,
+)
+from .index_snapshot import (
+    BlockHead,
+    block_key,
+    block_of,
+    block_rows,
+    blocks_per_lane,
+    decode_block,
+    drop_blocks,
+    encode_block,
+    fits,
+    lane_prefix,
+    valid_steps,
 )
 from .layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
 from .metadata_rebuild import DERIVED, derive_step_ids, lost_ranges, read_metadata, rewrite_chunks
@@ -28,9 +41,17 @@ from .shard import (
     rows_encoder,
 )
 from .state import STATE_VERSION, LaneState, read_state, read_states, state_key, write_state
-from .zarr_meta import ROOT_KEY, check_arrays, expected_metadata, layout_from_arrays
+from .zarr_meta import (
+    ROOT_KEY,
+    check_arrays,
+    expected_metadata,
+    layout_from_arrays,
+    with_store_id,
+)
 
 __all__ = [
+    "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
+    "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
     "STATE_VERSION", "ShardHead", "ShardImage", "auto_shard_rows", "check_arrays",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
@@ -38,5 +59,5 @@ __all__ = [
     "lost_ranges", "parse_head", "priority_key", "read_import_marker", "read_layout",
     "read_metadata", "read_quarantine", "read_state", "read_states", "rewrite_chunks",
     "round_capacity", "rows_encoder", "state_key", "write_import_marker", "write_metadata",
-    "write_quarantine", "write_state",
+    "with_store_id", "write_quarantine", "write_state",
 ]

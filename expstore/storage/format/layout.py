@@ -45,6 +45,10 @@ class Layout:
     checksum: bool = True
     #: the capacity ``create`` was asked for, before rounding up to whole shards (rows)
     requested_capacity: int | None = field(default=None, compare=False)
+    #: a random id (uuid4 hex) ``create`` gives the store, so that objects a store wrote
+    #: (index snapshot blocks) are never taken for another's, e.g. one re-created in its
+    #: place; stores made before it existed have none (``expstore upgrade`` gives one)
+    store_id: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -114,6 +118,7 @@ class Layout:
             "spec": self.spec.to_json(),
             **({} if self.requested_capacity is None
                else {"requested_capacity": self.requested_capacity}),
+            **({} if self.store_id is None else {"store_id": self.store_id}),
         }
 
     @classmethod
@@ -124,7 +129,7 @@ class Layout:
                                     f"this expstore reads (<= {FORMAT_VERSION})")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
                    int(attrs["shard_rows"]), bool(attrs.get("checksum", False)),
-                   attrs.get("requested_capacity"))
+                   attrs.get("requested_capacity"), attrs.get("store_id"))
 
 
 def auto_shard_rows(capacity: int, lanes: int = 1) -> int:

@@ -53,9 +53,11 @@ def read_field(reader: Any, layout: Layout, name: str, rows: np.ndarray, steps: 
     """Read ``name`` at ``rows``; a shard that raises ``StoreCorruptError`` is skipped.
 
     Returns ``(ok, bad, errors)``: ``ok`` rows delivered, ``bad`` rows of shards that
-    failed their checks, ``errors`` their messages."""
+    failed their checks, ``errors`` their messages. A reader's ``read_run`` (consecutive
+    rows, read chunk by chunk) is used where it has one."""
+    read = getattr(reader, "read_run", reader.read)
     try:
-        return reader.read(name, rows, steps, out), np.zeros(len(rows), bool), []
+        return read(name, rows, steps, out), np.zeros(len(rows), bool), []
     except StoreCorruptError:
         pass
     ok = np.zeros(len(rows), bool)
@@ -66,7 +68,7 @@ def read_field(reader: Any, layout: Layout, name: str, rows: np.ndarray, steps: 
         sel = np.flatnonzero(shard == s)
         part = np.empty((len(sel), *out.shape[1:]), out.dtype)
         try:
-            ok[sel] = reader.read(name, rows[sel], steps[sel], part)
+            ok[sel] = read(name, rows[sel], steps[sel], part)
             out[sel] = part
         except StoreCorruptError as e:
             bad[sel] = True

@@ -7,6 +7,8 @@ should be, whether plain zarr can read what is there, and the layout it still te
   codec than the layout's).
 * :func:`layout_from_arrays` — the layout from the copy every array's ``zarr.json`` keeps
   in its ``expstore_layout`` attribute, for a store whose group ``zarr.json`` is lost.
+* :func:`with_store_id` — a ``zarr.json`` whose layout attribute carries a store id
+  (``expstore upgrade``), everything else kept.
 """
 
 from __future__ import annotations
@@ -104,3 +106,20 @@ def layout_from_arrays(backend: Backend) -> Layout:
                             "layout (they are missing or damaged too, or the store was made "
                             "by an expstore that kept none), so the group zarr.json cannot "
                             "be rebuilt", url=backend.url)
+
+
+def with_store_id(raw: bytes, store_id: str, where: str) -> bytes | None:
+    """``zarr.json`` bytes whose layout attribute (the group's ``expstore``, an array's
+    ``expstore_layout`` copy) carries ``store_id``, everything else as it was; ``None``
+    when it holds no layout attribute. :class:`StoreCorruptError` when it is not JSON."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise StoreCorruptError(f"{where}: not valid JSON ({e}); run expstore repair first"
+                                ) from e
+    attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
+    key = "expstore" if "expstore" in attrs else BACKUP_ATTR if BACKUP_ATTR in attrs else None
+    if key is None:
+        return None
+    attrs[key] = {**attrs[key], "store_id": store_id}
+    return json.dumps(doc, indent=2).encode()

@@ -9,7 +9,16 @@ time), and every caller then does the same work in numpy (slower, same results).
 """
 
 from . import kernels
-from .kernels import copy_into, copy_rows, native, same_bytes, unique_first
+from .kernels import (
+    READ_DEPTH_ENV,
+    apply_read_depth_env,
+    copy_into,
+    copy_rows,
+    native,
+    same_bytes,
+    set_read_depth,
+    unique_first,
+)
 
 step_kernel = kernels.write  # (the module: ``StepPlan``, ``RECORD``, ``addresses``)
 
@@ -26,5 +35,6 @@ def write_kernel():  # noqa: ANN201 - the extension module, or None
     return kernels.write
 
 
-__all__ = ["copy_into", "copy_rows", "kernels", "native", "read_kernel", "same_bytes",
-           "step_kernel", "unique_first", "write_kernel"]
+__all__ = ["READ_DEPTH_ENV", "apply_read_depth_env", "copy_into", "copy_rows", "kernels",
+           "native", "read_kernel", "same_bytes", "set_read_depth", "step_kernel",
+           "unique_first", "write_kernel"]

@@ -359,6 +359,8 @@ static int decode_into(const uint8_t *blob, size_t nb, int checksum, size_t chun
     return decode_range(blob, nb, checksum, chunk_bytes, lo, lo + row_bytes, row_dst, tmp);
 }
 
+#include "read_pool.h" /* the read pool; read_rows' runs deferred and read concurrently */
+
 /* ---- a reader's state: what read_rows keeps between calls ------------------------------ */
 
 /* ReadState(prefix, suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes, checksum,
@@ -517,6 +519,9 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
     /* chunks read with one pread at most: those lying one after another in the file */
     const uint64_t max_run = max_blob > (1u << 20) ? max_blob : (1u << 20);
+    /* and with at most this many bytes not asked for between two of them (a stack whose
+       middle frame is cached: one read, not two) */
+#define RUN_GAP 4096u
     int status = STATUS_OK;
     Py_ssize_t opened = 0, reads = 0;
     long long total = 0;
@@ -528,7 +533,13 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
        offset, bytes), so the next rows of it in this batch decode without a read */
     int64_t blob_gen = -1;
     uint64_t blob_off = 0, blob_nb = 0;
+    /* frames (one row per chunk, none kept): runs read concurrently (read_pool.h) */
+    const int depth = read_depth;
+    pending_runs pend;
     Py_BEGIN_ALLOW_THREADS
+    int defer = depth > 1 && chunk_rows == 1 && !hold && !cdst && pend_init(&pend, n) == 0;
+#define FLUSH_RUNS() if (defer) pend_flush(&pend, depth, ord, dst, o, row_bytes, checksum, ok, \
+                                           &status, &total, &tmp)
     memset(ok, 0, (size_t)n);
     sort_rows(ord, shards, slots, n, n_chunks * chunk_rows);
     for (Py_ssize_t p = 0; status == STATUS_OK && p < n; p++) {
@@ -547,6 +558,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             continue;
         }
         if (!holds(e, slot, step)) { /* not open, or a version that lacks the step */
+            FLUSH_RUNS(); /* (an open may close a descriptor a recorded run reads through) */
             if (open_shard(prefix, suffix, shard, hoff, known[shard / spl], tab, ring, ring_n,
                            state) != 0)
                 continue;
@@ -556,10 +568,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
         int fd = (int)e[TAB_FD];
         int64_t c = slot / chunk_rows;
-        int64_t c_last = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN])
-                             ? c : last_chunk_near(ord, p, n, shards, slots, chunk_rows);
         uint64_t off, nb;
-        if (chunk_entry(e, shard, c, c_last, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
+        if (chunk_entry(e, shard, c, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
                         &reads) != 0)
             continue;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
@@ -609,10 +619,23 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
                 q++;
                 continue;
             }
-            if (oj != end || end + nj - off > max_run) break;
+            /* a gap of chunks not asked for (frames the caller's cache holds) is read too */
+            if (oj < end || oj - end > RUN_GAP || oj + nj - off > max_run) break;
             prev = oj;
             end = oj + nj;
             q++;
+        }
+        if (defer) {
+            for (Py_ssize_t k = p; k <= q; k++) {
+                const int64_t *ce = k > p ? remembered(ec, ec_n, shard, n_chunks,
+                                                       slots[ord[k].i], e[TAB_GEN]) : NULL;
+                pend.row_off[k] = ce ? (uint64_t)ce[EC_OFF] : off;
+                pend.row_nb[k] = ce ? (uint64_t)ce[EC_NB] : nb;
+            }
+            if (pend_add(&pend, fd, off, (size_t)(end - off), p, q) == 0) reads++;
+            if (pend.used >= PEND_BYTES) FLUSH_RUNS();
+            p = q;
+            continue;
         }
         blob_gen = -1; /* (blob is read over) */
         if (scratch_reserve(&blob, (size_t)(end - off)) != 0) continue;
@@ -654,6 +677,9 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
         p = q;
     }
+    FLUSH_RUNS();
+#undef FLUSH_RUNS
+    if (defer) pend_free(&pend);
     Py_END_ALLOW_THREADS
     free(blob.buf);
     free(tmp.buf);
@@ -807,6 +833,12 @@ static PyMethodDef methods[] = {
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
      "then copied without the GIL."},
     {"crc32c", py_crc32c, METH_O, "crc32c(data) -> int (Castagnoli), for tests."},
+    {"set_read_depth", set_read_depth, METH_O,
+     "set_read_depth(n) -> previous\n\nPreads read_rows keeps in flight per call on the frame "
+     "path (1 to 256; 1: one after another, no threads). This process only (read_pool.h)."},
+    {"read_depth", get_read_depth, METH_NOARGS, "read_depth() -> n (see set_read_depth)."},
+    {"read_pool_threads", read_pool_threads, METH_NOARGS,
+     "read_pool_threads() -> n\n\nThreads of this process's read pool (0: not started)."},
     {"first_index", first_index, METH_VARARGS,
      "first_index(keys, first, inv) -> u\n\nDistinct keys (int64 >= 0) in order of first "
      "appearance: first[j] their first positions, inv[i] the j of keys[i]."},

@@ -7,6 +7,8 @@ install time): everything still works, slower. Tests switch one off by setting i
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 try:
@@ -79,3 +81,38 @@ def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray,
         np.take(src, src_rows, axis=0, out=dst)
     else:
         dst[dst_rows] = src[src_rows]
+
+
+#: environment variable naming the preads ``read_rows`` keeps in flight per call (frames)
+READ_DEPTH_ENV = "EXPSTORE_READ_DEPTH"
+#: most preads in flight per call the read pool takes (``read_pool.h``)
+READ_DEPTH_MAX = 256
+
+
+def _checked_depth(depth: object, what: str) -> int:
+    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or not (
+            1 <= depth <= READ_DEPTH_MAX):
+        raise ValueError(f"{what}: expected an integer from 1 to {READ_DEPTH_MAX} (preads "
+                         f"in flight per batch read; 1: one after another), got {depth!r}")
+    return int(depth)
+
+
+def set_read_depth(depth: int) -> int:
+    """Preads the frame path keeps in flight per batch read, for this process (1 to 256;
+    1 reads one chunk run after another without threads): the previous depth. Where the
+    read kernel was not built, nothing changes and 1 is answered."""
+    depth = _checked_depth(depth, "read depth")
+    return 1 if native is None else int(native.set_read_depth(depth))
+
+
+def apply_read_depth_env() -> int:
+    """Set the depth from ``EXPSTORE_READ_DEPTH`` when it is set (a clear ``ValueError``
+    naming it when it is not an integer from 1 to 256); the depth in force."""
+    raw = os.environ.get(READ_DEPTH_ENV)
+    if raw is not None and raw.strip():
+        try:
+            depth: object = int(raw)
+        except ValueError:
+            depth = raw
+        set_read_depth(_checked_depth(depth, READ_DEPTH_ENV))
+    return 1 if native is None else int(native.read_depth())

@@ -3,9 +3,10 @@
  *
  * - open_shard / holds: the descriptors read_rows keeps per shard (``tab``, ``ring``).
  * - sort_rows: a call's rows in (shard, slot) order, so that one shard's rows come one
- *   after another: the index entries of neighbouring chunks are read with one pread
- *   (chunk_entry), and chunks lying one after another in the file with one more (a stack
- *   of 4 frames and its next frame: 2 reads, not 10).
+ *   after another: the index entries of a 4 KiB page of chunks are read with one pread
+ *   and remembered (chunk_entry), and chunks lying one after another in the file (gaps of
+ *   < 4 KiB included) with one more (a stack of 4 frames and its next frame: one read
+ *   once its entries are remembered, 2 before, not 10).
  * - held chunks: for fields of one multi-row chunk per shard (scalars) whose decoded
  *   values do not fit their budget, the compressed chunk of each shard read is kept in a
  *   byte arena (a ring: the oldest chunks are overwritten first) with the version it came
@@ -160,7 +161,7 @@ static void sort_rows(read_order *ord, const int64_t *shards, const int64_t *slo
 
 /* ---- index entries ------------------------------------------------------------------ */
 
-/* index entries read with one pread at most (4 KiB) */
+/* index entries read with one pread at most (4 KiB, one page: the index starts the file) */
 #define ENTRY_RUN 256
 
 static int entry_ok(uint64_t off, uint64_t nb, uint64_t max_blob, int64_t hoff) {
@@ -178,26 +179,11 @@ static const int64_t *remembered(const int64_t *ec, Py_ssize_t ec_n, int64_t sha
     return ce[EC_KEY] == key && ce[EC_GEN] == gen ? ce : NULL;
 }
 
-/* The last chunk, within ENTRY_RUN of row p's, that rows p+1.. of the same shard need
-   (rows in read_order): the index entries to read with row p's. */
-static int64_t last_chunk_near(const read_order *ord, Py_ssize_t p, Py_ssize_t n,
-                               const int64_t *shards, const int64_t *slots,
-                               int64_t chunk_rows) {
-    int64_t shard = shards[ord[p].i], c = slots[ord[p].i] / chunk_rows, last = c;
-    for (Py_ssize_t q = p + 1; q < n && shards[ord[q].i] == shard; q++) {
-        int64_t cq = slots[ord[q].i] / chunk_rows;
-        if (cq - c >= ENTRY_RUN) break;
-        last = cq;
-    }
-    return last;
-}
-
 /* Offset and size of chunk `c` of the shard open as `e`: remembered, else read from its
-   index together with the entries of chunks c+1..c_last (all remembered, when `ec`).
+   index, with (when `ec`) the other entries of its 4 KiB page, all remembered.
    0 when the entry is there and sane; -1 (a missing chunk, a bad entry, a failed read:
    the caller's general path reports it). */
-static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t c_last,
-                       int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t hoff,
+static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t hoff,
                        uint64_t max_blob, uint64_t *off, uint64_t *nb, Py_ssize_t *reads) {
     const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
     if (ce) {
@@ -205,14 +191,16 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t c_las
         *nb = (uint64_t)ce[EC_NB];
         return 0;
     }
-    if (!ec || c_last < c) c_last = c;
-    if (c_last - c >= ENTRY_RUN) c_last = c + ENTRY_RUN - 1;
+    /* remembering: the whole 4 KiB page of entries holding c's (the disk reads the page
+       either way; a cold store's later rows of the page then cost one read, not two) */
+    int64_t c0 = ec ? c & ~(int64_t)(ENTRY_RUN - 1) : c, c_last = c;
+    if (ec) c_last = c0 + ENTRY_RUN - 1 < n_chunks ? c0 + ENTRY_RUN - 1 : n_chunks - 1;
     uint8_t ent[16 * ENTRY_RUN];
     (*reads)++;
-    if (pread_all((int)e[TAB_FD], ent, (size_t)(16 * (c_last - c + 1)), 16 * c) != 0)
+    if (pread_all((int)e[TAB_FD], ent, (size_t)(16 * (c_last - c0 + 1)), 16 * c0) != 0)
         return -1;
-    for (int64_t k = c; k <= c_last && ec; k++) {
-        uint64_t o = le64(ent + 16 * (k - c)), s = le64(ent + 16 * (k - c) + 8);
+    for (int64_t k = c0; k <= c_last && ec; k++) {
+        uint64_t o = le64(ent + 16 * (k - c0)), s = le64(ent + 16 * (k - c0) + 8);
         if (!entry_ok(o, s, max_blob, hoff)) continue;
         int64_t key = shard * n_chunks + k;
         int64_t *slot = ec + (key % ec_n) * ECACHE_COLS;
@@ -221,8 +209,8 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t c_las
         slot[EC_OFF] = (int64_t)o;
         slot[EC_NB] = (int64_t)s;
     }
-    *off = le64(ent);
-    *nb = le64(ent + 8);
+    *off = le64(ent + 16 * (c - c0));
+    *nb = le64(ent + 16 * (c - c0) + 8);
     return entry_ok(*off, *nb, max_blob, hoff) ? 0 : -1;
 }
 

@@ -1,9 +1,10 @@
 """Read: rows back from storage. The shard reader (its batch kernel path and the general
 path), its caches and descriptor budget, and the rows other processes staged and did not
-flush yet.
+flush yet; the index snapshot's blocks a lane load can use.
 """
 
 from .reader import ShardReader
+from .snapshot import SnapshotRanges
 from .staged import StagedRows, shared_root
 
-__all__ = ["ShardReader", "StagedRows", "shared_root"]
+__all__ = ["ShardReader", "SnapshotRanges", "StagedRows", "shared_root"]

@@ -41,6 +41,7 @@ from .background import FORKS, Background, check_lease
 from .lane_rows import shard_addresses
 from .rewrite import Lineage, Rewrite, RewritingPuts
 from .shard_buffer import ShardBuffer
+from .snapshot_blocks import SnapshotBlocks
 from .staging import N_WORD as _N
 from .staging import SharedStaging
 
@@ -81,6 +82,8 @@ class LaneWriter:
         self.valid_from = state.valid_from
         self.episodes = state.episodes
         self.on_shard_written = on_shard_written
+        #: the lane's index snapshot blocks (stores with an id), written after commits
+        self.snapshot = SnapshotBlocks(layout, self.lane) if layout.store_id else None
         self.codecs = {n: layout.codec(n) for n in layout.fields}
         self.encoders = {n: encoder(c) for n, c in self.codecs.items()}
         self.many = {n: rows_encoder(c, layout.fields[n].dtype) for n, c in self.codecs.items()}
@@ -228,13 +231,16 @@ class LaneWriter:
         if n == self._rows:
             self._hand_off()
 
-    def append(self, rows: dict[str, np.ndarray], retry: bool = True) -> tuple[int, int]:
+    def append(self, rows: dict[str, np.ndarray], retry: bool = True, wait: bool = True
+               ) -> tuple[int, int]:
         """Stage ``m`` consecutive rows; full shards are written as they fill, and the call
         returns once they are (their write overlaps with staging the rows after them).
 
         Returns ``(first_step, m)``. Every field (meta included) must be present. If a
         shard write fails, every row is still staged and :class:`WriteFailedError` is
         raised at the end (``count`` tells what was staged). ``retry``: as for :meth:`slot`.
+        ``wait=False``: return once the rows are staged, as :meth:`advance` does (full
+        shards are written in the background; an error surfaces at :meth:`poll`).
         """
         self._check_owner()
         if retry and self.pending:  # an earlier write failed: retry before staging more
@@ -252,6 +258,8 @@ class LaneWriter:
                 buf[cur.n : cur.n + take] = rows[name][done : done + take]
             done += take
             self.advance(take)
+        if not wait:
+            return start, m
         self.wait()
         error = self.take_error()
         if error is not None:
@@ -534,6 +542,10 @@ class LaneWriter:
         self._disk = new
         if self.shared is not None:
             self.shared.set_committed(end)
+        if not partial and self.snapshot is not None:  # (after the commit: §4)
+            self.snapshot.committed(backend, sh.first_step,
+                                    sh.staging["_episode_step"][:sh.n],
+                                    sh.staging["_flags"][:sh.n])
         if faults.ARMED:
             faults.hit("flush.done")
         if not partial and sh.spare_dir is not None:

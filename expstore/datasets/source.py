@@ -1,8 +1,9 @@
-"""Where Dopamine checkpoint files are read from: a local folder or any fsspec URL.
+"""Where dataset files are read from (Dopamine checkpoints, RLDS shards): a local folder or
+any fsspec URL.
 
 :class:`SourceFolder` lists a folder once and opens its files for sequential reading:
 local paths with plain ``open``, ``s3://``, ``gs://``, ``https://`` ... through fsspec with
-a read-ahead buffer of :data:`READ_AHEAD` bytes per open file, so a checkpoint streams
+a read-ahead buffer of :data:`READ_AHEAD` bytes per open file, so a file streams
 from the bucket without a local copy. It pickles as its URL and options, so import worker
 processes can reopen it.
 """

@@ -1,8 +1,12 @@
-"""Checkpoints imported in parallel: :func:`run_lanes`, one worker process per CPU core.
+"""Source pieces imported in parallel, one lane each, resumably: :func:`run_lanes` (one
+worker process per CPU core) and :func:`import_lanes` (the partial-import marker around it;
+``datasets/resume.py`` says where a lane goes on). Dopamine checkpoints and RLDS TFRecord
+shards are imported through these.
 
 Workers are plain ``python -c`` processes (the caller's ``__main__`` is never re-imported,
 so scripts need no ``if __name__ == "__main__"`` guard) connected to the parent by a Unix
-socket. Each asks the parent for the next checkpoint and streams it into its own lane
+socket. Each asks the parent for the next piece (a checkpoint, a shard) and streams it into
+its own lane
 (lanes have separate writers and leases, so workers never touch the same object), sending
 progress and results back; the parent draws the bar and records finished lanes. Workers
 run in their own session (a terminal's Ctrl-C reaches only the parent, which asks them to
@@ -19,16 +23,32 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
-
-from .checkpoint import Checkpoint
-from .lane import LaneResult, import_lane
 
 _POLL = 0.2  # seconds between checks of the parent's interrupt flag
 
+#: ``lane_fn(lane, piece, *args, report=fn(rows, bytes), stop=flag) -> LaneResult``: imports
+#: one piece into one lane; a module-level function (workers receive it pickled by name)
+LaneFn = Callable[..., "LaneResult"]
+
+
+@dataclass
+class LaneResult:
+    """What one lane's import wrote in this run (rows / steps / episodes; bytes decoded)."""
+
+    lane: int
+    rows: int = 0
+    steps: int = 0
+    episodes: int = 0
+    bytes_in: int = 0
+    resumed_rows: int = 0  # rows the lane held already (an interrupted import)
+    stopped: bool = False  # stopped early on request (Ctrl-C): the lane is not done
+    counts: dict[str, int] | None = None  # events a format counts (summed over lanes)
+
 
 def default_workers(tasks: int) -> int:
-    """One worker per CPU core this process may use, at most one per checkpoint."""
+    """One worker per CPU core this process may use, at most one per piece."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -36,27 +56,26 @@ def default_workers(tasks: int) -> int:
     return max(1, min(cores, tasks))
 
 
-def run_lanes(tasks: list[tuple[int, Checkpoint]], url: str, stack: int, block_rows: int, *,
-              storage_options: Any, fsync: bool, workers: int | None,
-              progress: Callable[[int, int], None], interrupted: Callable[[], bool],
-              lane_done: Callable[[LaneResult], None]) -> None:
-    """Import each ``(lane, checkpoint)``; ``lane_done(result)`` as each one ends."""
+def run_lanes(tasks: list[tuple[int, Any]], lane_fn: LaneFn, args: tuple, *,
+              workers: int | None, progress: Callable[[int, int], None],
+              interrupted: Callable[[], bool], lane_done: Callable[[LaneResult], None],
+              report_rows: int = 4096) -> None:
+    """``lane_fn(lane, piece, *args, ...)`` for each ``(lane, piece)``; ``lane_done(result)``
+    as each one ends. Workers send progress every ``report_rows`` source rows."""
     if not tasks:
         return
     n = default_workers(len(tasks)) if workers is None else max(1, min(int(workers),
                                                                      len(tasks)))
     if n == 1:
         stop = _Flag(interrupted)
-        for lane, ck in tasks:
-            res = import_lane(ck, url, lane, stack, block_rows, storage_options=storage_options,
-                              fsync=fsync, report=progress, stop=stop)
+        for lane, piece in tasks:
+            res = lane_fn(lane, piece, *args, report=progress, stop=stop)
             release_memory()
             lane_done(res)
             if res.stopped:
                 return
         return
-    _run_processes(tasks, n, (url, stack, block_rows, storage_options, fsync), progress,
-                   interrupted, lane_done)
+    _run_processes(tasks, n, (lane_fn, args, report_rows), progress, interrupted, lane_done)
 
 
 class _Flag:
@@ -69,7 +88,7 @@ class _Flag:
         return bool(self._fn())
 
 
-def _run_processes(tasks: list[tuple[int, Checkpoint]], n: int, args: tuple, progress: Any,
+def _run_processes(tasks: list[tuple[int, Any]], n: int, args: tuple, progress: Any,
                    interrupted: Callable[[], bool], lane_done: Any) -> None:
     """Start ``n`` workers (``python -c``, so the caller's ``__main__`` is never
     re-imported), hand out ``tasks`` as workers ask, relay their messages."""
@@ -147,7 +166,7 @@ def worker_env() -> dict[str, str]:
 
 
 _BOOT = ("import pickle, sys; init = pickle.load(sys.stdin.buffer); sys.path[:] = "
-         "init['sys_path']; from expstore.datasets.dopamine.parallel import worker_main; "
+         "init['sys_path']; from expstore.datasets.lanes import worker_main; "
          "worker_main(init)")
 
 
@@ -247,7 +266,7 @@ class _WorkerStop:
         return self.stopped
 
     def next_task(self) -> Any:
-        """The next ``(lane, checkpoint)`` from the parent, or ``None``."""
+        """The next ``(lane, piece)`` from the parent, or ``None``."""
         if self.is_set():
             return None
         self._conn.send(("next", None))
@@ -260,7 +279,7 @@ class _WorkerStop:
 
 
 def worker_main(init: dict[str, Any]) -> None:
-    """A worker process: import checkpoints the parent hands out, one lane each."""
+    """A worker process: import the pieces the parent hands out, one lane each."""
     from multiprocessing.connection import Client
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -268,7 +287,7 @@ def worker_main(init: dict[str, Any]) -> None:
     parent = init["parent"]
     if os.getppid() != parent:
         os._exit(1)
-    url, stack, block_rows, storage_options, fsync = init["args"]
+    lane_fn, args, report_rows = init["args"]
     conn = Client(init["address"], authkey=init["authkey"])
     flag = _WorkerStop(conn, parent)
     pending = [0, 0]
@@ -276,17 +295,15 @@ def worker_main(init: dict[str, Any]) -> None:
     def report(rows: int, nbytes: int) -> None:
         pending[0] += rows
         pending[1] += nbytes
-        if pending[0] >= 8 * block_rows:
+        if pending[0] >= report_rows:
             conn.send(("progress", tuple(pending)))
             pending[:] = [0, 0]
 
     try:
         while (task := flag.next_task()) is not None:
-            lane, ck = task
+            lane, piece = task
             try:
-                res = import_lane(ck, url, lane, stack, block_rows,
-                                  storage_options=storage_options, fsync=fsync,
-                                  report=report, stop=flag)
+                res = lane_fn(lane, piece, *args, report=report, stop=flag)
             except BaseException as e:  # handed to the parent
                 try:
                     blob = pickle.dumps(e)
@@ -306,3 +323,63 @@ def worker_main(init: dict[str, Any]) -> None:
             conn.send(("progress", tuple(pending)))
         conn.send(("exit", None))
         conn.close()
+
+
+# -- the partial-import marker: which lanes are done, so the same import resumes ----------
+def new_marker(fmt: str, source: str, options: dict[str, Any],
+               pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """A partial-import marker: one entry per lane (``pieces[i]`` says what lane ``i``
+    holds, e.g. ``{"checkpoint": 3}``), none done yet."""
+    return {"format": fmt, "source": source, "status": "partial", "options": options,
+            "lanes": {str(i): {**p, "done": False} for i, p in enumerate(pieces)}}
+
+
+def import_lanes(url: str, marker: dict[str, Any], pieces: list[Any], lane_fn: LaneFn,
+                 args: tuple, summary: Any, *, total: Callable[[list[int]], int], desc: str,
+                 workers: int | None, progress: Any, storage_options: Any,
+                 report_rows: int = 4096, name: Callable[[int], str] = str,
+                 unit: str = "lane(s)", counts: dict[str, int] | None = None) -> None:
+    """Import ``pieces[lane]`` into each lane the marker has not marked done (in parallel,
+    see :func:`run_lanes`), marking lanes done as they end and the import complete at the
+    end; counts and notes go into ``summary`` (an ``ImportSummary``). ``total(lanes)``:
+    source rows of those lanes (the progress bar's total); ``name(lane)`` names a lane's
+    piece in notes, ``unit`` counts pieces ("checkpoint(s)"). Ctrl-C stops at a block
+    boundary and raises ``KeyboardInterrupt``. ``counts`` sums the lanes' ``counts``."""
+    from ..storage.backends import backend_for
+    from ..storage.format import write_import_marker
+    from .progress import Progress, interruptible
+
+    todo = [i for i in range(len(pieces)) if not marker["lanes"][str(i)]["done"]]
+    if len(todo) < len(pieces):
+        summary.notes.append(f"resumed a partial import: {len(pieces) - len(todo)} of "
+                             f"{len(pieces)} {unit} were already imported")
+    backend = backend_for(url, storage_options, fsync=True)
+    prog = Progress(total(todo), desc, progress)
+
+    def lane_done(res: LaneResult) -> None:
+        summary.rows += res.rows
+        summary.steps += res.steps
+        summary.episodes += res.episodes
+        summary.bytes_in += res.bytes_in
+        if counts is not None:
+            for k, v in (res.counts or {}).items():
+                counts[k] = counts.get(k, 0) + v
+        if res.resumed_rows:
+            summary.notes.append(f"lane {res.lane} ({name(res.lane)}) resumed after its "
+                                 f"{res.resumed_rows:,} stored rows")
+        if not res.stopped:
+            marker["lanes"][str(res.lane)]["done"] = True
+            write_import_marker(backend, marker)
+
+    try:
+        with interruptible() as intr:
+            run_lanes([(lane, pieces[lane]) for lane in todo], lane_fn, args,
+                      workers=workers, progress=prog.update,
+                      interrupted=lambda: intr.requested, lane_done=lane_done,
+                      report_rows=report_rows)
+            intr.check()
+        marker["status"] = "complete"
+        write_import_marker(backend, marker)
+    finally:
+        prog.close()
+        backend.close()
