@@ -205,6 +205,8 @@ class StoreRows:
         split = [loc if m is None else (*loc, m) for loc, m in zip(locs, masks)]
         if not reader.gather_held(split, jobs):
             return False
+        if self._own_staged(locs, masks, jobs):
+            return True
         by_name: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
         for loc, name, out in jobs:
             if masks[loc] is not None:
@@ -221,6 +223,35 @@ class StoreRows:
             for sel, _, _, out in parts:
                 out[sel] = vals[at : at + len(sel)]
                 at += len(sel)
+        return True
+
+    def _own_staged(self, locs: list[tuple[np.ndarray, np.ndarray]],
+                    masks: list[np.ndarray | None], jobs: list[tuple[int, str, np.ndarray]]
+                    ) -> bool:
+        """The staged rows of a batch copied from this process's writers' RAM straight
+        into the jobs' outputs (a learner sampling the lanes it writes: most batches hold
+        a row of the shard being filled), where every one of them is in a writer's
+        staging (``committed <= step < count``); False (nothing written) otherwise, for
+        the general merge of :meth:`gather_held`."""
+        if self.sessions:
+            return False
+        picks: list[tuple[np.ndarray, Any, np.ndarray] | None] = []
+        for (rows, steps), mask in zip(locs, masks):
+            if mask is None:
+                picks.append(None)
+                continue
+            sel = np.flatnonzero(mask)
+            lanes = rows[sel] // self.lane_capacity
+            lane = int(lanes[0])
+            w = self.writers.get(lane)
+            if w is None or (lanes != lane).any() or int(steps[sel].max()) >= w.count:
+                return False
+            picks.append((sel, w, steps[sel]))
+        for loc, name, out in jobs:
+            pick = picks[loc]
+            if pick is not None:
+                sel, w, steps = pick
+                out[sel] = w.staged(name, steps)
         return True
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray
