@@ -57,6 +57,15 @@ def _evict(store) -> None:
                 os.close(fd)
 
 
+def _cache(store) -> None:
+    """Read every file of the store once, so that its pages are in the page cache."""
+    for dirpath, _, names in os.walk(store.url.removeprefix("file://")):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                while f.read(1 << 20):
+                    pass
+
+
 def _kernel_reads(store, rows, steps, depth, batches=30, cold=True, **kw):
     """Seeded batches of stacks (4 frames and the next: neighbouring rows, random
     anchors) read by a fresh reader at ``depth`` (``cold``: the store's pages dropped
@@ -166,6 +175,7 @@ def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
     if pid == 0:  # the child: report what it saw, then leave without cleanup
         try:
             before = native.read_pool_threads()
+            _cache(store)  # (the parent's cold reads left most pages out of the cache)
             warm, _ = _kernel_reads(store, rows, steps, 8, cold=False)
             after_warm = native.read_pool_threads()  # cached pages: read by the caller
             got, _ = _kernel_reads(store, rows, steps, 8)
