@@ -164,9 +164,8 @@ def test_a_damaged_chunk_gives_the_same_error_at_any_depth(tmp_path) -> None:
 
 
 def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
-    """The parent's pool threads do not exist in a child; the child starts its own (not for
-    a warm batch: its runs are all in the page cache, read without a thread) and reads the
-    same bytes."""
+    """The parent's pool threads do not exist in a child; the child starts its own and
+    reads the same bytes, warm and cold."""
     store, rows, steps = _store(tmp_path)
     expect, _ = _kernel_reads(store, rows, steps, 8)
     assert native.read_pool_threads() >= 7
@@ -177,7 +176,7 @@ def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
             before = native.read_pool_threads()
             _cache(store)  # (the parent's cold reads left most pages out of the cache)
             warm, _ = _kernel_reads(store, rows, steps, 8, cold=False)
-            after_warm = native.read_pool_threads()  # cached pages: read by the caller
+            after_warm = native.read_pool_threads()
             got, _ = _kernel_reads(store, rows, steps, 8)
             msg = pickle.dumps((before, after_warm, native.read_pool_threads(),
                                 bool(np.array_equal(got, expect)),
@@ -190,7 +189,11 @@ def test_a_forked_child_starts_its_own_pool(tmp_path) -> None:
     with os.fdopen(read_end, "rb") as f:
         report = pickle.loads(f.read())
     os.waitpid(pid, 0)
-    assert report == (0, 0, 7, True, True)
+    assert not isinstance(report, str), report
+    before, _, after_cold, cold_same, warm_same = report
+    # (the warm batch usually wakes no thread, but RWF_NOWAIT may refuse a cached page that
+    # carries a readahead mark, and that run then goes to the pool: not asserted)
+    assert (before, after_cold, cold_same, warm_same) == (0, 7, True, True)
     store.close()
 
 
