@@ -53,6 +53,19 @@ def dir_bytes(path: str | Path) -> tuple[int, int]:
     return sum(st.st_size for st in stats), sum(st.st_blocks * 512 for st in stats)
 
 
+def drop_page_cache(path: str | Path) -> list[str]:
+    """Drop every file under ``path`` from the page cache (``posix_fadvise(DONTNEED)``
+    per file; dirty pages stay: ``os.sync()`` first to drop them too); the files."""
+    files = [str(p) for p in Path(path).rglob("*") if p.is_file()]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return files
+
+
 class TorchRLMemmapCase:
     """TorchRL ``ReplayBuffer`` over ``LazyMemmapStorage``, one stacked transition per row.
 

@@ -35,7 +35,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.baselines import torchrl_memmap_case  # noqa: E402
+from benchmarks.baselines import drop_page_cache, torchrl_memmap_case  # noqa: E402
 from benchmarks.expstore_case import ExpstoreCase  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
@@ -94,16 +94,6 @@ def torchrl_rate(case: Any, batch_size: int, seconds: float) -> dict[str, float]
     return r
 
 
-def _drop_page_cache(path: Path) -> None:
-    for p in path.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def torchrl_child(args: argparse.Namespace) -> None:
     """Cold TorchRL, run inside the limited cgroup: fill, drop the cache, measure."""
     import torch
@@ -120,7 +110,7 @@ def torchrl_child(args: argparse.Namespace) -> None:
         for bs in (32, 256):
             runs = []
             for _ in range(args.repeats):
-                _drop_page_cache(case.scratch)
+                drop_page_cache(case.scratch)
                 runs.append(torchrl_rate(case, bs, args.seconds))
             out[bs] = runs
         case.close()

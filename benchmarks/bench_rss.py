@@ -54,6 +54,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
+from benchmarks.baselines import drop_page_cache  # noqa: E402
 from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
@@ -230,13 +231,7 @@ def evict(path: Path, sample: int = 256) -> float:
     ``posix_fadvise(DONTNEED)`` per file); the fraction of the pages of ``sample`` of its
     files (spread over the store) still resident afterwards, by ``mincore``."""
     os.sync()
-    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-    for name in files:
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    files = drop_page_cache(path)
     picked = files[:: max(1, len(files) // sample)]
     cached = total = 0
     for name in picked:
