@@ -12,10 +12,13 @@ Data: seeded random 17-dim float32 observations (``--obs-dim``) and 6-dim float3
 truncated, as a time limit; the rest terminated), ``--n`` transitions in all. Every case
 holds the same transitions (checked on one batch of each store):
 
-- ``expstore``: a local store (default layout: 4096-row shards, every field one chunk per
-  shard) filled with ``extend`` in batches of 1000, flushed, its files read once, then
+- ``expstore``: a local store (default layout: 4096-row shards, scalars one chunk per
+  shard, vectors chunks of about 8 KiB: 64 rows of obs, 256 of actions) filled with
+  ``extend`` in batches of 1000, flushed, its files read once, then
   opened read-only (``es.open``) and sampled with ``store.sample(B)``;
 - ``expstore-writer``: the same ``Store`` object that wrote it (all rows flushed);
+- ``expstore-one-chunk`` (only when named): the same data in a store laid out as before
+  vector chunks (one chunk per shard for obs and action), read-only, same ``--hot-bytes``;
 - ``expstore-bridge``: the read-only store through ``integrations.torchrl.replay_buffer``
   (``rb.sample()``, TensorDict out);
 - ``torchrl``: ``ReplayBuffer(LazyMemmapStorage(n), RandomSampler())``, rows ``observation``,
@@ -324,6 +327,7 @@ def loader_rates(store: Any, rb: Any, bs: int, repeats: int, seconds: float
 
 
 ALL_CASES = "expstore,expstore-writer,expstore-bridge,torchrl,torchrl-tensor,numpy"
+EXTRA_CASES = "expstore-one-chunk"
 
 
 def main() -> None:
@@ -344,9 +348,10 @@ def main() -> None:
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md")
     a = p.parse_args()
     wanted = a.cases.split(",")
-    unknown = set(wanted) - set(ALL_CASES.split(","))
+    unknown = set(wanted) - set(ALL_CASES.split(",")) - set(EXTRA_CASES.split(","))
     if unknown:
-        raise SystemExit(f"unknown cases {sorted(unknown)}; expected some of {ALL_CASES}")
+        raise SystemExit(f"unknown cases {sorted(unknown)}; expected some of {ALL_CASES},"
+                         f"{EXTRA_CASES}")
 
     import torch
 
@@ -367,6 +372,18 @@ def main() -> None:
                 check_batch(st.sample(256), data)
                 check_batch(st.sample(256), data)  # (the first fills the hot set)
                 samplers[name] = lambda bs, st=st: (lambda: st.sample(bs))
+            if "expstore-one-chunk" in wanted:
+                import expstore.api
+
+                made, expstore.api.VECTOR_CHUNK_BYTES = expstore.api.VECTOR_CHUNK_BYTES, None
+                try:  # laid out as stores made before vector chunks
+                    old, _ = expstore_store(data, work / "one_chunk.zarr")
+                finally:
+                    expstore.api.VECTOR_CHUNK_BYTES = made
+                old.close()
+                one = es.open(work / "one_chunk.zarr", hot_bytes=a.hot_bytes)
+                check_batch(one.sample(256), data)
+                samplers["expstore-one-chunk"] = lambda bs: (lambda: one.sample(bs))
             if "expstore-bridge" in wanted:
                 from expstore.integrations.torchrl import replay_buffer
 
@@ -406,6 +423,8 @@ def main() -> None:
                              "runs": runs[c]})
                 if c == "expstore":
                     rows[-1].update(read_counters(reader, bs))
+                if c == "expstore-one-chunk":
+                    rows[-1].update(read_counters(one, bs))
         load1 = os.getloadavg()[0]
         by = {(r["case"], r["batch"]): r for r in rows}
         for r in rows:

@@ -72,7 +72,7 @@ from expstore.storage.format.shard import assemble  # noqa: E402  (internals: sh
 
 
 def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
-          metadata_only: bool = False) -> es.Store:
+          metadata_only: bool = False, shard_rows: int | None = None) -> es.Store:
     """A ``rows``-row store filled from one encoded template shard (see module doc).
 
     ``subsample``: keep every k-th pixel of each frame (small frames); ``metadata_only``:
@@ -83,7 +83,8 @@ def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
         side = len(range(0, 84, subsample))
         spec = es.Spec.create(obs=es.Field((side, side), np.uint8, stack=4, chunk_rows=1),
                               action=es.Field((), np.int64, low=0, high=17))
-    store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
+    store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False,
+                      shard_rows=shard_rows)
     L = store.layout
     S = L.shard_rows
     frames = load_atari_frames(S)["frames"][:, ::subsample, ::subsample]
@@ -209,6 +210,48 @@ print(json.dumps({"rows": len(store), "load": load, "open_s": opened,
 """
 
 
+PLAN_CHILD = r"""
+import json, statistics, sys, time
+import expstore as es
+path, repeats = sys.argv[1], int(sys.argv[2])
+store = es.open(path)
+sampler = es.UniformSampler(store, seed=0)
+out = {"rows": len(store)}
+for bs in (32, 256):
+    for _ in range(200):
+        sampler.plan(bs)
+    runs = []
+    for _ in range(repeats):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.5:
+            sampler.plan(bs)
+            n += 1
+        runs.append(1e6 * (time.perf_counter() - t0) / n)
+    out[f"plan_us_bs{bs}"] = statistics.median(runs)
+print(json.dumps(out))
+"""
+
+
+def plan_cost(sizes: list[int], root: Path, repeats: int) -> list[dict]:
+    """The index side of a batch (``UniformSampler.plan``: rows drawn, checked valid,
+    stacks and next rows found) on the metadata-only stores :func:`open_rss` keeps, each
+    opened in a fresh process with its snapshot, warm page cache."""
+    results = []
+    for rows in sizes:
+        path = root / f"meta_{rows}.zarr"
+        if not (path / "_index").is_dir() or _capacity(path) < rows:
+            raise SystemExit(f"{path}: build it first (--open {rows} --keep)")
+        out = subprocess.run([sys.executable, "-c", PLAN_CHILD, str(path), str(repeats)],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(r, flush=True)
+        results.append(r)
+    for r in results:
+        for bs in (32, 256):
+            r[f"bs{bs}_x_smallest"] = r[f"plan_us_bs{bs}"] / results[0][f"plan_us_bs{bs}"]
+    return results
+
+
 def _capacity(path: Path) -> int:
     return json.loads((path / "zarr.json").read_text())["attributes"]["expstore"]["capacity"]
 
@@ -298,69 +341,79 @@ def open_rss(sizes: list[int], root: Path, one_pass_max: int, cold: bool,
 
 
 def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
-                subsample: int = 5) -> list[dict]:
-    """Uniform stacked batches sampled in this process from small-frame stores of each
-    size (Atari frames, every ``subsample``-th pixel): median µs per batch of 32 and 256
-    (see module doc)."""
-    from benchmarks.baselines import timed_loop
-
+                subsample: int = 5, keep: bool = False,
+                shard_rows: int | None = None) -> list[dict]:
+    """Uniform stacked batches sampled from small-frame stores of each size (Atari frames,
+    every ``subsample``-th pixel), each size measured in a fresh process (its peak RSS is
+    its own): median µs per batch of 32 and 256 (see module doc). ``keep``: keep the
+    stores, and reuse one already there."""
     results = []
     for rows in sizes:
-        path = root / f"small_{rows}.zarr"
-        print(f"building a {rows:,}-row small-frame store at {path} ...", flush=True)
-        t0 = time.perf_counter()
-        build(path, rows, subsample=subsample).close()
-        built = time.perf_counter() - t0
+        path = root / (f"small_{rows}.zarr" if shard_rows is None
+                       else f"small_{rows}_s{shard_rows}.zarr")
+        built = None
+        if not (keep and (path / "_index").is_dir() and _capacity(path) >= rows):
+            print(f"building a {rows:,}-row small-frame store at {path} ...", flush=True)
+            t0 = time.perf_counter()
+            build(path, rows, subsample=subsample, shard_rows=shard_rows).close()
+            built = time.perf_counter() - t0
         for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
             if f.is_file():
                 f.read_bytes()
-        store = es.open(path)
-        off = es.open(path, cache_bytes=0)  # the read path alone, no decoded-frame cache
-        side = len(range(0, 84, subsample))
-        r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
-                   "frame": f"{side}x{side}", "build_s": built}
-        st = store.reader.stats
-        # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has
-        # them), and at least one timed loop
-        warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
-        for bs in (32, 256):
-            step = functools.partial(store.sample, bs)
-            for _ in range(warm[bs]):
-                step()
-            timed_loop(step, bs, seconds)
-            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
-            r[f"tps_bs{bs}"] = statistics.median(runs)
-            r[f"us_per_batch_bs{bs}"] = 1e6 * bs / r[f"tps_bs{bs}"]
-            step = functools.partial(off.sample, bs)
-            for _ in range(warm[bs]):
-                step()
-            timed_loop(step, bs, seconds)
-            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
-            r[f"us_per_batch_bs{bs}_nocache"] = 1e6 * bs / statistics.median(runs)
-        tables = store.reader.tables
-        scalars = [n for n in ("action", "reward", "terminated", "truncated")
-                   if tables[n].fds is not None]
-        req0, bound0 = st.requests, tables["obs"].fds.opened
-        scalar0 = sum(tables[n].fds.opened for n in scalars)
-        heads0 = sum(t.opened for t in tables.values())
-        for _ in range(20):
-            store.sample(32)
-        r["requests_per_batch_bs32"] = (st.requests - req0) / 20
-        r["shard_opens_per_batch_bs32"] = (tables["obs"].fds.opened - bound0) / 20
-        r["scalar_opens_per_batch_bs32"] = (sum(tables[n].fds.opened for n in scalars)
-                                            - scalar0) / 20
-        r["index_opens_per_batch_bs32"] = (sum(t.opened for t in tables.values())
-                                           - heads0) / 20
-        r["open_fds"] = len(os.listdir("/proc/self/fd"))
-        r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
-                                                              + st.row_cache_misses)
+        out = subprocess.run([sys.executable, __file__, "--flat-child", str(path),
+                              "--repeats", str(repeats), "--seconds", str(seconds)],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["build_s"] = built
         print(r, flush=True)
         results.append(r)
-        store.close()
-        off.close()
-        shutil.rmtree(path, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
     return results
+
+
+def flat_child(path: Path, repeats: int, seconds: float) -> dict:
+    """The measurement of :func:`sample_cost` on one store, in this (fresh) process."""
+    from benchmarks.baselines import timed_loop
+
+    store = es.open(path)
+    off = es.open(path, cache_bytes=0)  # the read path alone, no decoded-frame cache
+    rows = len(store)
+    side = store.layout.spec.fields["obs"].shape[0]
+    r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
+               "shard_rows": store.layout.shard_rows, "frame": f"{side}x{side}"}
+    st = store.reader.stats
+    # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has them),
+    # and at least one timed loop
+    warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
+    for bs in (32, 256):
+        for tag, s in (("", store), ("_nocache", off)):
+            step = functools.partial(s.sample, bs)
+            for _ in range(warm[bs]):
+                step()
+            timed_loop(step, bs, seconds)
+            runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+            r[f"us_per_batch_bs{bs}{tag}"] = 1e6 * bs / statistics.median(runs)
+            if not tag:
+                r[f"tps_bs{bs}"] = statistics.median(runs)
+    tables = store.reader.tables
+    scalars = [n for n in ("action", "reward", "terminated", "truncated")
+               if tables[n].fds is not None]
+    req0, bound0 = st.requests, tables["obs"].fds.opened
+    scalar0 = sum(tables[n].fds.opened for n in scalars)
+    heads0 = sum(t.opened for t in tables.values())
+    for _ in range(20):
+        store.sample(32)
+    r["requests_per_batch_bs32"] = (st.requests - req0) / 20
+    r["shard_opens_per_batch_bs32"] = (tables["obs"].fds.opened - bound0) / 20
+    r["scalar_opens_per_batch_bs32"] = (sum(tables[n].fds.opened for n in scalars)
+                                        - scalar0) / 20
+    r["index_opens_per_batch_bs32"] = (sum(t.opened for t in tables.values()) - heads0) / 20
+    r["open_fds"] = len(os.listdir("/proc/self/fd"))
+    r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
+                                                          + st.row_cache_misses)
+    return r
 
 
 def measure(path: Path, mode: str, batches: int) -> dict:
@@ -384,9 +437,39 @@ def main() -> None:
     p.add_argument("--flat", default="", help="comma-separated row counts: sampling cost")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument("--flat-child", default="", help=argparse.SUPPRESS)
+    p.add_argument("--shard-rows", type=int, default=None,
+                   help="--flat: rows per shard of the stores built (default: auto)")
+    p.add_argument("--plan", default="",
+                   help="comma-separated row counts: the index side of a batch on the kept "
+                        "metadata-only stores (--open N --keep builds them)")
     p.add_argument("--subsample", type=int, default=5,
                    help="--flat: keep every k-th pixel of the 84x84 frames (21: 4x4)")
     a = p.parse_args()
+    load0 = os.getloadavg()[0]
+
+    def load() -> dict[str, str]:
+        return {"load average (1 min) start/end": f"{load0:.2f} / {os.getloadavg()[0]:.2f}"}
+
+    if a.flat_child:
+        print(json.dumps(flat_child(Path(a.flat_child), a.repeats, a.seconds)))
+        return
+    if a.plan:
+        root = Path(a.path).parent
+        res = plan_cost([int(x) for x in a.plan.split(",")], root, a.repeats)
+        body = markdown_table(res, ["rows", "plan_us_bs32", "bs32_x_smallest",
+                                    "plan_us_bs256", "bs256_x_smallest"])
+        body += ("\n\nThe index side of a batch: `UniformSampler.plan(B)` (rows drawn "
+                 "uniformly, checked valid, frame stacks of 4 and next rows found) on the "
+                 "metadata-only stores of \"Memory: open\" (no frame shards: their frames "
+                 "would take ~60 GB of disk at 1B rows), each opened with its snapshot in a "
+                 "fresh process, warm page cache; medians of repeats of 0.5 s.")
+        save_json("rss_plan", {"results": res})
+        if not a.no_write:
+            write_section("Index side of a batch vs store size", body,
+                          command=command_line(), extra=load())
+        print(body)
+        return
     if a.open or a.flat:
         root = Path(a.path).parent
         root.mkdir(parents=True, exist_ok=True)
@@ -419,7 +502,8 @@ def main() -> None:
             print(body)
         if a.flat:
             sizes = [int(x) for x in a.flat.split(",")]
-            res = sample_cost(sizes, root, a.repeats, a.seconds, a.subsample)
+            res = sample_cost(sizes, root, a.repeats, a.seconds, a.subsample, a.keep,
+                              a.shard_rows)
             base = res[0]
             for r in res:
                 for bs in (32, 256):
@@ -453,10 +537,12 @@ def main() -> None:
                      "for action, reward, terminated and truncated together; index_opens = shard "
                      "versions the general path opened (header + whole index) per batch of "
                      "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
-                     " peak RSS (MiB, `ru_maxrss`, cumulative over the sizes).")
+                     " peak RSS (MiB, `ru_maxrss`; each size is measured in a fresh "
+                     "process).")
             save_json("rss_flat", {"results": res})
             if not a.no_write:
-                write_section("Sampling vs store size", body, command=command_line())
+                write_section("Sampling vs store size", body, command=command_line(),
+                              extra=load())
             print(body)
         return
     path = Path(a.path)

@@ -19,6 +19,7 @@ from .errors import SpecError, StoreCorruptError, StoreLockedError
 from .spec import Spec
 from .storage.backends import Backend, backend_for
 from .storage.format import (
+    VECTOR_CHUNK_BYTES,
     LaneState,
     Layout,
     auto_shard_rows,
@@ -62,7 +63,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     asked = int(capacity)
     capacity = round_capacity(asked, int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,
-                    new_store_id())
+                    new_store_id(), VECTOR_CHUNK_BYTES)
     backend = backend_for(url, storage_options, fsync)
     try:
         meta = backend.get("zarr.json")

@@ -25,8 +25,24 @@ from expstore.loading.transition_batch import finish_many, read_columns
 EP_LEN = 23  # transitions per episode (one final row each)
 
 
+#: rows per inner chunk of the vector fields of the stores below (``None``: the default,
+#: which for 5 floats is the whole 32- or 64-row shard); set per test by ``chunking``
+CHUNK_ROWS: list[int | None] = [None]
+
+
+@pytest.fixture(autouse=True, params=[None, 8], ids=["one-chunk", "8-row-chunks"])
+def chunking(request):
+    """Every test twice: vector fields of one chunk per shard, and of 8-row chunks (a
+    shard is then filled whole into the hot set from several chunks)."""
+    CHUNK_ROWS[0] = request.param
+    yield request.param
+    CHUNK_ROWS[0] = None
+
+
 def make_store(path, capacity=256, shard_rows=32, **kw):
-    spec = es.Spec.create(obs=es.Field((5,), np.float32), action=es.Field((2,), np.float32))
+    cr = CHUNK_ROWS[0]
+    spec = es.Spec.create(obs=es.Field((5,), np.float32, chunk_rows=cr),
+                          action=es.Field((2,), np.float32, chunk_rows=cr))
     return es.create(path, spec, capacity=capacity, shard_rows=shard_rows, **kw)
 
 
@@ -157,6 +173,7 @@ def test_a_budget_past_the_store_admits_shards_and_never_churns(tmp_path, hot_ca
     write(store, 0, 1000)
     store.close()
     L = store.layout
+    assert L.chunk_rows("obs") == (CHUNK_ROWS[0] or 64)
     per_row = sum(f.dtype.itemsize * int(np.prod(f.shape)) for n, f in L.spec.fields.items()
                   if L.chunk_rows(n) > 1)
     reader = es.open(path, hot_bytes=int(per_row * 64 * held))

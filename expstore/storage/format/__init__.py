@@ -23,7 +23,15 @@ from .index_snapshot import (
     lane_prefix,
     valid_steps,
 )
-from .layout import Layout, auto_shard_rows, read_layout, round_capacity, write_metadata
+from .layout import (
+    VECTOR_CHUNK_BYTES,
+    Layout,
+    auto_shard_rows,
+    read_layout,
+    round_capacity,
+    vector_chunk_rows,
+    write_metadata,
+)
 from .metadata_rebuild import DERIVED, derive_step_ids, lost_ranges, read_metadata, rewrite_chunks
 from .priority_file import decode as decode_priorities
 from .priority_file import encode as encode_priorities
@@ -53,7 +61,8 @@ __all__ = [
     "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
     "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
-    "STATE_VERSION", "ShardHead", "ShardImage", "auto_shard_rows", "check_arrays",
+    "STATE_VERSION", "ShardHead", "ShardImage", "VECTOR_CHUNK_BYTES", "auto_shard_rows",
+    "check_arrays", "vector_chunk_rows",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
     "encoder", "expected_metadata", "import_is_partial", "index_size", "layout_from_arrays",
     "lost_ranges", "parse_head", "priority_key", "read_import_marker", "read_layout",

@@ -9,6 +9,7 @@ The spec, capacity, lanes and format version are the group's ``expstore`` attrib
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,11 @@ class Layout:
     #: (index snapshot blocks) are never taken for another's, e.g. one re-created in its
     #: place; stores made before it existed have none (``expstore upgrade`` gives one)
     store_id: str | None = field(default=None, compare=False)
+    #: inner chunk size (bytes, about) of vector fields (several values per row, under
+    #: 1 KiB: state observations, continuous actions) whose ``Field.chunk_rows`` is unset
+    #: (:func:`vector_chunk_rows`); ``None``: one chunk per shard, as stores made before
+    #: this existed were written
+    vector_chunk_bytes: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -90,10 +96,18 @@ class Layout:
         return {**self.spec.fields, **META_FIELDS}
 
     def chunk_rows(self, name: str) -> int:
+        """Rows per inner chunk of field ``name``: ``Field.chunk_rows`` where set, else 1
+        for image-sized fields, :func:`vector_chunk_rows` for vector fields of stores that
+        record a ``vector_chunk_bytes``, else the whole shard."""
         f = self.fields[name]
         if f.chunk_rows:
             return int(f.chunk_rows)
-        return 1 if f.is_image else self.shard_rows
+        if f.is_image:
+            return 1
+        if self.vector_chunk_bytes and name not in META_FIELDS and f.shape and int(
+                np.prod(f.shape, dtype=np.int64)) > 1:
+            return vector_chunk_rows(f.row_nbytes, self.shard_rows, self.vector_chunk_bytes)
+        return self.shard_rows
 
     def chunks_per_shard(self, name: str) -> int:
         return self.shard_rows // self.chunk_rows(name)
@@ -119,6 +133,8 @@ class Layout:
             **({} if self.requested_capacity is None
                else {"requested_capacity": self.requested_capacity}),
             **({} if self.store_id is None else {"store_id": self.store_id}),
+            **({} if self.vector_chunk_bytes is None
+               else {"vector_chunk_bytes": self.vector_chunk_bytes}),
         }
 
     @classmethod
@@ -129,7 +145,21 @@ class Layout:
                                     f"this expstore reads (<= {FORMAT_VERSION})")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
                    int(attrs["shard_rows"]), bool(attrs.get("checksum", False)),
-                   attrs.get("requested_capacity"), attrs.get("store_id"))
+                   attrs.get("requested_capacity"), attrs.get("store_id"),
+                   attrs.get("vector_chunk_bytes"))
+
+
+#: inner chunk size new stores give vector fields (bytes, about): a row missed by the hot
+#: set reads and checks this much, not its shard's whole chunk (issue 26)
+VECTOR_CHUNK_BYTES = 8192
+
+
+def vector_chunk_rows(row_bytes: int, shard_rows: int, chunk_bytes: int) -> int:
+    """Rows per inner chunk of a vector field of ``row_bytes`` per row: the largest power
+    of two whose chunk stays within ``chunk_bytes`` (at least 1 row), dividing
+    ``shard_rows``."""
+    rows = 1 << max(0, (max(1, chunk_bytes // max(1, row_bytes))).bit_length() - 1)
+    return math.gcd(rows, shard_rows)
 
 
 def auto_shard_rows(capacity: int, lanes: int = 1) -> int:

@@ -84,12 +84,20 @@ class ShardTable:
 
     @property
     def fills(self) -> bool:
-        """Whether the kernel decodes missed shards straight into value slots: one chunk
-        per shard, and room enough (``kernel_budget.worth_filling``: vectors one shard,
-        scalars half of them; with less, the budget holds compressed chunks:
-        ``kernel_shares``)."""
-        return self.chunk_rows == self.shard_rows and worth_filling(
+        """Whether the kernel decodes missed shards straight into value slots: chunks of
+        more than one row, and room enough (``kernel_budget.worth_filling``: vectors one
+        shard, scalars half of them; with less, the budget holds compressed chunks:
+        ``kernel_shares``). A shard of several chunks is filled whole, all its chunks read
+        the first time one of its rows is."""
+        return self.chunk_rows > 1 and worth_filling(
             self.max_slots, len(self.slot), int(np.prod(self.shape, dtype=np.int64)))
+
+    @property
+    def full(self) -> bool:
+        """Whether every value slot the budget allows is taken: no shard is admitted any
+        more (rows of shards without a slot are read alone; a shard holding one is still
+        refilled when a lap rewrote it)."""
+        return len(self.owner) >= self.max_slots and not (self.owner < 0).any()
 
     def claim(self, shards: np.ndarray) -> np.ndarray:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
@@ -399,7 +407,8 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
     use = kernel and table.fds is not None
     todo = np.flatnonzero(~done) if use else np.zeros(0, np.int64)
     if len(todo):
-        if table.per_row or not table.fills:
+        if table.per_row or not table.fills or (table.full and
+                                                (table.slot[shards[todo]] < 0).all()):
             got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
                                          stats)
         else:
@@ -417,7 +426,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
 def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
                   steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
                   ) -> tuple[np.ndarray, bool]:
-    """Rows of a one-chunk-per-shard field into ``flat`` by the kernel, each shard's chunk
+    """Rows of a multi-row-chunk field into ``flat`` by the kernel, each shard's chunks
     decoded into a value slot of ``table`` and kept there (see :meth:`FdTable.read`)."""
     uniq, inv = np.unique(shards, return_inverse=True)
     claimed = table.claim(uniq)
@@ -426,12 +435,57 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
         return table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
     per_slot = table.values[0].nbytes
     chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
+    if table.chunk_rows < table.shard_rows:
+        return _fill_chunks(table, ctx, uniq, inv, claimed, shards, slots, steps, dst, flat)
     got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats, chunks,
                                  np.where(held, claimed * per_slot, -1)[inv])
     failed = np.zeros(len(uniq), bool)
     failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
     table.commit(uniq[held & ~failed], table.fds)
     table.release(uniq[held & failed])
+    return got, kernel
+
+
+def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.ndarray,
+                 claimed: np.ndarray, shards: np.ndarray, slots: np.ndarray,
+                 steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
+                 ) -> tuple[np.ndarray, bool]:
+    """:func:`_read_filling` for shards of several chunks. The rows are read alone first
+    (that call opens the versions they need); then every chunk of each claimed shard that
+    holds rows of the version now open (its trusted rows) is decoded into the shard's slot
+    by a second call, which opens nothing, so a slot never mixes two versions (a shard
+    grows chunk by chunk: a chunk read from an older version may lack rows)."""
+    got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
+    fds = table.fds
+    fill = np.flatnonzero((claimed >= 0) & (fds.tab[uniq, fds.FD] >= 0))
+    fill = fill[~np.isin(fill, inv[~got])]  # (a row of the shard failed: not this time)
+    e = fds.tab[uniq[fill]].copy()
+    R, S = table.chunk_rows, table.shard_rows
+    rows = np.clip(np.minimum(e[:, fds.NROWS], e[:, fds.TRUSTED] - e[:, fds.FIRST]), 0, S)
+    n_chunks = -(-rows // R)
+    if kernel and n_chunks.sum():
+        owner = np.repeat(np.arange(len(fill)), n_chunks)
+        c = np.arange(len(owner)) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+        per_slot = table.values[0].nbytes
+        scratch = np.empty((len(owner), flat.shape[1]), np.uint8)
+        ok, kernel = fds.read(
+            uniq[fill][owner], c * R, e[owner, fds.FIRST] + c * R,
+            np.arange(len(owner), dtype=np.int64), scratch, ctx.stats,
+            table.values.reshape(len(table.values), -1).view(np.uint8),
+            claimed[fill][owner] * per_slot + c * (per_slot // S * R))
+        bad = np.zeros(len(fill), bool)
+        bad[owner[~ok]] = True
+        bad |= fds.tab[uniq[fill], fds.GEN] != e[:, fds.GEN]  # (reopened: not this time)
+        done = fill[~bad]
+        kept = uniq[done]
+        table.first[kept] = e[~bad, fds.FIRST]
+        table.n_rows[kept] = rows[~bad]
+        table.trusted[kept] = e[~bad, fds.TRUSTED]
+        table.fd[kept] = -1
+    else:
+        done = fill[:0]
+    rest = np.setdiff1d(np.flatnonzero(claimed >= 0), done)
+    table.release(uniq[rest])
     return got, kernel
 
 

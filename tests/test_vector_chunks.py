@@ -1,0 +1,105 @@
+"""Vector fields (several values per row under 1 KiB: state observations, continuous
+actions) are stored in chunks of about ``VECTOR_CHUNK_BYTES``, so a row the hot set does not
+hold reads a few KiB, not its shard's whole chunk. Stores made before keep one chunk per
+shard and read as they are; plain zarr reads both.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import zarr
+
+import expstore as es
+import expstore.api
+from expstore.storage.format import VECTOR_CHUNK_BYTES, vector_chunk_rows
+
+N = 700  # transitions written (the ring holds 1024)
+
+
+def spec() -> es.Spec:
+    return es.Spec.create(obs=es.Field((17,), np.float32),
+                          action=es.Field((6,), np.float32, low=-1, high=1))
+
+
+def fill(path, **kw) -> es.Store:
+    store = es.create(path, spec(), capacity=1024, shard_rows=512, fsync=False, **kw)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((N + 1, 17)).astype(np.float32)
+    act = rng.uniform(-1, 1, (N, 6)).astype(np.float32)
+    for i in range(N):
+        end = i % 50 == 49
+        store.add(obs[i], act[i], float(i), obs[i + 1], end, False)
+    store.flush()
+    return store
+
+
+def test_vector_chunk_rows_stay_within_the_bytes_and_divide_the_shard():
+    assert vector_chunk_rows(68, 4096, 8192) == 64  # 17 float32s: 4,352 B chunks
+    assert vector_chunk_rows(24, 4096, 8192) == 256  # 6 float32s
+    assert vector_chunk_rows(800, 4096, 8192) == 8
+    assert vector_chunk_rows(9000, 4096, 8192) == 1  # a row larger than the target
+    assert vector_chunk_rows(68, 32, 8192) == 32  # never more than the shard
+    assert vector_chunk_rows(68, 100, 8192) == 4  # a divisor of an odd shard size
+
+
+def test_new_stores_chunk_vectors_and_plain_zarr_reads_them(tmp_path):
+    store = fill(tmp_path / "s.zarr")
+    L = store.layout
+    assert L.vector_chunk_bytes == VECTOR_CHUNK_BYTES
+    assert (L.chunk_rows("obs"), L.chunk_rows("action")) == (64, 256)
+    assert L.chunk_rows("reward") == L.chunk_rows("_flags") == 512  # scalars: the shard
+    meta = json.loads((tmp_path / "s.zarr" / "obs" / "zarr.json").read_text())
+    sharding = meta["codecs"][0]["configuration"]
+    assert sharding["chunk_shape"] == [64, 17]
+    rows = np.arange(N)
+    got = store.transitions(rows[store.index.valid(rows, 0, 1)])
+    store.close()
+    z = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    np.testing.assert_array_equal(z["obs"][:N][got["step_id"]], got["obs"])
+    np.testing.assert_array_equal(z["action"][:N][got["step_id"]], got["action"])
+
+
+def test_a_store_made_before_vector_chunks_gives_the_same_batches(tmp_path, monkeypatch):
+    new = fill(tmp_path / "new.zarr")
+    with monkeypatch.context() as m:
+        m.setattr(expstore.api, "VECTOR_CHUNK_BYTES", None)  # as older expstore wrote
+        old = fill(tmp_path / "old.zarr")
+    new.close()
+    old.close()
+    attrs = json.loads((tmp_path / "old.zarr" / "zarr.json").read_text())["attributes"]
+    assert "vector_chunk_bytes" not in attrs["expstore"]
+    for hot_bytes in (None, 0, 40_000):  # all held, none held, some shards held
+        kw = {} if hot_bytes is None else {"hot_bytes": hot_bytes}
+        a, b = es.open(tmp_path / "new.zarr", **kw), es.open(tmp_path / "old.zarr", **kw)
+        assert b.layout.chunk_rows("obs") == 512 and a.layout.chunk_rows("obs") == 64
+        for seed in range(10):
+            x = a.sample(64, rng=np.random.default_rng(seed))
+            y = b.sample(64, rng=np.random.default_rng(seed))
+            assert x.keys() == y.keys()
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+        a.close()
+        b.close()
+
+
+def test_a_row_past_the_hot_set_reads_a_small_chunk(tmp_path, monkeypatch):
+    """With no hot set, reading a few rows costs their ~4 KiB chunks, not each shard's
+    whole 35 KiB chunk of obs as in a store made before."""
+    fill(tmp_path / "new.zarr").close()
+    with monkeypatch.context() as m:
+        m.setattr(expstore.api, "VECTOR_CHUNK_BYTES", None)
+        fill(tmp_path / "old.zarr").close()
+    read = {}
+    for name in ("new", "old"):
+        store = es.open(tmp_path / f"{name}.zarr", hot_bytes=0)
+        rows = np.arange(N)
+        store.transitions(rows[store.index.valid(rows, 0, 1)])  # (every shard opened)
+        st = store.reader.stats
+        before = st.bytes
+        got = store.transitions(np.array([100, 600]))
+        read[name] = st.bytes - before
+        assert np.isfinite(got["obs"]).all()
+        store.close()
+    assert 0 < read["new"] < read["old"] / 3, read
