@@ -1,4 +1,4 @@
-"""Vector fields (several values per row under 1 KiB: state observations, continuous
+"""Small fields. Vector fields (several values per row under 1 KiB: state observations, continuous
 actions) are stored in chunks of about ``VECTOR_CHUNK_BYTES``, so a row the hot set does not
 hold reads a few KiB, not its shard's whole chunk. Stores made before keep one chunk per
 shard and read as they are; plain zarr reads both.
@@ -103,3 +103,30 @@ def test_a_row_past_the_hot_set_reads_a_small_chunk(tmp_path, monkeypatch):
         assert np.isfinite(got["obs"]).all()
         store.close()
     assert 0 < read["new"] < read["old"] / 3, read
+
+
+def test_small_fields_are_written_in_small_blosc_blocks_and_read_back(tmp_path):
+    """A row of a scalar chunk is decoded with the ~1 KiB blosc block holding it (the
+    block size each frame records), by the kernel from held compressed chunks as by
+    numcodecs."""
+    spec_ = es.Spec.create(obs=es.Field((3,), np.float32), action=es.Field((), np.int64))
+    store = es.create(tmp_path / "s.zarr", spec_, capacity=8192, shard_rows=4096,
+                      fsync=False)
+    rng = np.random.default_rng(1)
+    acts = rng.integers(0, 1 << 40, 5000)
+    for i in range(5000):
+        store.add(np.full(3, i, np.float32), int(acts[i]), 0.0, np.full(3, i + 1, np.float32),
+                  False, False)
+    store.close()
+    raw = (tmp_path / "s.zarr" / "action" / "c" / "0").read_bytes()
+    off, nb = np.frombuffer(raw[:16], np.uint64)
+    blosc = raw[int(off):int(off + nb)]
+    assert int.from_bytes(blosc[8:12], "little") == 127 * 8  # block size: 127 int64s
+    assert int.from_bytes(blosc[4:8], "little") == 4096 * 8  # 33 blocks in the chunk
+    for hot_bytes in (None, 0):  # decoded shards; held compressed chunks (the kernel)
+        kw = {} if hot_bytes is None else {"hot_bytes": hot_bytes}
+        reader = es.open(tmp_path / "s.zarr", **kw)
+        rows = rng.choice(4999, 300, replace=False)
+        got = reader.transitions(rows)
+        np.testing.assert_array_equal(got["action"], acts[got["obs"][:, 0].astype(np.int64)])
+        reader.close()

@@ -20,7 +20,7 @@ from ...errors import SpecError, StoreCorruptError, StoreNotFoundError
 from ...field import Field
 from ...spec import Spec
 from ..backends import Backend
-from .shard import Checked, make_codec, zarr_codec
+from .shard import SMALL_BLOCK_BYTES, Checked, make_codec, zarr_codec
 
 FORMAT_VERSION = 1
 #: array attribute holding a copy of the group's ``expstore`` attribute (the layout)
@@ -119,7 +119,8 @@ class Layout:
     def codec(self, name: str) -> Any:
         """numcodecs codec of one inner chunk of ``name`` (crc32c appended if ``checksum``)."""
         f = self.fields[name]
-        codec = make_codec(f.resolved_codec(), f.dtype.itemsize)
+        codec = make_codec(f.resolved_codec(), f.dtype.itemsize,
+                           0 if self.chunk_rows(name) == 1 else SMALL_BLOCK_BYTES)
         return Checked(codec) if self.checksum else codec
 
     def to_attrs(self) -> dict[str, Any]:
