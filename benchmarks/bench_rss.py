@@ -373,22 +373,25 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
 
 
 def flat_child(path: Path, repeats: int, seconds: float) -> dict:
-    """The measurement of :func:`sample_cost` on one store, in this (fresh) process."""
+    """The measurement of :func:`sample_cost` on one store, in this (fresh) process: the
+    store as opened by default, then (closed first, so it has the process's descriptors
+    to itself) opened again with no decoded-frame cache."""
     from benchmarks.baselines import timed_loop
 
     store = es.open(path)
-    off = es.open(path, cache_bytes=0)  # the read path alone, no decoded-frame cache
     rows = len(store)
     side = store.layout.spec.fields["obs"].shape[0]
     r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
-               "shard_rows": store.layout.shard_rows, "frame": f"{side}x{side}"}
-    st = store.reader.stats
+               "shard_rows": store.layout.shard_rows, "frame": f"{side}x{side}",
+               "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
     # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has them),
     # and at least one timed loop
     warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
-    for bs in (32, 256):
-        for tag, s in (("", store), ("_nocache", off)):
-            step = functools.partial(s.sample, bs)
+    for tag in ("", "_nocache"):
+        if tag:  # the read path alone
+            store = es.open(path, cache_bytes=0)
+        for bs in (32, 256):
+            step = functools.partial(store.sample, bs)
             for _ in range(warm[bs]):
                 step()
             timed_loop(step, bs, seconds)
@@ -396,24 +399,34 @@ def flat_child(path: Path, repeats: int, seconds: float) -> dict:
             r[f"us_per_batch_bs{bs}{tag}"] = 1e6 * bs / statistics.median(runs)
             if not tag:
                 r[f"tps_bs{bs}"] = statistics.median(runs)
+        if not tag:
+            r.update(_read_counters(store))
+        store.close()
+    r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return r
+
+
+def _read_counters(store: es.Store) -> dict:
+    """Reads, shard opens and descriptors per batch of 32 of ``store`` (warm)."""
+    st = store.reader.stats
     tables = store.reader.tables
     scalars = [n for n in ("action", "reward", "terminated", "truncated")
                if tables[n].fds is not None]
     req0, bound0 = st.requests, tables["obs"].fds.opened
     scalar0 = sum(tables[n].fds.opened for n in scalars)
     heads0 = sum(t.opened for t in tables.values())
+    hits0, misses0 = st.row_cache_hits, st.row_cache_misses
     for _ in range(20):
         store.sample(32)
-    r["requests_per_batch_bs32"] = (st.requests - req0) / 20
-    r["shard_opens_per_batch_bs32"] = (tables["obs"].fds.opened - bound0) / 20
-    r["scalar_opens_per_batch_bs32"] = (sum(tables[n].fds.opened for n in scalars)
-                                        - scalar0) / 20
-    r["index_opens_per_batch_bs32"] = (sum(t.opened for t in tables.values()) - heads0) / 20
-    r["open_fds"] = len(os.listdir("/proc/self/fd"))
-    r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    r["frame_cache_hit_rate"] = st.row_cache_hits / max(1, st.row_cache_hits
-                                                          + st.row_cache_misses)
-    return r
+    hits, misses = st.row_cache_hits - hits0, st.row_cache_misses - misses0
+    return {"requests_per_batch_bs32": (st.requests - req0) / 20,
+            "shard_opens_per_batch_bs32": (tables["obs"].fds.opened - bound0) / 20,
+            "scalar_opens_per_batch_bs32": (sum(tables[n].fds.opened for n in scalars)
+                                            - scalar0) / 20,
+            "index_opens_per_batch_bs32": (sum(t.opened for t in tables.values()) - heads0)
+            / 20,
+            "open_fds": len(os.listdir("/proc/self/fd")),
+            "frame_cache_hit_rate": hits / max(1, hits + misses)}
 
 
 def measure(path: Path, mode: str, batches: int) -> dict:

@@ -19,6 +19,7 @@ from .errors import SpecError, StoreCorruptError, StoreLockedError
 from .spec import Spec
 from .storage.backends import Backend, backend_for
 from .storage.format import (
+    META_ROW_BYTES,
     VECTOR_CHUNK_BYTES,
     LaneState,
     Layout,
@@ -40,8 +41,9 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
-    what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096). ``fsync``:
-    flushes survive power loss, not only process crashes (costs ~4 ms per object written).
+    what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096; up to 16,384
+    for stores of more than 4,096 such shards of small rows). ``fsync``: flushes survive
+    power loss, not only process crashes (costs ~4 ms per object written).
     Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
     process holds a lane's write lease). ``overwrite=True`` replaces only an expstore
     store, or fills an empty or missing folder (prefix): anything else there is refused
@@ -59,7 +61,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
         raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
                         f"for a vector env), got {lanes!r}")
-    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes)))
+    row_bytes = sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
+    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes), row_bytes))
     asked = int(capacity)
     capacity = round_capacity(asked, int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,

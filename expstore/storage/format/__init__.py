@@ -24,6 +24,7 @@ from .index_snapshot import (
     valid_steps,
 )
 from .layout import (
+    META_ROW_BYTES,
     VECTOR_CHUNK_BYTES,
     Layout,
     auto_shard_rows,
@@ -61,7 +62,8 @@ __all__ = [
     "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
     "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
-    "STATE_VERSION", "ShardHead", "ShardImage", "VECTOR_CHUNK_BYTES", "auto_shard_rows",
+    "META_ROW_BYTES", "STATE_VERSION", "ShardHead", "ShardImage", "VECTOR_CHUNK_BYTES",
+    "auto_shard_rows",
     "check_arrays", "vector_chunk_rows",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
     "encoder", "expected_metadata", "import_is_partial", "index_size", "layout_from_arrays",

@@ -31,6 +31,8 @@ META_FIELDS: dict[str, Field] = {
     "_episode_step": Field((), np.int32, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
     "_flags": Field((), np.uint8, codec={"name": "blosc", "cname": "lz4", "clevel": 5}),
 }
+#: bytes per row of the metadata fields
+META_ROW_BYTES = sum(f.row_nbytes for f in META_FIELDS.values())
 
 
 @dataclass(frozen=True)
@@ -163,16 +165,33 @@ def vector_chunk_rows(row_bytes: int, shard_rows: int, chunk_bytes: int) -> int:
     return math.gcd(rows, shard_rows)
 
 
-def auto_shard_rows(capacity: int, lanes: int = 1) -> int:
-    """Default rows per shard: a power of two near 1/32 of a lane, within 64..4096.
+#: shards per field above which a store of small rows gets larger shards (a reader holds
+#: a descriptor per shard it reads; 100M rows in 4096-row shards are 24,415 per field)
+MAX_SHARDS = 4096
+#: the largest shard :func:`auto_shard_rows` picks, and the most bytes of one shard's rows
+#: (all fields) it lets a lane writer stage for it
+MAX_SHARD_ROWS, MAX_SHARD_BYTES = 16384, 8 << 20
+
+
+def auto_shard_rows(capacity: int, lanes: int = 1, row_bytes: int | None = None) -> int:
+    """Default rows per shard: a power of two near 1/32 of a lane, within 64..4096; for
+    stores of more than :data:`MAX_SHARDS` such shards per field whose rows (``row_bytes``,
+    all fields) are small, up to 16,384, so that a reader holds every shard open (a
+    100M-row store of small frames: 6,104 shards per field, not 24,415).
 
     4096-row shards keep per-object costs (open, index, fsync: ~4 ms each here) small per
     row; smaller stores get smaller shards so that a shard (the unit the writer invalidates
-    ahead of itself, and the loader's guard band) stays ~3% of a lane.
+    ahead of itself, and the loader's guard band) stays ~3% of a lane. A larger shard costs
+    the writer RAM (a lane stages a shard's rows: at most ``MAX_SHARD_BYTES`` here).
     """
     per_lane = max(1, capacity // max(1, lanes))
-    rows = 1 << max(0, (per_lane // 32).bit_length() - 1)
-    return int(min(4096, max(64, rows)))
+    near = 1 << max(0, (per_lane // 32).bit_length() - 1)
+    rows = int(min(4096, max(64, near)))
+    if row_bytes and capacity > MAX_SHARDS * rows:
+        enough = 1 << (-(-capacity // MAX_SHARDS) - 1).bit_length()  # shards <= MAX_SHARDS
+        fits = 1 << max(0, (MAX_SHARD_BYTES // max(1, row_bytes)).bit_length() - 1)
+        rows = max(rows, min(MAX_SHARD_ROWS, enough, fits, near))
+    return rows
 
 
 def round_capacity(capacity: int, lanes: int = 1, shard_rows: int | None = None) -> int:

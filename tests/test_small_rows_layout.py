@@ -1,8 +1,8 @@
-"""Small fields. Vector fields (several values per row under 1 KiB: state observations, continuous
-actions) are stored in chunks of about ``VECTOR_CHUNK_BYTES``, so a row the hot set does not
-hold reads a few KiB, not its shard's whole chunk. Stores made before keep one chunk per
-shard and read as they are; plain zarr reads both.
-"""
+"""The layout of small rows (issue 26): vector fields (several values per row under 1 KiB:
+state observations, continuous actions) in chunks of about ``VECTOR_CHUNK_BYTES``, small
+fields' chunks in small blosc blocks, and larger shards for large stores of small rows, so a
+row the hot set does not hold costs a few KiB and no shard reopen. Stores made before keep
+one chunk per shard and read as they are; plain zarr reads both."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import zarr
 
 import expstore as es
 import expstore.api
-from expstore.storage.format import VECTOR_CHUNK_BYTES, vector_chunk_rows
+from expstore.storage.format import VECTOR_CHUNK_BYTES, auto_shard_rows, vector_chunk_rows
 
 N = 700  # transitions written (the ring holds 1024)
 
@@ -130,3 +130,23 @@ def test_small_fields_are_written_in_small_blosc_blocks_and_read_back(tmp_path):
         got = reader.transitions(rows)
         np.testing.assert_array_equal(got["action"], acts[got["obs"][:, 0].astype(np.int64)])
         reader.close()
+
+
+def test_large_stores_of_small_rows_get_larger_shards(tmp_path):
+    """Past 4,096 shards of 4096 rows per field, stores of small rows get up to 16,384-row
+    shards (a reader then holds each shard's descriptor), within 8 MiB of staged rows per
+    shard and ~1/32 of a lane; Atari-sized rows and smaller stores keep 4096."""
+    assert auto_shard_rows(1_000_000, 1, 100) == 4096
+    assert auto_shard_rows(16_777_216, 1, 100) == 4096  # exactly 4,096 shards
+    assert auto_shard_rows(20_000_000, 1, 100) == 8192
+    assert auto_shard_rows(100_000_000, 1, 45) == 16384  # 6,104 shards, not 24,415
+    assert auto_shard_rows(100_000_000, 1, 7100) == 4096  # 16,384 rows would be 116 MB
+    assert auto_shard_rows(100_000_000, 256, 45) == 8192  # 1/32 of a 390k-row lane
+    assert auto_shard_rows(100_000_000, 1) == 4096  # row size not known (as before)
+    small = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    store = es.create(tmp_path / "s.zarr", small, capacity=20_000_000, mode="r")
+    assert store.layout.shard_rows == 8192
+    store.close()
+    again = es.open(tmp_path / "s.zarr")
+    assert again.layout.shard_rows == 8192
+    again.close()
