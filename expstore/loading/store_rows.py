@@ -122,6 +122,13 @@ class StoreRows:
             mask = steps >= committed[rows // self.lane_capacity]
         return mask if mask.any() else None
 
+    def _in_writer(self, lane: int, steps: np.ndarray) -> tuple[Any, np.ndarray] | None:
+        """This process's writer of ``lane`` and which of ``steps`` (at or above the
+        lane's committed count) its RAM holds: those below its count; ``None`` where no
+        writer of this process writes the lane. (The one home of that rule.)"""
+        w = self.writers.get(lane)
+        return None if w is None else (w, steps < w.count)
+
     def read_staged(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
         """Rows at or above their lane's committed count, from staging into ``out``:
@@ -133,10 +140,10 @@ class StoreRows:
         stored = np.zeros(len(rows), bool)
         for i in np.unique(lane).tolist():
             sel = np.flatnonzero(lane == i)
-            w = self.writers.get(i)
+            own = self._in_writer(i, steps[sel])
             session = self.sessions.get(i)
-            if w is not None:  # this process's writer: its RAM
-                mine = steps[sel] < w.count
+            if own is not None:  # this process's writer: its RAM
+                w, mine = own
                 if mine.any():
                     out[sel[mine]] = w.staged(name, steps[sel[mine]])
                     ok[sel[mine]] = True
@@ -243,10 +250,10 @@ class StoreRows:
             sel = np.flatnonzero(mask)
             lanes = rows[sel] // self.lane_capacity
             lane = int(lanes[0])
-            w = self.writers.get(lane)
-            if w is None or (lanes != lane).any() or int(steps[sel].max()) >= w.count:
+            own = self._in_writer(lane, steps[sel])
+            if own is None or (lanes != lane).any() or not own[1].all():
                 return False
-            picks.append((sel, w, steps[sel]))
+            picks.append((sel, own[0], steps[sel]))
         for loc, name, out in jobs:
             pick = picks[loc]
             if pick is not None:
