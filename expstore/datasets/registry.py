@@ -156,7 +156,8 @@ def get_format(name: str) -> Format:
 _STORE = {
     "capacity": "store capacity in rows (default: what the data needs; rounded up to "
                 "whole shards)",
-    "shard_rows": "rows per shard object (default: automatic, 64..4096)",
+    "shard_rows": "rows per shard object (default: automatic, 64..4096, up to 16384 for large "
+                  "stores of small rows)",
     "fsync": "fsync every object written (survives power loss; slower)",
     "reject_nonfinite": "refuse NaN/inf values (false: store them)",
     "block_rows": "rows read and written at a time (memory ~ one block)",
