@@ -12,7 +12,8 @@ than the caller), it waits for the oldest one: RAM stays bounded. ``flush()`` wa
 the queued shards, writes the open one and commits. Each field's shard object is
 assembled incrementally (``shard.ShardImage``): a flush encodes only rows added since the
 last one, and on local disk rewrites the object in place through a spare link
-(``rewrite.Rewrite``).
+(``rewrite.Rewrite``). Committing a shard is ``shard_commit.py``; how many buffers a lane
+gets, ``buffer_pool.py``.
 
 A write that fails (disk full, read-only storage) changes nothing committed and drops no
 row: the shard waits in ``pending`` (RAM), later shards of the lane wait behind it, the
@@ -28,36 +29,23 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from ...errors import StoreLockedError, WriteFailedError
-from ...rows import FLAG_LAST
-from .. import faults
+from ...errors import StoreLockedError
 from ..backends import Backend
-from ..format import LaneState, Layout, ShardImage, encoder, rows_encoder, state_key, write_state
-from .background import FORKS, Background, check_lease
+from ..format import LaneState, Layout, ShardImage, encoder, rows_encoder
+from .background import FORKS, Background
+from .buffer_pool import MAX_BUFFERS, POOL_BYTES, pool_size
 from .lane_rows import shard_addresses
-from .rewrite import Lineage, Rewrite, RewritingPuts
+from .rewrite import Lineage
 from .shard_buffer import ShardBuffer
+from .shard_commit import commit_shard
 from .snapshot_blocks import SnapshotBlocks
 from .staging import N_WORD as _N
 from .staging import SharedStaging
 
-#: shard buffers of a store's lanes together (bytes): each lane gets its share of this as
-#: 3 to ``MAX_BUFFERS`` buffers (small shards: more, so that a burst of adds never waits
-#: for storage), or 2 where one shard's buffer (all fields) exceeds it
-POOL_BYTES = 64 << 20
-MAX_BUFFERS = 16
-
-
-def pool_size(shard_bytes: int, lanes: int) -> int:
-    """Shard buffers per lane for shards of ``shard_bytes`` bytes in a store of ``lanes``."""
-    if shard_bytes > POOL_BYTES:
-        return 2
-    share = POOL_BYTES // max(1, lanes)
-    return max(3, min(MAX_BUFFERS, share // max(1, shard_bytes)))
+__all__ = ["LaneWriter", "MAX_BUFFERS", "POOL_BYTES", "pool_size"]
 
 
 class LaneWriter:
@@ -483,103 +471,6 @@ class LaneWriter:
             self.backend.remove_tree(f"{self._spare_root}/{self._session}")
 
     def _commit(self, sh: ShardBuffer, partial: bool, background: bool = False) -> None:
-        """Write ``sh`` (every field's object) and the lane state covering it (§4)."""
-        L = self.layout
-        st = self._disk
-        end = sh.first_step + sh.n
-        # replacing the shard object drops the previous lap's rows in all its slots
-        valid_from = max(st.valid_from, sh.first_step + L.shard_rows - L.lane_capacity,
-                         min(self._lost_to, sh.first_step))
-        shard = self.shard_index(sh.first_step)
-        backend = self._background_backend() if background else self.backend
-        states = (RewritingPuts(backend, self._state_lineage) if self._local
-                  else backend)
-        key = "_state"
-        try:
-            if background:  # (the caller's thread: LeasedBackend checks it)
-                self._check_lease()
-            if valid_from > st.valid_from:
-                if faults.ARMED:
-                    faults.hit("flush.drop")
-                key = state_key(self.lane)
-                drop = min(valid_from, st.count)
-                write_state(states, LaneState(st.lane, st.count, drop, st.episodes,
-                                              st.generation))
-                st.valid_from = drop
-                st.generation += 1
-            sh.clean = False
-            if self._local:
-                for i, name in enumerate(L.fields):
-                    key = L.shard_key(name, shard)
-                    img = sh.images[name]
-                    img.update(sh.staging[name], sh.n)
-                    self._put(backend, key, name, img, sh, partial)
-                    if faults.ARMED and i == 0:
-                        faults.hit("flush.shards")
-            else:  # object stores: every field's object of the shard uploaded at once
-                uploads = []
-                for name in L.fields:
-                    img = sh.images[name]
-                    img.update(sh.staging[name], sh.n)
-                    uploads.append((L.shard_key(name, shard),
-                                    img.compact(sh.first_step, sh.n, L.checksum)))
-                key = f"{uploads[0][0]} (and the shard's other fields)"
-                backend.put_many(uploads)
-            if faults.ARMED:
-                faults.hit("flush.state")
-            key = state_key(self.lane)
-            if background and not hasattr(backend, "commit_state"):  # (a fence refuses a
-                self._check_lease()  # commit after a takeover: no check needed)
-            new_rows = slice(max(st.count - sh.first_step, 0), sh.n)
-            finals = int(np.count_nonzero(sh.staging["_flags"][new_rows] & FLAG_LAST))
-            new = LaneState(st.lane, end, valid_from, st.episodes + finals, st.generation)
-            write_state(states, new)
-        except OSError as e:
-            raise WriteFailedError(
-                e.errno, f"{self.backend.url}/{key}: write failed ({e.strerror or e}); lane "
-                f"{self.lane} keeps {self.count - st.count} uncommitted rows in RAM for the "
-                f"next flush(); committed rows are intact") from e
-        self._disk = new
-        if self.shared is not None:
-            self.shared.set_committed(end)
-        if not partial and self.snapshot is not None:  # (after the commit: §4)
-            self.snapshot.committed(backend, sh.first_step,
-                                    sh.staging["_episode_step"][:sh.n],
-                                    sh.staging["_flags"][:sh.n])
-        if faults.ARMED:
-            faults.hit("flush.done")
-        if not partial and sh.spare_dir is not None:
-            for lin in sh.lineages:
-                lin.close()
-            backend.remove_tree(sh.spare_dir)  # the shard's next lap starts from new files
-            sh.spare_dir, sh.lineages = None, []
-
-    def _put(self, backend: Any, key: str, name: str, img: ShardImage, sh: ShardBuffer,
-             partial: bool) -> None:
-        L = self.layout
-        if not partial or not self._local:
-            if self._local and not img.loose:  # the image as it is, without a copy
-                img.seal(sh.first_step, sh.n, L.checksum)
-                backend.put(key, img.buf)
-            else:
-                backend.put(key, img.compact(sh.first_step, sh.n, L.checksum))
-            return
-        lin = self._spares.get(name)
-        if lin is None:
-            lin = self._spares[name] = Lineage(f"{self._spare_dir(sh)}/{name.replace('/', '%')}")
-            self._regate()
-        img.seal(sh.first_step, sh.n, L.checksum)
-        backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
-
-    def _background_backend(self) -> Any:
-        """The backend for the background thread: a lane lease is checked there
-        (:func:`check_lease`), not renewed (the caller's thread renews it on every add; two
-        threads renewing at once would see each other's renewal as a takeover). On object
-        stores, the lease's fence: shard uploads and the state commit are conditional."""
-        lease = getattr(self.backend, "lease", None)
-        if lease is None:
-            return self.backend
-        return lease.fence if lease.fence is not None else self.backend._backend
-
-    def _check_lease(self) -> None:
-        check_lease(getattr(self.backend, "lease", None), self.backend.url, self.lane)
+        """Write ``sh`` (every field's object) and the lane state covering it (§4):
+        :func:`~.shard_commit.commit_shard`."""
+        commit_shard(self, sh, partial, background)
