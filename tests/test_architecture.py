@@ -85,6 +85,9 @@ LAYERS: dict[str, int] = {
     "expstore.testing": 6,
     # 7: the command line and the package face
     "expstore.cli": 7,
+    "expstore.cli_common": 7,
+    "expstore.cli_store_commands": 7,
+    "expstore.cli_dataset_commands": 7,
     "expstore": 7,
 }
 
