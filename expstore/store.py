@@ -73,7 +73,7 @@ class Store:
     #: by shard as they are first read; a 1M-row store of 17-dim float32 obs and 6-dim
     #: actions takes ~100 MB. Where a field's share does not hold every shard it may,
     #: shards are admitted while there is room and never evicted (see
-    #: ``storage/read/read_cache.py``). Independent of capacity; every DataLoader worker
+    #: ``storage/read/shard_table.py``). Independent of capacity; every DataLoader worker
     #: process keeps its own (``make_loader(hot_bytes=...)``).
     hot_bytes: int = 512 << 20
 

@@ -1,7 +1,7 @@
 """The hot set: a reader's decoded small fields, and a batch gathered out of it at once.
 
 Fields stored many rows per chunk (scalars, state vectors: everything but frames) keep
-decoded shards in their :class:`~expstore.storage.read.read_cache.ShardTable` value slots,
+decoded shards in their :class:`~expstore.storage.read.shard_table.ShardTable` value slots,
 within the field's share of the store's ``hot_bytes`` (``kernel_budget.kernel_shares``:
 shares by row bytes, so every field holds the same fraction of its shards). Slots are
 taken as shards are first read and never given to another shard: where the budget holds

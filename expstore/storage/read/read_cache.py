@@ -1,286 +1,30 @@
-"""Vectorized lookups for the batch read path: no Python per row or per shard.
-
-:class:`ShardTable` mirrors, as flat numpy arrays indexed by shard, what a
-:class:`~expstore.storage.read.reader.ShardReader` holds for one field: the version of each
-cached shard (first step, rows, the committed count it is trusted for, its file
-descriptor), and per shard either the byte range of every inner chunk (fields stored one
-row per chunk: frames) or the decoded values of the whole shard (fields stored many rows
-per chunk: scalars, small vectors). Checking which rows of a batch a cached version
-holds, and finding their bytes or values, is then a handful of array operations.
+"""The row cache of the batch read path and the functions that serve a batch's rows.
 
 :class:`RowCache` keeps decoded rows of one field, direct-mapped by row: a lookup is an
 array comparison, an insert an array assignment. Entries are keyed by (row, lane step),
 and only rows read through a trusted version are inserted, so a hit is always the data
 the writer committed for that step.
+
+:func:`serve` and :func:`serve_held` serve a field's rows of a batch from the decoded
+values a :class:`~.shard_table.ShardTable` holds, the row cache, and one call of the C
+kernel through the field's :class:`~.fd_table.FdTable`. Those two classes (and
+``TAB_COLS``, ``ECACHE_COLS``) are importable from here too.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..format import ShardHead
 from ..native import copy_rows, native
-from .kernel_budget import decoded_slots, worth_filling
+from .fd_table import ECACHE_COLS, TAB_COLS, FdTable
+from .shard_table import ShardTable
 
-#: columns of FdTable.tab (what the C kernel keeps per shard)
-TAB_COLS = 6 if native is None else native.TAB_COLS
-ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
+__all__ = ["ECACHE_COLS", "TAB_COLS", "FdTable", "KernelRead", "RowCache", "ShardTable",
+           "serve", "serve_held"]
 
-
-class ShardTable:
-    """Cached shard versions of one field, as arrays over shards (see module docstring).
-
-    ``values_budget``: bytes of decoded values kept for multi-row-chunk fields (this
-    field's share of the store's hot set, ``open(hot_bytes=...)``): shards are admitted as
-    they are first read while it has room, never evicted; rows of shards left out are read
-    by the kernel through ``fds`` (only the blosc blocks holding them decoded), else the
-    general path. ``fds``: the field's descriptors for the kernel (``None``: no
-    kernel); frame fields (one row per chunk) are read only through them.
-    """
-
-    def __init__(self, n_shards: int, shard_rows: int, chunk_rows: int, shape: tuple,
-                 dtype: np.dtype, values_budget: int, fds: FdTable | None = None) -> None:
-        self.shard_rows = shard_rows
-        self.chunk_rows = chunk_rows
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        self.first = np.full(n_shards, -1, np.int64)  # first lane step, -1: none cached
-        self.n_rows = np.zeros(n_shards, np.int64)
-        self.trusted = np.zeros(n_shards, np.int64)  # serves steps below this count
-        self.fd = np.full(n_shards, -1, np.int32)
-        self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
-        self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
-        self.fds = fds
-        self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
-        per_slot = shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
-        self.max_slots = 0 if chunk_rows == 1 else decoded_slots(n_shards, per_slot,
-                                                                  values_budget)
-        self.opened = 0  # versions bound so far (shard opens of this field)
-
-    @property
-    def per_row(self) -> bool:
-        """Whether each inner chunk holds one row (its bytes are read and decoded per row)."""
-        return self.chunk_rows == 1
-
-    def bind(self, shard: int, fd: int, head: ShardHead, trusted: int,
-             values: np.ndarray | None = None) -> None:
-        """Record the version of ``shard`` just cached (``values``: its decoded rows).
-        Frame fields keep nothing here: the kernel opens their shards itself (``fds``)."""
-        self.unbind(shard)
-        self.opened += 1
-        if values is None or not self.max_slots:
-            return  # rows of this shard: the kernel (fds) or the general path
-        s = self._take_slot(shard)
-        if s < 0:
-            return  # the budget is full: this shard's rows are read, not held
-        self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
-        self.trusted[shard], self.fd[shard] = trusted, fd
-        self.values[s] = values
-
-    @property
-    def fills(self) -> bool:
-        """Whether the kernel decodes missed shards straight into value slots: chunks of
-        more than one row, and room enough (``kernel_budget.worth_filling``: vectors one
-        shard, scalars half of them; with less, the budget holds compressed chunks:
-        ``kernel_shares``). A shard of several chunks is filled whole, all its chunks read
-        the first time one of its rows is."""
-        return self.chunk_rows > 1 and worth_filling(
-            self.max_slots, len(self.slot), int(np.prod(self.shape, dtype=np.int64)))
-
-    @property
-    def full(self) -> bool:
-        """Whether every value slot the budget allows is taken: no shard is admitted any
-        more (rows of shards without a slot are read alone; a shard holding one is still
-        refilled when a lap rewrote it)."""
-        return len(self.owner) >= self.max_slots and not (self.owner < 0).any()
-
-    def claim(self, shards: np.ndarray) -> np.ndarray:
-        """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
-        if they hold one, else free ones while the budget has room; -1 where none is left
-        (admission, not eviction: a slot once given to a shard stays its own, refilled when
-        a lap rewrites the shard, so a store past the budget never churns; rows of shards
-        without a slot are decoded alone, straight into the batch). The shards are not
-        ready until :meth:`commit`."""
-        s = self.slot[shards]
-        need = np.flatnonzero(s < 0)
-        if len(need):
-            free = np.flatnonzero(self.owner < 0)
-            if len(free) < len(need) and len(self.owner) < self.max_slots:
-                self._grow(min(self.max_slots,
-                               max(8, 2 * len(self.owner), len(self.owner) + len(need))))
-                free = np.flatnonzero(self.owner < 0)
-            free = free[: len(need)]
-            got = need[: len(free)]
-            self.owner[free] = shards[got]
-            self.slot[shards[got]] = free
-            s[got] = free
-        self.first[shards] = -1
-        return s
-
-    def commit(self, shards: np.ndarray, fds: FdTable) -> None:
-        """Shards whose chunk the kernel decoded into their claimed slot: ready, as the
-        version ``fds`` holds for them."""
-        e = fds.tab[shards]
-        self.first[shards] = e[:, fds.FIRST]
-        self.n_rows[shards] = e[:, fds.NROWS]
-        self.trusted[shards] = e[:, fds.TRUSTED]
-        self.fd[shards] = -1  # the descriptor is the kernel's
-
-    def release(self, shards: np.ndarray) -> None:
-        """Free the slots claimed for ``shards`` (the kernel did not fill them)."""
-        s = self.slot[shards]
-        held = s >= 0
-        self.owner[s[held]] = -1
-        self.slot[shards] = -1
-        self.first[shards] = -1
-
-    def unbind(self, shard: int) -> None:
-        s = int(self.slot[shard])
-        if s >= 0:
-            self.owner[s] = -1
-        self.slot[shard] = -1
-        self.first[shard] = -1
-        self.fd[shard] = -1
-
-    def clear(self) -> None:
-        for shard in np.flatnonzero(self.slot >= 0).tolist():
-            self.unbind(shard)
-        if self.fds is not None:
-            self.fds.clear()
-
-    def _take_slot(self, shard: int) -> int:
-        """A free value slot for ``shard`` (-1: the budget is full; nothing is evicted)."""
-        free = np.flatnonzero(self.owner < 0)
-        if len(free):
-            s = int(free[0])
-        elif len(self.owner) < self.max_slots:
-            s = len(self.owner)
-            self._grow(min(self.max_slots, max(8, 2 * len(self.owner))))
-        else:
-            return -1
-        self.owner[s] = shard
-        self.slot[shard] = s
-        return s
-
-    def _grow(self, n: int) -> None:
-        old = len(self.owner)
-        self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
-        grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
-        grown[:old] = self.values
-        self.values = grown
-
-    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Rows the cached versions hold and are trusted for (step < trusted count); for
-        frame fields, the versions the kernel holds open."""
-        if self.per_row:
-            if self.fds is None:
-                return np.zeros(len(shards), bool)
-            return self.fds.ready(shards, slots, steps)
-        first = self.first[shards]
-        ok = (first >= 0) & (first + slots == steps) & (slots < self.n_rows[shards])
-        ok &= steps < self.trusted[shards]
-        ok &= self.slot[shards] >= 0
-        return ok
-
-
-
-class FdTable:
-    """Shard versions of one field held open for the C kernel (see module docstring).
-
-    ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
-    shard its descriptor (-1: none), the header's first step and rows, and the committed
-    count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
-    that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
-    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``. Local stores
-    only. ``known``: the reader's committed counts per lane (changed in place by the
-    reader; a shard the kernel opens is trusted for its lane's count), ``row_bytes``: bytes
-    of one of the field's rows. All of it is handed to the kernel once, as ``state`` (a
-    ``ReadState``); each :meth:`read` passes only the batch.
-    """
-
-    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
-    #: columns of ``held_tab``: arena position (-1: none), bytes, first step, rows, trusted
-    H_POS, H_NB, H_FIRST, H_NROWS, H_TRUSTED = range(5)
-
-    def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
-                 chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
-                 checksum: bool, row_bytes: int, max_entries: int = 1 << 19,
-                 held_bytes: int = 0) -> None:
-        probe = key_of(0)
-        head, _, tail = probe.partition("/c/0")
-        self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
-        self.suffix = os.fsencode(tail)
-        self.n_chunks = n_chunks
-        self.chunk_rows = chunk_rows
-        self.tab = np.full((n_shards, TAB_COLS), -1, np.int64)
-        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN]] = 0
-        self.ring = np.full(max(1, min(max_fds, n_shards)), -1, np.int64)
-        self.state = np.zeros(3, np.int64)  # ring positions used, next to reuse, opens
-        #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
-        #: descriptor they were read through: a store of up to ``max_entries`` chunks
-        #: costs one read per chunk, not two
-        self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
-                               -1, np.int64)
-        self.opened = 0  # shard versions opened so far
-        #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
-        #: kept in this arena, oldest overwritten first, and later rows of the same
-        #: version decoded from it without a read (pages taken as it fills)
-        self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
-        self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
-        self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
-        held = (self.held, self.held_tab, self.held_state) if self.held is not None else ()
-        self.state_of_reads = native.ReadState(
-            self.prefix, self.suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes,
-            checksum, known, self.tab, self.ring, self.state, self.entries, *held)
-
-    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Rows an open version holds and is trusted for."""
-        e = self.tab[shards]
-        return ((e[:, self.FD] >= 0) & (e[:, self.FIRST] + slots == steps)
-                & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
-
-    def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
-             flat: np.ndarray, stats: Any, chunks: np.ndarray | None = None,
-             chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
-        """Rows into rows ``dst`` of ``flat`` (uint8, ``row_bytes`` per row) with one kernel call,
-        opening shards as needed: a mask of rows delivered, and whether the kernel may be
-        used again for this field (not when it met a codec it does not decode).
-        ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
-        ``chunks`` (-1: scratch), where the caller keeps them."""
-        ok = np.zeros(len(shards), np.uint8)
-        extra = (() if chunks is None else
-                 (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
-        status, nbytes, opened, reads = native.read_rows(
-            self.state_of_reads, np.ascontiguousarray(shards, np.int64),
-            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
-            np.ascontiguousarray(dst, np.int64), flat, ok, *extra)
-        done = ok.view(bool)
-        n = int(done.sum())
-        self.opened += opened
-        stats.requests += reads + opened  # index entries and chunks read, headers
-        stats.chunks += n
-        stats.bytes += int(nbytes)
-        return done, status != native.STATUS_UNSUPPORTED
-
-    def forget(self, shard: int) -> None:
-        """Close the version of ``shard`` held (e.g. this process rewrote it)."""
-        if len(self.held_tab):
-            self.held_tab[shard, self.H_POS] = -1
-        fd = int(self.tab[shard, self.FD])
-        if fd >= 0:
-            self.tab[shard, self.FD] = -1
-            os.close(fd)
-
-    def clear(self) -> None:
-        """Close every descriptor held and drop the chunks held."""
-        for shard in np.flatnonzero(self.tab[:, self.FD] >= 0).tolist():
-            self.forget(shard)
-        self.held_tab[:, self.H_POS] = -1
 
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes.

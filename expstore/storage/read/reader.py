@@ -12,13 +12,13 @@ stale instead of being returned. Inner chunks holding many rows (scalar fields) 
 decoded once and kept in a small LRU cache bounded in bytes.
 
 On local stores a batch path runs first (:meth:`ShardReader._read_batch`): decoded shards
-of scalar fields are mirrored as arrays (:class:`~expstore.storage.read.read_cache.ShardTable`),
+of scalar fields are mirrored as arrays (:class:`~expstore.storage.read.shard_table.ShardTable`),
 so checking a batch's rows and finding their values takes a few numpy operations, and the
 C kernel (``_kernels.read_rows``) reads everything else of a batch in one call without the
 GIL: it opens the shards it needs itself, checks their headers, and reads each row's
 16-byte index entry and then its chunk, so no shard's chunk index is held in RAM and a
 batch costs the same in a store of any size (descriptors held open: a bounded set per
-field, :class:`~expstore.storage.read.read_cache.FdTable`). Rows it cannot serve (overwritten,
+field, :class:`~expstore.storage.read.fd_table.FdTable`). Rows it cannot serve (overwritten,
 or any read error or failed check) go through the general path above
 (:mod:`~expstore.storage.read.general_read`), which re-opens, re-checks and reports.
 """
@@ -36,17 +36,12 @@ from ...errors import StoreCorruptError
 from ..backends import Backend, Handle
 from ..format import EMPTY, HEADER_SIZE, Layout, ShardHead, decoder, index_size
 from ..native import apply_read_depth_env, native
+from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
 from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
-from .read_cache import (
-    FdTable,
-    KernelRead,
-    RowCache,
-    ShardTable,
-    serve,
-    serve_held,
-)
+from .read_cache import KernelRead, RowCache, serve, serve_held
+from .shard_table import ShardTable
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""Shard versions of one field held open for the C read kernel (``_kernels.read_rows``):
+:class:`FdTable`, its descriptors, the versions they hold and the index entries read
+through them, handed to the kernel once as a ``ReadState``. Local stores only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..native import native
+
+#: columns of FdTable.tab (what the C kernel keeps per shard)
+TAB_COLS = 6 if native is None else native.TAB_COLS
+ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
+
+
+class FdTable:
+    """Shard versions of one field held open for the C kernel (the kernel reads through them).
+
+    ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
+    shard its descriptor (-1: none), the header's first step and rows, and the committed
+    count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
+    that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
+    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``. Local stores
+    only. ``known``: the reader's committed counts per lane (changed in place by the
+    reader; a shard the kernel opens is trusted for its lane's count), ``row_bytes``: bytes
+    of one of the field's rows. All of it is handed to the kernel once, as ``state`` (a
+    ``ReadState``); each :meth:`read` passes only the batch.
+    """
+
+    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
+    #: columns of ``held_tab``: arena position (-1: none), bytes, first step, rows, trusted
+    H_POS, H_NB, H_FIRST, H_NROWS, H_TRUSTED = range(5)
+
+    def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
+                 chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
+                 checksum: bool, row_bytes: int, max_entries: int = 1 << 19,
+                 held_bytes: int = 0) -> None:
+        probe = key_of(0)
+        head, _, tail = probe.partition("/c/0")
+        self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
+        self.suffix = os.fsencode(tail)
+        self.n_chunks = n_chunks
+        self.chunk_rows = chunk_rows
+        self.tab = np.full((n_shards, TAB_COLS), -1, np.int64)
+        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN]] = 0
+        self.ring = np.full(max(1, min(max_fds, n_shards)), -1, np.int64)
+        self.state = np.zeros(3, np.int64)  # ring positions used, next to reuse, opens
+        #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
+        #: descriptor they were read through: a store of up to ``max_entries`` chunks
+        #: costs one read per chunk, not two
+        self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
+                               -1, np.int64)
+        self.opened = 0  # shard versions opened so far
+        #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
+        #: kept in this arena, oldest overwritten first, and later rows of the same
+        #: version decoded from it without a read (pages taken as it fills)
+        self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
+        self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
+        self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
+        held = (self.held, self.held_tab, self.held_state) if self.held is not None else ()
+        self.state_of_reads = native.ReadState(
+            self.prefix, self.suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes,
+            checksum, known, self.tab, self.ring, self.state, self.entries, *held)
+
+    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Rows an open version holds and is trusted for."""
+        e = self.tab[shards]
+        return ((e[:, self.FD] >= 0) & (e[:, self.FIRST] + slots == steps)
+                & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
+
+    def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
+             flat: np.ndarray, stats: Any, chunks: np.ndarray | None = None,
+             chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+        """Rows into rows ``dst`` of ``flat`` (uint8, ``row_bytes`` per row) with one kernel call,
+        opening shards as needed: a mask of rows delivered, and whether the kernel may be
+        used again for this field (not when it met a codec it does not decode).
+        ``chunks``/``chunk_dst``: multi-row chunks are decoded at byte ``chunk_dst[i]`` of
+        ``chunks`` (-1: scratch), where the caller keeps them."""
+        ok = np.zeros(len(shards), np.uint8)
+        extra = (() if chunks is None else
+                 (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
+        status, nbytes, opened, reads = native.read_rows(
+            self.state_of_reads, np.ascontiguousarray(shards, np.int64),
+            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
+            np.ascontiguousarray(dst, np.int64), flat, ok, *extra)
+        done = ok.view(bool)
+        n = int(done.sum())
+        self.opened += opened
+        stats.requests += reads + opened  # index entries and chunks read, headers
+        stats.chunks += n
+        stats.bytes += int(nbytes)
+        return done, status != native.STATUS_UNSUPPORTED
+
+    def forget(self, shard: int) -> None:
+        """Close the version of ``shard`` held (e.g. this process rewrote it)."""
+        if len(self.held_tab):
+            self.held_tab[shard, self.H_POS] = -1
+        fd = int(self.tab[shard, self.FD])
+        if fd >= 0:
+            self.tab[shard, self.FD] = -1
+            os.close(fd)
+
+    def clear(self) -> None:
+        """Close every descriptor held and drop the chunks held."""
+        for shard in np.flatnonzero(self.tab[:, self.FD] >= 0).tolist():
+            self.forget(shard)
+        self.held_tab[:, self.H_POS] = -1

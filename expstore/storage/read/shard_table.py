@@ -1,0 +1,175 @@
+"""Vectorized lookups of cached shard versions for the batch read path: no Python per row
+or per shard.
+
+:class:`ShardTable` mirrors, as flat numpy arrays indexed by shard, what a
+:class:`~expstore.storage.read.reader.ShardReader` holds for one field: the version of each
+cached shard (first step, rows, the committed count it is trusted for, its file
+descriptor), and per shard either the byte range of every inner chunk (fields stored one
+row per chunk: frames) or the decoded values of the whole shard (fields stored many rows
+per chunk: scalars, small vectors). Checking which rows of a batch a cached version
+holds, and finding their bytes or values, is then a handful of array operations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..format import ShardHead
+from .fd_table import FdTable
+from .kernel_budget import decoded_slots, worth_filling
+
+
+class ShardTable:
+    """Cached shard versions of one field, as arrays over shards (see module docstring).
+
+    ``values_budget``: bytes of decoded values kept for multi-row-chunk fields (this
+    field's share of the store's hot set, ``open(hot_bytes=...)``): shards are admitted as
+    they are first read while it has room, never evicted; rows of shards left out are read
+    by the kernel through ``fds`` (only the blosc blocks holding them decoded), else the
+    general path. ``fds``: the field's descriptors for the kernel (``None``: no
+    kernel); frame fields (one row per chunk) are read only through them.
+    """
+
+    def __init__(self, n_shards: int, shard_rows: int, chunk_rows: int, shape: tuple,
+                 dtype: np.dtype, values_budget: int, fds: FdTable | None = None) -> None:
+        self.shard_rows = shard_rows
+        self.chunk_rows = chunk_rows
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.first = np.full(n_shards, -1, np.int64)  # first lane step, -1: none cached
+        self.n_rows = np.zeros(n_shards, np.int64)
+        self.trusted = np.zeros(n_shards, np.int64)  # serves steps below this count
+        self.fd = np.full(n_shards, -1, np.int32)
+        self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
+        self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
+        self.fds = fds
+        self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
+        per_slot = shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
+        self.max_slots = 0 if chunk_rows == 1 else decoded_slots(n_shards, per_slot,
+                                                                  values_budget)
+        self.opened = 0  # versions bound so far (shard opens of this field)
+
+    @property
+    def per_row(self) -> bool:
+        """Whether each inner chunk holds one row (its bytes are read and decoded per row)."""
+        return self.chunk_rows == 1
+
+    def bind(self, shard: int, fd: int, head: ShardHead, trusted: int,
+             values: np.ndarray | None = None) -> None:
+        """Record the version of ``shard`` just cached (``values``: its decoded rows).
+        Frame fields keep nothing here: the kernel opens their shards itself (``fds``)."""
+        self.unbind(shard)
+        self.opened += 1
+        if values is None or not self.max_slots:
+            return  # rows of this shard: the kernel (fds) or the general path
+        s = self._take_slot(shard)
+        if s < 0:
+            return  # the budget is full: this shard's rows are read, not held
+        self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
+        self.trusted[shard], self.fd[shard] = trusted, fd
+        self.values[s] = values
+
+    @property
+    def fills(self) -> bool:
+        """Whether the kernel decodes missed shards straight into value slots: chunks of
+        more than one row, and room enough (``kernel_budget.worth_filling``: vectors one
+        shard, scalars half of them; with less, the budget holds compressed chunks:
+        ``kernel_shares``). A shard of several chunks is filled whole, all its chunks read
+        the first time one of its rows is."""
+        return self.chunk_rows > 1 and worth_filling(
+            self.max_slots, len(self.slot), int(np.prod(self.shape, dtype=np.int64)))
+
+    @property
+    def full(self) -> bool:
+        """Whether every value slot the budget allows is taken: no shard is admitted any
+        more (rows of shards without a slot are read alone; a shard holding one is still
+        refilled when a lap rewrote it)."""
+        return len(self.owner) >= self.max_slots and not (self.owner < 0).any()
+
+    def claim(self, shards: np.ndarray) -> np.ndarray:
+        """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
+        if they hold one, else free ones while the budget has room; -1 where none is left
+        (admission, not eviction: a slot once given to a shard stays its own, refilled when
+        a lap rewrites the shard, so a store past the budget never churns; rows of shards
+        without a slot are decoded alone, straight into the batch). The shards are not
+        ready until :meth:`commit`."""
+        s = self.slot[shards]
+        need = np.flatnonzero(s < 0)
+        if len(need):
+            free = np.flatnonzero(self.owner < 0)
+            if len(free) < len(need) and len(self.owner) < self.max_slots:
+                self._grow(min(self.max_slots,
+                               max(8, 2 * len(self.owner), len(self.owner) + len(need))))
+                free = np.flatnonzero(self.owner < 0)
+            free = free[: len(need)]
+            got = need[: len(free)]
+            self.owner[free] = shards[got]
+            self.slot[shards[got]] = free
+            s[got] = free
+        self.first[shards] = -1
+        return s
+
+    def commit(self, shards: np.ndarray, fds: FdTable) -> None:
+        """Shards whose chunk the kernel decoded into their claimed slot: ready, as the
+        version ``fds`` holds for them."""
+        e = fds.tab[shards]
+        self.first[shards] = e[:, fds.FIRST]
+        self.n_rows[shards] = e[:, fds.NROWS]
+        self.trusted[shards] = e[:, fds.TRUSTED]
+        self.fd[shards] = -1  # the descriptor is the kernel's
+
+    def release(self, shards: np.ndarray) -> None:
+        """Free the slots claimed for ``shards`` (the kernel did not fill them)."""
+        s = self.slot[shards]
+        held = s >= 0
+        self.owner[s[held]] = -1
+        self.slot[shards] = -1
+        self.first[shards] = -1
+
+    def unbind(self, shard: int) -> None:
+        s = int(self.slot[shard])
+        if s >= 0:
+            self.owner[s] = -1
+        self.slot[shard] = -1
+        self.first[shard] = -1
+        self.fd[shard] = -1
+
+    def clear(self) -> None:
+        for shard in np.flatnonzero(self.slot >= 0).tolist():
+            self.unbind(shard)
+        if self.fds is not None:
+            self.fds.clear()
+
+    def _take_slot(self, shard: int) -> int:
+        """A free value slot for ``shard`` (-1: the budget is full; nothing is evicted)."""
+        free = np.flatnonzero(self.owner < 0)
+        if len(free):
+            s = int(free[0])
+        elif len(self.owner) < self.max_slots:
+            s = len(self.owner)
+            self._grow(min(self.max_slots, max(8, 2 * len(self.owner))))
+        else:
+            return -1
+        self.owner[s] = shard
+        self.slot[shard] = s
+        return s
+
+    def _grow(self, n: int) -> None:
+        old = len(self.owner)
+        self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
+        grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
+        grown[:old] = self.values
+        self.values = grown
+
+    def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Rows the cached versions hold and are trusted for (step < trusted count); for
+        frame fields, the versions the kernel holds open."""
+        if self.per_row:
+            if self.fds is None:
+                return np.zeros(len(shards), bool)
+            return self.fds.ready(shards, slots, steps)
+        first = self.first[shards]
+        ok = (first >= 0) & (first + slots == steps) & (slots < self.n_rows[shards])
+        ok &= steps < self.trusted[shards]
+        ok &= self.slot[shards] >= 0
+        return ok
