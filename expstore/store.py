@@ -33,21 +33,19 @@ from .episode_view import (
     missing_field,
     read_episode,
 )
-from .errors import ReadOnlyError, StoreCorruptError, WriteFailedError
+from .errors import WriteFailedError
 from .index.rows import RowIndex
 from .index_loader import IndexLoader
 from .loading.execute import assemble
 from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
 from .sampling import IN_PROCESS, ReaderView, UniformSampler, make_plan
+from .saved_priorities import load_priority_file, save_priority_file
 from .spec import Spec
 from .storage.backends import Backend
 from .storage.format import (
     LaneState,
     Layout,
-    decode_priorities,
-    encode_priorities,
-    priority_key,
     read_quarantine,
     read_states,
 )
@@ -412,29 +410,14 @@ class Store:
     def save_priorities(self, name: str, payload: Mapping[str, Any]) -> None:
         """Write a sampler's priority payload (``PriorityIndex.payload()``) as
         ``_index/<name>.bin``, replacing the last one atomically; ``ReadOnlyError`` on a
-        store opened with ``mode="r"``."""
-        if self.mode == "r":
-            raise ReadOnlyError(f"{self.url}: store opened read-only; priorities cannot be "
-                                "saved (open with mode='r+')")
-        self.backend.put(priority_key(name),
-                         encode_priorities({"name": name, **payload}))
+        store opened with ``mode="r"`` (``saved_priorities.py``)."""
+        save_priority_file(self.backend, self.mode, name, payload)
 
     def load_priorities(self, name: str) -> dict[str, Any] | None:
         """The priority payload saved as ``name`` (``None`` if there is none), with
         ``source`` naming where it came from. ``StoreCorruptError`` if it is damaged or was
-        saved for another capacity or number of lanes."""
-        key = priority_key(name)
-        raw = self.backend.get(key)
-        if raw is None:
-            return None
-        where = f"{self.backend.url}/{key}"
-        saved = decode_priorities(raw, where)
-        if saved["capacity"] != self.capacity or saved["lanes"] != self.lanes:
-            raise StoreCorruptError(
-                f"{where}: saved for capacity {saved['capacity']} / {saved['lanes']} lanes, "
-                f"the store has {self.capacity} / {self.lanes}")
-        saved["source"] = where
-        return saved
+        saved for another capacity or number of lanes (``saved_priorities.py``)."""
+        return load_priority_file(self.backend, name, self.capacity, self.lanes)
 
     def close(self) -> None:
         """Flush (when writable), release the lanes' leases and file handles. Closing

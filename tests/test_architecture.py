@@ -71,6 +71,7 @@ LAYERS: dict[str, int] = {
     # 5: the Store face and the offline tools on it
     "expstore.api": 5,
     "expstore.store": 5,
+    "expstore.saved_priorities": 5,
     "expstore.appender": 5,
     "expstore.step_kernel_path": 5,
     "expstore.write_access": 5,
