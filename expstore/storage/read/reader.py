@@ -28,7 +28,6 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,24 +40,10 @@ from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
 from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held
+from .read_stats import ReadStats
 from .shard_table import ShardTable
 
-
-@dataclass
-class ReadStats:
-    """Counters of one reader (rows, bytes, seconds)."""
-
-    rows: int = 0
-    chunks: int = 0
-    bytes: int = 0
-    requests: int = 0
-    chunk_cache_hits: int = 0
-    chunk_cache_misses: int = 0
-    row_cache_hits: int = 0
-    row_cache_misses: int = 0
-    reopened: int = 0
-    stale: int = 0
-    extra: dict = field(default_factory=dict)
+__all__ = ["BATCH_ROWS", "ReadStats", "ShardReader", "StagedRead"]
 
 
 #: ``read(rows, steps, out) -> (ok, committed)``: rows a writer staged (``read_held``)
