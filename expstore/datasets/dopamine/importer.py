@@ -22,8 +22,8 @@ from .lane import checkpoint_lane, count_rows
 
 FORMAT = "dopamine"
 #: raw bytes of one shard's rows an import's default shard size stays within: each worker's
-#: writer stages up to three shards (``storage/write/buffer_pool.py``), so 84x84 frames get 2,048-row
-#: shards, 3 x 14.5 MB per worker
+#: writer stages up to three shards (``storage/write/buffer_pool.py``), so 84x84 frames get
+#: 2,048-row shards, 3 x 14.5 MB per worker
 IMPORT_SHARD_BYTES = 16 << 20
 
 
