@@ -151,8 +151,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
     use = kernel and table.fds is not None
     todo = np.flatnonzero(~done) if use else np.zeros(0, np.int64)
     if len(todo):
-        if table.per_row or not table.fills or (table.full and
-                                                (table.slot[shards[todo]] < 0).all()):
+        if table.per_row or not table.fills:
             got, kernel = table.fds.read(shards[todo], slots[todo], steps[todo], todo, flat,
                                          stats)
         else:
@@ -172,6 +171,8 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
                   ) -> tuple[np.ndarray, bool]:
     """Rows of a multi-row-chunk field into ``flat`` by the kernel, each shard's chunks
     decoded into a value slot of ``table`` and kept there (see :meth:`FdTable.read`)."""
+    if table.full and (table.slot[shards] < 0).all():  # nothing to admit or refill
+        return table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
     uniq, inv = np.unique(shards, return_inverse=True)
     claimed = table.claim(uniq)
     held = claimed >= 0
@@ -180,7 +181,8 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
     per_slot = table.values[0].nbytes
     chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
     if table.chunk_rows < table.shard_rows:
-        return _fill_chunks(table, ctx, uniq, inv, claimed, shards, slots, steps, dst, flat)
+        return _fill_chunks(table, ctx, uniq, inv, claimed, per_slot, chunks, shards, slots,
+                            steps, dst, flat)
     got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats, chunks,
                                  np.where(held, claimed * per_slot, -1)[inv])
     failed = np.zeros(len(uniq), bool)
@@ -191,14 +193,15 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
 
 
 def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.ndarray,
-                 claimed: np.ndarray, shards: np.ndarray, slots: np.ndarray,
-                 steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
+                 claimed: np.ndarray, per_slot: int, chunks: np.ndarray, shards: np.ndarray,
+                 slots: np.ndarray, steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
                  ) -> tuple[np.ndarray, bool]:
     """:func:`_read_filling` for shards of several chunks. The rows are read alone first
     (that call opens the versions they need); then every chunk of each claimed shard that
     holds rows of the version now open (its trusted rows) is decoded into the shard's slot
     by a second call, which opens nothing, so a slot never mixes two versions (a shard
-    grows chunk by chunk: a chunk read from an older version may lack rows)."""
+    grows chunk by chunk: a chunk read from an older version may lack rows). ``per_slot``
+    and ``chunks``: a slot's bytes and the slots as bytes, as the caller has them."""
     got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
     fds = table.fds
     fill = np.flatnonzero((claimed >= 0) & (fds.tab[uniq, fds.FD] >= 0))
@@ -210,22 +213,16 @@ def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.n
     if kernel and n_chunks.sum():
         owner = np.repeat(np.arange(len(fill)), n_chunks)
         c = np.arange(len(owner)) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
-        per_slot = table.values[0].nbytes
         scratch = np.empty((len(owner), flat.shape[1]), np.uint8)
         ok, kernel = fds.read(
             uniq[fill][owner], c * R, e[owner, fds.FIRST] + c * R,
-            np.arange(len(owner), dtype=np.int64), scratch, ctx.stats,
-            table.values.reshape(len(table.values), -1).view(np.uint8),
+            np.arange(len(owner), dtype=np.int64), scratch, ctx.stats, chunks,
             claimed[fill][owner] * per_slot + c * (per_slot // S * R))
         bad = np.zeros(len(fill), bool)
         bad[owner[~ok]] = True
         bad |= fds.tab[uniq[fill], fds.GEN] != e[:, fds.GEN]  # (reopened: not this time)
         done = fill[~bad]
-        kept = uniq[done]
-        table.first[kept] = e[~bad, fds.FIRST]
-        table.n_rows[kept] = rows[~bad]
-        table.trusted[kept] = e[~bad, fds.TRUSTED]
-        table.fd[kept] = -1
+        table.hold(uniq[done], e[~bad, fds.FIRST], rows[~bad], e[~bad, fds.TRUSTED])
     else:
         done = fill[:0]
     rest = np.setdiff1d(np.flatnonzero(claimed >= 0), done)

@@ -113,9 +113,15 @@ class ShardTable:
         """Shards whose chunk the kernel decoded into their claimed slot: ready, as the
         version ``fds`` holds for them."""
         e = fds.tab[shards]
-        self.first[shards] = e[:, fds.FIRST]
-        self.n_rows[shards] = e[:, fds.NROWS]
-        self.trusted[shards] = e[:, fds.TRUSTED]
+        self.hold(shards, e[:, fds.FIRST], e[:, fds.NROWS], e[:, fds.TRUSTED])
+
+    def hold(self, shards: np.ndarray, first: np.ndarray, n_rows: np.ndarray,
+             trusted: np.ndarray) -> None:
+        """Shards whose claimed slot now holds rows ``0 .. n_rows`` of the version starting
+        at lane step ``first``, trusted below ``trusted``: ready."""
+        self.first[shards] = first
+        self.n_rows[shards] = n_rows
+        self.trusted[shards] = trusted
         self.fd[shards] = -1  # the descriptor is the kernel's
 
     def release(self, shards: np.ndarray) -> None:
