@@ -61,11 +61,6 @@ class KernelShare:
     held_bytes: int
 
 
-def row_bytes(field) -> int:
-    """Bytes of one decoded row of ``field``."""
-    return field.dtype.itemsize * int(np.prod(field.shape, dtype=np.int64))
-
-
 def decoded_slots(n_shards: int, shard_bytes: int, budget: int) -> int:
     """Shards of ``shard_bytes`` decoded bytes each that ``budget`` bytes hold (at most
     all ``n_shards``)."""
@@ -97,7 +92,7 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     """
     n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
-    multi = {n: row_bytes(f) for n, f in spec.items() if layout.chunk_rows(n) > 1}
+    multi = {n: f.row_nbytes for n, f in spec.items() if layout.chunk_rows(n) > 1}
     one_chunk = {n for n in multi if layout.chunk_rows(n) == layout.shard_rows}
     rest = [n for n in spec if n not in one_chunk] or list(spec)
     light = [n for n in one_chunk if n not in rest]
@@ -107,7 +102,7 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     shares = {}
     for n, f in layout.fields.items():
         budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
-        shard_bytes = layout.shard_rows * row_bytes(f)
+        shard_bytes = layout.shard_rows * f.row_nbytes
         if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
                                                 n_shards, int(np.prod(f.shape, dtype=np.int64))):
             budget, held = 0, budget

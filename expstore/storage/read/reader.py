@@ -38,7 +38,7 @@ from ..native import apply_read_depth_env, native
 from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
-from .kernel_budget import kernel_fd_budget, kernel_shares, row_bytes, take_fds
+from .kernel_budget import kernel_fd_budget, kernel_shares, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held
 from .read_stats import ReadStats
 from .shard_table import ShardTable
@@ -124,7 +124,7 @@ class ShardReader(GeneralReads):
         self._read_names: set[str] = set()  # fields read through heads so far
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
-        sizes = {n: row_bytes(f) for n, f in self.layout.fields.items()
+        sizes = {n: f.row_nbytes for n, f in self.layout.fields.items()
                  if self.layout.chunk_rows(n) == 1}
         total = sum(sizes.values()) or 1
         return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
