@@ -84,10 +84,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     write_metadata(url, layout, storage_options, overwrite=True)
     for lane in range(layout.lanes):
         write_state(backend, LaneState(lane))
-    store = Store(backend, layout, mode=mode, storage_options=storage_options,
-                  lease_ttl=lease_ttl, strict=strict)
-    set_hot_bytes(store, hot_bytes)
-    return store
+    return Store(backend, layout, mode=mode, storage_options=storage_options,
+                 lease_ttl=lease_ttl, strict=strict, hot_bytes=hot_bytes)
 
 
 def new_store_id() -> str:
@@ -185,12 +183,12 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         raise SpecError(f"{backend.url}: store spec differs from the given spec: "
                         + "; ".join(layout.spec.diff(spec)))
     store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
-                  lease_ttl=lease_ttl, strict=strict, index_all=index_all)
+                  lease_ttl=lease_ttl, strict=strict, index_all=index_all,
+                  hot_bytes=hot_bytes)
     if cache_bytes is not None:
         store.cache_bytes = int(cache_bytes)
         if store._reader is not None:
             store._reader.set_row_cache_bytes(store.cache_bytes)
-    set_hot_bytes(store, hot_bytes)
     return store
 
 
@@ -199,14 +197,3 @@ def check_bytes(name: str, value: Any) -> None:
     if value is not None and (isinstance(value, bool) or
                               not isinstance(value, (int, np.integer)) or value < 0):
         raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
-
-
-def set_hot_bytes(store: Store, hot_bytes: int | None) -> None:
-    """Give ``store`` a hot set of ``hot_bytes`` (None: keep the default); a reader made
-    while opening (loading the index) is closed, the next read makes one of that size."""
-    if hot_bytes is None:
-        return
-    store.hot_bytes = int(hot_bytes)
-    if store._reader is not None:
-        store._reader.close()
-        store._reader = None

@@ -78,9 +78,11 @@ class Store:
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
                  lease_ttl: float | None = DEFAULT_TTL, strict: bool = False,
-                 index_all: bool = True):
+                 index_all: bool = True, hot_bytes: int | None = None):
         self.backend = backend
         self.layout = layout
+        if hot_bytes is not None:  # (before the index is loaded: its reader is the one kept)
+            self.hot_bytes = int(hot_bytes)
         self.mode = mode
         self.storage_options = storage_options
         self.index = RowIndex(layout.lanes, layout.lane_capacity)
