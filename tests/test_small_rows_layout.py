@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import zarr
 
 import expstore as es
@@ -149,4 +150,21 @@ def test_large_stores_of_small_rows_get_larger_shards(tmp_path):
     store.close()
     again = es.open(tmp_path / "s.zarr")
     assert again.layout.shard_rows == 8192
+    again.close()
+
+
+@pytest.mark.parametrize("bad", ["big", 0, -8192, 8192.5, True])
+def test_a_damaged_vector_chunk_bytes_is_named_and_nothing_is_lost(tmp_path, bad):
+    store = fill(tmp_path / "s.zarr")
+    store.close()
+    meta = tmp_path / "s.zarr" / "zarr.json"
+    good = meta.read_text()
+    doc = json.loads(good)
+    doc["attributes"]["expstore"]["vector_chunk_bytes"] = bad
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(es.StoreCorruptError, match="vector_chunk_bytes: expected an int"):
+        es.open(tmp_path / "s.zarr")
+    meta.write_text(good)  # the rows were never touched
+    again = es.open(tmp_path / "s.zarr")
+    assert len(again) == N + N // 50
     again.close()

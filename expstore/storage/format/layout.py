@@ -146,10 +146,14 @@ class Layout:
         if version is None or version > FORMAT_VERSION:
             raise StoreCorruptError(f"{where}: store format version {version!r} is not one "
                                     f"this expstore reads (<= {FORMAT_VERSION})")
+        vector = attrs.get("vector_chunk_bytes")
+        if vector is not None and (isinstance(vector, bool) or not isinstance(vector, int)
+                                   or vector < 1):
+            raise StoreCorruptError(f"{where}: vector_chunk_bytes: expected an int >= 1 "
+                                    f"(bytes) or none, got {vector!r}")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
                    int(attrs["shard_rows"]), bool(attrs.get("checksum", False)),
-                   attrs.get("requested_capacity"), attrs.get("store_id"),
-                   attrs.get("vector_chunk_bytes"))
+                   attrs.get("requested_capacity"), attrs.get("store_id"), vector)
 
 
 #: inner chunk size new stores give vector fields (bytes, about): a row missed by the hot
