@@ -7,10 +7,13 @@ Usage (from the repository root)::
 
 A stacked-Atari store (4 x 84x84 uint8 frames, one frame per inner chunk) is built from
 one encoded template shard of real Pong frames (as ``bench_rss.py`` builds its stores),
-and an *evictor* process calls ``posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` over
-every file of the store in a loop, so that the store's pages do not stay in the page
-cache: each read the loader issues is a disk read (no memory cgroup is needed). With the
-evictor running, the same run measures
+and its pages are kept out of the page cache (``benchmarks/cold_cache.py``): by default
+the benchmark joins a memory cgroup of its own, used as a meter of its page cache, and a
+governor process outside it drops the store's pages whenever that passes ``--cache-mib``
+(16 MiB, a tenth of the store); where no cgroup can be made, ``--cold evictor`` drops
+them all in a loop (under which the loader fetched twice the bytes per sample). The bytes
+the kernel fetched from the block device for the readers are counted (``/proc/PID/io``),
+so each figure shows how cold it was. Cold, the same run measures
 
 * the disk's random-read limit: threads issuing ``os.pread`` at queue depths 1-64 at
   random offsets within the ``obs`` shard files, of 4 KiB and of the store's typical
@@ -18,7 +21,7 @@ evictor running, the same run measures
   another, read as one request); buffered (evicted pages) and ``O_DIRECT`` where the
   filesystem allows it;
 * ``make_loader`` (2 workers, batch 32, uniform) cold at read depth 1 (one pread after
-  another, as before the read pool) and at each ``--depths``, and warm (evictor stopped,
+  another, as before the read pool) and at each ``--depths``, and warm (nothing dropped,
   the store read into the page cache first): transitions/s, reads per sample (index
   entries + chunk runs + shard opens the workers' kernels issued, per transition), the
   workers' frame-cache hit rate;
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import multiprocessing as mp
 import os
 import shutil
 import statistics
@@ -53,45 +55,18 @@ import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
 from benchmarks.bench_rss import build  # noqa: E402
+from benchmarks.cold_cache import (  # noqa: E402
+    CacheBudget,
+    Evictor,
+    cgroup_available,
+    disk_read_bytes,
+    store_files,
+)
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.storage.native import READ_DEPTH_ENV, native, set_read_depth  # noqa: E402
 
 QUEUE_DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 PAGE = 4096
-
-
-def store_files(path: Path) -> list[Path]:
-    return sorted(p for p in path.rglob("*") if p.is_file())
-
-
-def _evict_loop(paths: list[str], interval: float, stop: Any, passes: Any) -> None:
-    fds = [os.open(p, os.O_RDONLY) for p in paths]
-    while not stop.is_set():
-        for fd in fds:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        passes.value += 1
-        time.sleep(interval)
-
-
-class Evictor:
-    """A process dropping the store's pages from the page cache, pass after pass."""
-
-    def __init__(self, path: Path, interval: float) -> None:
-        ctx = mp.get_context("fork")
-        self.stop, self.passes = ctx.Event(), ctx.Value("q", 0)
-        self.proc = ctx.Process(target=_evict_loop, daemon=True,
-                                args=([str(p) for p in store_files(path)], interval,
-                                      self.stop, self.passes))
-
-    def __enter__(self) -> Evictor:
-        self.proc.start()
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.proc.join()
-        self.rate = self.passes.value / (time.perf_counter() - self.t0)
 
 
 def stack_read_bytes(path: Path, store: es.Store, samples: int = 2000) -> int:
@@ -108,10 +83,11 @@ def stack_read_bytes(path: Path, store: es.Store, samples: int = 2000) -> int:
 
 
 def disk_rate(files: list[Path], size: int, depth: int, seconds: float,
-              direct: bool) -> float:
+              direct: bool) -> tuple[float, float]:
     """Random reads/s of ``size`` bytes, ``depth`` threads each issuing one pread after
-    another at random offsets within ``files`` (pages evicted by the running evictor;
-    ``direct``: ``O_DIRECT``, offsets and sizes rounded to 4 KiB)."""
+    another at random offsets within ``files`` (pages kept out of the page cache by the
+    caller; ``direct``: ``O_DIRECT``, offsets and sizes rounded to 4 KiB), and the bytes
+    fetched from the disk per read."""
     flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
     fds = [os.open(p, flags) for p in files]
     sizes = np.array([os.fstat(fd).st_size for fd in fds], np.int64)
@@ -137,16 +113,17 @@ def disk_rate(files: list[Path], size: int, depth: int, seconds: float,
             if time.perf_counter() >= deadline:
                 break
 
-    t0 = time.perf_counter()
+    disk0, t0 = disk_read_bytes([os.getpid()]), time.perf_counter()
     threads = [threading.Thread(target=reader, args=(k,)) for k in range(depth)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     dt = time.perf_counter() - t0
+    disk = disk_read_bytes([os.getpid()]) - disk0
     for fd in fds:
         os.close(fd)
-    return sum(counts) / dt
+    return sum(counts) / dt, disk / max(sum(counts), 1)
 
 
 def o_direct_allowed(path: Path) -> bool:
@@ -180,9 +157,11 @@ def warmup_batches(rows: int, batch: int, workers: int = 2) -> int:
 
 
 def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
-                batch: int) -> dict[str, Any]:
+                batch: int, cold: CacheBudget | Evictor | None) -> dict[str, Any]:
     """``make_loader`` (2 workers, uniform) at read ``depth``: transitions/s over
-    ``seconds`` after ``warmup`` batches (workers started, their caches filled)."""
+    ``seconds`` after ``warmup`` batches (workers started, their caches filled), with
+    ``cold`` holding the store's pages out of the page cache from the end of the warm-up
+    (``None``: warm)."""
     os.environ[READ_DEPTH_ENV] = str(depth)
     set_read_depth(depth)
     store = es.open(path)
@@ -192,7 +171,12 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
     for _ in range(warmup):
         next(it)
     pids = [os.getpid()] + [w.pid for w in loader._iterator._workers]
+    if cold is not None:
+        cold.hold()
+        for _ in range(warmup // 4):  # settle: the frame caches hold what cold reads bring
+            next(it)
     cpu0 = sum(_cpu_seconds(p) for p in pids)
+    disk0 = disk_read_bytes(pids)
     s0 = dict(loader.stats.as_dict())
     n, t0 = 0, time.perf_counter()
     while (dt := time.perf_counter() - t0) < seconds:
@@ -201,6 +185,9 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
         n += 1
     s1 = loader.stats.as_dict()
     cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
+    disk = disk_read_bytes(pids) - disk0
+    if cold is not None:
+        cold.release()
     loader.close()
     store.close()
     samples = max(s1["batches"] - s0["batches"], 1) * batch
@@ -209,12 +196,13 @@ def loader_rate(path: Path, depth: int, seconds: float, warmup: int,
     return {"depth": depth, "tps": n * batch / dt, "batches_per_s": n / dt,
             "reads_per_sample": (s1["requests"] - s0["requests"]) / samples,
             "bytes_per_sample": (s1["bytes_read"] - s0["bytes_read"]) / samples,
+            "disk_bytes_per_sample": disk / samples,
             "frame_cache_hit_rate": hits / max(hits + misses, 1),
             "cpu_us_per_sample": 1e6 * cpu / max(n * batch, 1)}
 
 
-def kernel_rates(path: Path, depths: list[int], seconds: float, repeats: int = 3
-                 ) -> list[dict[str, Any]]:
+def kernel_rates(path: Path, depths: list[int], seconds: float,
+                 cold: CacheBudget | Evictor, repeats: int = 3) -> list[dict[str, Any]]:
     """The frame kernel alone, in this process (one ``ShardReader``, no frame cache, no
     loader): batches of 32 random stacks (4 frames and the next: one run each) read cold
     at each depth, interleaved; medians of ``repeats``. What the pool gains without the
@@ -234,22 +222,28 @@ def kernel_rates(path: Path, depths: list[int], seconds: float, repeats: int = 3
         pick = (rng.integers(0, rows - 5, 32)[:, None] + np.arange(5)).reshape(-1)
         reader.read("obs", every[pick], steps[pick], out)
 
+    cold.hold()
     set_read_depth(1)
     for _ in range(warmup_batches(rows, 32, workers=1)):  # every index page remembered
         one_batch()
-    got: dict[int, list[tuple[float, float]]] = {d: [] for d in depths}
+    got: dict[int, list[tuple[float, float, float]]] = {d: [] for d in depths}
     for _ in range(repeats):
         for d in depths:
             set_read_depth(d)
             r0, n, t0 = reader.stats.requests, 0, time.perf_counter()
+            disk0 = disk_read_bytes([os.getpid()])
             while (dt := time.perf_counter() - t0) < seconds:
                 one_batch()
                 n += 1
-            got[d].append((n * 32 / dt, (reader.stats.requests - r0) / (n * 32)))
+            got[d].append((n * 32 / dt, (reader.stats.requests - r0) / (n * 32),
+                           (disk_read_bytes([os.getpid()]) - disk0) / (n * 32)))
+    cold.release()
     reader.close()
     store.close()
     return [{"depth": d, "tps": statistics.median(x[0] for x in v),
-             "reads_per_sample": statistics.median(x[1] for x in v)} for d, v in got.items()]
+             "reads_per_sample": statistics.median(x[1] for x in v),
+             "disk_bytes_per_sample": statistics.median(x[2] for x in v)}
+            for d, v in got.items()]
 
 
 def main() -> None:
@@ -263,8 +257,13 @@ def main() -> None:
     ap.add_argument("--disk-seconds", type=float, default=2.0, help="each disk probe (s)")
     ap.add_argument("--depths", default="2,4,8",
                     help="read depths to compare with depth 1 (cold)")
+    ap.add_argument("--cold", choices=("cgroup", "evictor"), default=None,
+                    help="how pages are kept out of the page cache (default: a memory "
+                         "cgroup where one can be made, else the evictor)")
+    ap.add_argument("--cache-mib", type=float, default=16.0,
+                    help="cgroup: page cache left to the readers (MiB)")
     ap.add_argument("--evict-interval", type=float, default=0.002,
-                    help="sleep between eviction passes (s)")
+                    help="evictor: sleep between eviction passes (s)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--keep", action="store_true", help="keep the store afterwards")
     ap.add_argument("--no-write", action="store_true", help="print, do not write RESULTS")
@@ -289,26 +288,32 @@ def main() -> None:
     direct = o_direct_allowed(obs_files[0])
     disk: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
-    with Evictor(path, a.evict_interval) as ev:
+    how = a.cold or ("cgroup" if cgroup_available() else "evictor")
+    holder = (CacheBudget(files, int(a.cache_mib * 2**20)) if how == "cgroup"
+              else Evictor(files, a.evict_interval))
+    with holder:
+        holder.hold()
         for qd in QUEUE_DEPTHS:
             row: dict[str, Any] = {"queue_depth": qd}
             for label, size in (("4k", PAGE), ("stack", stack_bytes)):
-                row[f"reads_per_s_{label}"] = disk_rate(obs_files, size, qd, a.disk_seconds,
-                                                        False)
+                rate, from_disk = disk_rate(obs_files, size, qd, a.disk_seconds, False)
+                row[f"reads_per_s_{label}"] = rate
+                row[f"disk_bytes_per_read_{label}"] = from_disk
                 if direct:
                     row[f"direct_reads_per_s_{label}"] = disk_rate(
-                        obs_files, size, qd, a.disk_seconds, True)
+                        obs_files, size, qd, a.disk_seconds, True)[0]
             disk.append(row)
             print(row, flush=True)
-        kernel = kernel_rates(path, depths, a.seconds / 2)
+        holder.release()
+        kernel = kernel_rates(path, depths, a.seconds / 2, holder)
         print("kernel", kernel, flush=True)
         for d in depths:
-            r = loader_rate(path, d, a.seconds, warmup, a.batch)
+            r = loader_rate(path, d, a.seconds, warmup, a.batch, holder)
             cold.append(r)
             print("cold", r, flush=True)
-    for p in files:  # warm: every page of the store in the page cache
-        p.read_bytes()
-    warm = loader_rate(path, default_depth, a.seconds, warmup, a.batch)
+        for p in files:  # warm: every page of the store in the page cache
+            p.read_bytes()
+        warm = loader_rate(path, default_depth, a.seconds, warmup, a.batch, None)
     print("warm", warm, flush=True)
     limit = max(r["reads_per_s_stack"] for r in disk)
     limit_qd = max(disk, key=lambda r: r["reads_per_s_stack"])["queue_depth"]
@@ -326,17 +331,32 @@ def main() -> None:
               "stack_read_bytes": stack_bytes, "o_direct": direct, "disk": disk,
               "loader": rows_out, "kernel": kernel, "limit_reads_per_s": limit,
               "limit_queue_depth": limit_qd,
-              "evictor_passes_per_s": ev.rate, "load_start": load,
+              "cold": how, "cache_budget_bytes": int(a.cache_mib * 2**20),
+              "drops_per_s": holder.rate, "load_start": load,
               "load_end": os.getloadavg()[0]}
-    disk_cols = ["queue_depth", "reads_per_s_4k", "reads_per_s_stack"] + (
+    if how == "cgroup":
+        cold_text = (
+            f"Cold: the benchmark and the processes it forks run in a memory cgroup of "
+            f"their own; a governor process outside it reads the group's page cache every "
+            f"2 ms and, while it is past {a.cache_mib:g} MiB ({a.cache_mib * 2**20 / on_disk:.0%}"
+            f" of the store), drops the pages of a sixteenth of the store's files "
+            f"(`posix_fadvise(DONTNEED)`, round robin; {holder.rate:,.1f} drops/s; page "
+            f"cache seen: {holder.cache_mean / 2**20:.1f} MiB on average, "
+            f"{holder.cache_peak / 2**20:.1f} MiB at most); disk_bytes = bytes the kernel "
+            f"read from the block device for the readers (`/proc/PID/io`), per read or per "
+            f"sample")
+    else:
+        cold_text = (
+            f"Cold: an evictor process calls `posix_fadvise(DONTNEED)` over every file of "
+            f"the store, {holder.rate:,.0f} passes/s")
+    disk_cols = ["queue_depth", "reads_per_s_4k", "disk_bytes_per_read_4k",
+                 "reads_per_s_stack", "disk_bytes_per_read_stack"] + (
         ["direct_reads_per_s_4k", "direct_reads_per_s_stack"] if direct else [])
     body = (
         f"Store: {a.rows:,} rows of Pong frames (4 x 84x84 stacks, one frame per inner chunk, "
         f"blosc-lz4; one template shard of 4096 real frames repeated), {on_disk / 2**20:,.0f} "
         f"MiB in {len(files):,} files; a sample's read (4 frames + the next, 5 chunks one "
-        f"after another) is {stack_bytes:,} B (median). Cold: an evictor process calls "
-        f"`posix_fadvise(DONTNEED)` over every file of the store, {ev.rate:,.0f} passes/s, "
-        f"during the disk probes and the cold loader runs. Load average (1 min) "
+        f"after another) is {stack_bytes:,} B (median). {cold_text}. Load average (1 min) "
         f"{load:.2f} at the start, {result['load_end']:.2f} at the end.\n\n"
         "Disk random-read limit (reads/s; threads issuing `os.pread` one after another at "
         "random offsets within the `obs` shard files; `direct`: `O_DIRECT`, "
@@ -355,11 +375,13 @@ def main() -> None:
         + markdown_table(rows_out, ["case", "tps", "batches_per_s", "x_limit", "x_depth1",
                                     "x_warm",
                                     "reads_per_sample", "bytes_per_sample",
-                                    "frame_cache_hit_rate", "cpu_us_per_sample"])
+                                    "disk_bytes_per_sample", "frame_cache_hit_rate",
+                                    "cpu_us_per_sample"])
         + "\n\nThe frame kernel alone, cold, in one process (a `ShardReader` without frame "
         "cache, batches of 32 random stacks, each 4 frames and the next; medians of 3 "
         f"interleaved runs of {a.seconds / 2:g} s; tps = transitions/s):\n\n"
-        + markdown_table(kernel, ["depth", "tps", "reads_per_sample"]))
+        + markdown_table(kernel, ["depth", "tps", "reads_per_sample",
+                                  "disk_bytes_per_sample"]))
     print(body)
     if not a.no_write:
         save_json("cold", result)

@@ -299,6 +299,39 @@ def test_index_entries_and_chunks_of_a_shard_are_read_together(tmp_path) -> None
     store.close()
 
 
+@pytest.mark.parametrize("remembered", ["page", "window"])
+def test_a_field_of_many_chunks_remembers_only_a_run_s_entries(tmp_path, monkeypatch,
+                                                                remembered) -> None:
+    """A field of more than four times the chunks its entry cache holds (100M frames
+    against 512k entries) remembers, with each index read, the 32 entries from the run's
+    chunk rounded down to 16 (a stack and the next frames: still one read for the run),
+    not the page's 256; a row far down the same shard then reads its entries again. The
+    rows read are the same either way."""
+    from expstore.storage.read import fd_table
+
+    if remembered == "window":  # 512 chunks against 64 entries
+        monkeypatch.setattr(fd_table, "ENTRY_CACHE_ROWS", 64)
+    store, rows, steps = _filled(tmp_path, shard_rows=64)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         max_fds=1024)
+    fds = reader.tables["obs"].fds
+    assert len(fds.entries) == (64 if remembered == "window" else 512)
+    step_of = dict(zip(rows.tolist(), steps.tolist()))
+    last = rows[-1:]  # read first: every version opened after is trusted to the end
+    stacks = (np.arange(7)[:, None] * 64 + 3 + np.arange(5)).reshape(-1)
+    far = np.array([6 * 64 + 50])  # the last shard whose entries were read
+    for batch, reads_per_shard, n_shards in (
+            (last, 2, 1), (stacks, 2, 7), (far, 1 if remembered == "page" else 2, 1)):
+        want = np.array([step_of[int(r)] for r in batch])
+        out = np.zeros((len(batch), *FRAME), np.uint8)
+        before, opened = reader.stats.requests, fds.opened
+        assert reader.read("obs", batch, want, out).all()
+        assert all(np.array_equal(out[i], frame(0, int(s))) for i, s in enumerate(want))
+        assert reader.stats.requests - before - (fds.opened - opened) == (
+            reads_per_shard * n_shards)
+    store.close()
+
+
 CHILD = r"""
 import resource, sys
 import numpy as np

@@ -472,6 +472,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         goto done;
     int hold = rs->hold && !keep_chunks; /* (chunks kept by the caller: not held here) */
     Py_ssize_t n = sh.view.len / 8, n_shards = rs->tab.view.len / (8 * TAB_COLS);
+    const int64_t span = entry_span((int64_t)n_shards * n_chunks, ec_n);
     Py_ssize_t ring_n = rs->ring.view.len / 8, lanes = rs->known.view.len / 8;
     if (sl.view.len / 8 != n || sp.view.len / 8 != n || ds.view.len / 8 != n ||
         okb.view.len != n) {
@@ -569,7 +570,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         int fd = (int)e[TAB_FD];
         int64_t c = slot / chunk_rows;
         uint64_t off, nb;
-        if (chunk_entry(e, shard, c, n_chunks, ec, ec_n, hoff, max_blob, &off, &nb,
+        if (chunk_entry(e, shard, c, n_chunks, ec, ec_n, span, hoff, max_blob, &off, &nb,
                         &reads) != 0)
             continue;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {

@@ -179,11 +179,23 @@ static const int64_t *remembered(const int64_t *ec, Py_ssize_t ec_n, int64_t sha
     return ce[EC_KEY] == key && ce[EC_GEN] == gen ? ce : NULL;
 }
 
+/* Entries remembered with each index read of a field whose chunks outnumber its entry
+   cache 4 to 1 (ENTRY_WINDOW, from `c` rounded down to 16): a later batch seldom finds a
+   page of them again, so only those the rest of this run needs (a frame stack and the
+   next frames) are stored, not the page's 256 (whose stores cost more than the read). */
+#define ENTRY_WINDOW 32
+
+/* How many entries one index read remembers for a field of `total` chunks, `ec_n` of
+   which the entry cache holds: its whole 4 KiB page while most of the field fits. */
+static int64_t entry_span(int64_t total, Py_ssize_t ec_n) {
+    return total <= 4 * (int64_t)ec_n ? ENTRY_RUN : ENTRY_WINDOW;
+}
+
 /* Offset and size of chunk `c` of the shard open as `e`: remembered, else read from its
-   index, with (when `ec`) the other entries of its 4 KiB page, all remembered.
-   0 when the entry is there and sane; -1 (a missing chunk, a bad entry, a failed read:
-   the caller's general path reports it). */
-static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t hoff,
+   index, with (when `ec`) the other entries of its `span`-entry block (ENTRY_RUN: its
+   4 KiB page), all remembered. 0 when the entry is there and sane; -1 (a missing chunk,
+   a bad entry, a failed read: the caller's general path reports it). */
+static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t span, int64_t hoff,
                        uint64_t max_blob, uint64_t *off, uint64_t *nb, Py_ssize_t *reads) {
     const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
     if (ce) {
@@ -193,8 +205,9 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chu
     }
     /* remembering: the whole 4 KiB page of entries holding c's (the disk reads the page
        either way; a cold store's later rows of the page then cost one read, not two) */
-    int64_t c0 = ec ? c & ~(int64_t)(ENTRY_RUN - 1) : c, c_last = c;
-    if (ec) c_last = c0 + ENTRY_RUN - 1 < n_chunks ? c0 + ENTRY_RUN - 1 : n_chunks - 1;
+    int64_t c0 = !ec ? c : span == ENTRY_RUN ? c & ~(int64_t)(ENTRY_RUN - 1) : c & ~(int64_t)15;
+    int64_t c_last = c;
+    if (ec) c_last = c0 + span - 1 < n_chunks ? c0 + span - 1 : n_chunks - 1;
     uint8_t ent[16 * ENTRY_RUN];
     (*reads)++;
     if (pread_all((int)e[TAB_FD], ent, (size_t)(16 * (c_last - c0 + 1)), 16 * c0) != 0)

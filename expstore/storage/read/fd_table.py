@@ -13,6 +13,11 @@ import numpy as np
 
 from ..native import native
 
+#: index entries an FdTable remembers at most (32 B each: 16 MiB). A field of more than
+#: four times as many chunks remembers, with each index read, only the entries the rest
+#: of that run needs (32), not the 4 KiB page's 256 (``shard_reads.h``: ``entry_span``)
+ENTRY_CACHE_ROWS = 1 << 19
+
 #: columns of FdTable.tab (what the C kernel keeps per shard)
 TAB_COLS = 6 if native is None else native.TAB_COLS
 ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
@@ -38,7 +43,7 @@ class FdTable:
 
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
                  chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
-                 checksum: bool, row_bytes: int, max_entries: int = 1 << 19,
+                 checksum: bool, row_bytes: int, max_entries: int | None = None,
                  held_bytes: int = 0) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
@@ -53,6 +58,7 @@ class FdTable:
         #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
         #: descriptor they were read through: a store of up to ``max_entries`` chunks
         #: costs one read per chunk, not two
+        max_entries = ENTRY_CACHE_ROWS if max_entries is None else max_entries
         self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
                                -1, np.int64)
         self.opened = 0  # shard versions opened so far
