@@ -17,10 +17,16 @@ import pytest
 from test_batch_path import FRAME, make_store, write
 from test_kernel_reads import _filled, _general
 
+import expstore as es
 from expstore.storage import backend_for
 from expstore.storage.native.kernels import native
 from expstore.storage.read import ShardReader
-from expstore.storage.read.kernel_budget import FDS_METADATA, FDS_ONE_CHUNK, kernel_shares
+from expstore.storage.read.kernel_budget import (
+    FDS_METADATA,
+    FDS_ONE_CHUNK,
+    held_need,
+    kernel_shares,
+)
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
     raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
@@ -162,4 +168,55 @@ def test_kernel_refuses_held_chunks_for_frames(tmp_path) -> None:
             np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="held chunks need chunks of more than one row"):
         native.ReadState(*args, *held)
+    store.close()
+
+
+def _tiny_rows_store(tmp_path, capacity=65536, shard_rows=4096):
+    """Every row a 2-byte observation (a vector, multi-row chunks) and scalars that
+    compress to almost nothing: what a held arena needs is far below its share."""
+    spec = es.Spec.create(obs=es.Field((2,), np.uint8), action=es.Field((), np.int64))
+    store = es.create(tmp_path / "tiny.zarr", spec, capacity=capacity, shard_rows=shard_rows)
+    n = capacity - 1  # (the last row: the lane's next obs)
+    obs = (np.arange(n + 1)[:, None] * [1, 7] % 251).astype(np.uint8)
+    store.extend(obs=obs[:-1], action=np.zeros(n, np.int64), reward=np.zeros(n, np.float32),
+                 next_obs=obs[1:], terminated=np.zeros(n, bool), truncated=np.zeros(n, bool))
+    store.flush()
+    return store
+
+
+def test_held_arenas_sized_to_their_chunks_leave_the_rest_to_decoded_vectors(tmp_path
+                                                                             ) -> None:
+    """Held arenas keep what every shard's chunk takes (shard files stat'ed, with
+    headroom), not their whole share; the bytes left go to the fields kept decoded, so a
+    store of 2-byte observations holds all of them decoded where a third fitted. Rows read
+    are the same as the general path's."""
+    store = _tiny_rows_store(tmp_path)
+    L, budget = store.layout, 256 << 10
+    root = backend_for(store.url).root
+    needs = {n: held_need(root, L, n) for n in ("action", "reward", "terminated", "truncated")}
+    assert all(0 < need < 16 * 1024 for need in needs.values())  # ~tiny compressed chunks
+    plain, sized = kernel_shares(L, 1000, budget), kernel_shares(L, 1000, budget, needs)
+    for n, need in needs.items():
+        assert plain[n].held_bytes > need == sized[n].held_bytes
+    spare = sum(plain[n].held_bytes - sized[n].held_bytes for n in needs)
+    assert sized["obs"].values_bytes == plain["obs"].values_bytes + spare
+    assert sum(s.values_bytes + s.held_bytes for s in sized.values()) <= budget
+    n_shards = L.capacity // L.shard_rows
+    obs_shard_bytes = L.shard_rows * 2
+    assert plain["obs"].values_bytes // obs_shard_bytes < n_shards / 2
+
+    reader = ShardReader(backend_for(store.url), L, row_cache_bytes=0, values_budget=budget,
+                         max_fds=1000)
+    assert reader.tables["obs"].max_slots == n_shards  # every shard's observations
+    rows = np.random.default_rng(0).permutation(L.capacity - 1)[:4000]
+    steps = store.index.steps(rows)
+    general = _general(store)
+    for _ in range(2):  # filling, then filled
+        got = reader.read_fields(["obs", "action"], rows, steps)
+        for name in ("obs", "action"):
+            f = L.fields[name]
+            expect = np.zeros((len(rows), *f.shape), f.dtype)
+            assert general.read(name, rows, steps, expect).all()
+            values, ok = got[name]
+            assert ok.all() and np.array_equal(values, expect), name
     store.close()

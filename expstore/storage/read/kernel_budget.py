@@ -10,8 +10,10 @@ compressed chunks, and need a descriptor only while a shard's chunk is read.
 
 from __future__ import annotations
 
+import os
 import resource
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,7 +81,32 @@ def worth_filling(slots: int, n_shards: int, values_per_row: int = 1) -> bool:
     return 2 * slots >= n_shards
 
 
-def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, KernelShare]:
+#: headroom over the estimated compressed bytes of a field's shards its held arena keeps
+HELD_HEADROOM = 1.25
+#: shard files of a field stat'ed to estimate its compressed bytes
+HELD_SAMPLE_SHARDS = 8
+
+
+def held_need(root: str, layout: Layout, name: str) -> int | None:
+    """Bytes of held chunks that would hold every shard of field ``name`` (one chunk per
+    shard) of the local store at ``root``: ``HELD_HEADROOM`` x the shards x the median
+    size of up to ``HELD_SAMPLE_SHARDS`` shard files, spread over the store. ``None``
+    where none is written yet (an arena of the full share, then)."""
+    n_shards = layout.capacity // layout.shard_rows
+    sizes = []
+    for shard in sorted({int(s) for s in np.linspace(0, n_shards - 1, HELD_SAMPLE_SHARDS)}):
+        try:
+            sizes.append(os.stat(os.path.join(root, layout.shard_key(name, shard))).st_size)
+        except OSError:
+            continue
+    if not sizes:
+        return None
+    return int(HELD_HEADROOM * n_shards * float(np.median(sizes)))
+
+
+def kernel_shares(layout: Layout, fds: int, values_budget: int,
+                  held_needs: Mapping[str, int | None] | None = None
+                  ) -> dict[str, KernelShare]:
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
     Multi-row-chunk fields batches read share ``values_budget`` by row bytes. A field of
@@ -87,8 +114,12 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     (vectors: one shard fits; scalars: half of them), else as held compressed chunks
     (an Atari action is 8 B decoded, about 1 B compressed), and gets
     :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer).
-    The store's metadata fields get :data:`FDS_METADATA` each; the other fields batches
-    read (frames) share the rest.
+    A held arena larger than the field's ``held_needs`` (:func:`held_need`: every shard's
+    chunk, with headroom) keeps that much, and the bytes left go to the fields that keep
+    decoded values, by row bytes (a 100M-row store of 2-byte observations: all of its
+    observations decoded, not a third). The store's metadata fields get
+    :data:`FDS_METADATA` descriptors each; the other fields batches read (frames) share
+    the rest.
     """
     n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
@@ -99,13 +130,20 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int) -> dict[str, Ker
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
     light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
     per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
-    shares = {}
+    shares, spare = {}, 0
     for n, f in layout.fields.items():
         budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
         shard_bytes = layout.shard_rows * f.row_nbytes
         if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
                                                 n_shards, int(np.prod(f.shape, dtype=np.int64))):
             budget, held = 0, budget
+            need = (held_needs or {}).get(n)
+            if need is not None and need < held:
+                spare += held - need
+                held = need
         count = FDS_METADATA if n not in spec else light_fds if n in light else per_field
         shares[n] = KernelShare(count, budget, held)
+    takers = {n: multi[n] for n in multi if shares[n].values_bytes > 0}
+    for n, row in takers.items():
+        shares[n].values_bytes += spare * row // sum(takers.values())
     return shares

@@ -38,7 +38,7 @@ from ..native import apply_read_depth_env, native
 from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
-from .kernel_budget import kernel_fd_budget, kernel_shares, take_fds
+from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held
 from .read_stats import ReadStats
 from .shard_table import ShardTable
@@ -104,7 +104,10 @@ class ShardReader(GeneralReads):
             # given back when the reader is closed, or collected if never closed
             self._fd_share = take_fds(self, fds)
             apply_read_depth_env()  # (the frame path's preads in flight: read_pool.h)
-            shares = kernel_shares(layout, fds, values_budget)
+            needs = ({n: held_need(root, layout, n) for n in layout.spec.fields
+                      if 1 < layout.chunk_rows(n) == layout.shard_rows}
+                     if isinstance(root, str) else None)
+            shares = kernel_shares(layout, fds, values_budget, needs)
             for n, f in layout.fields.items():
                 share, fdt = shares[n], None
                 if self.kernel_ok[n] and isinstance(root, str):

@@ -1,0 +1,177 @@
+"""The read side at a billion rows: a store of tiny rows, sampled at 1M and at 1B rows.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_billion.py --sizes 1000000,1000000000 --path /work/bench_1b --keep
+
+A frame store of a billion rows would need ~40-60 GB of disk (each frame is its own
+chunk, ~40 B of it overhead), so this store holds what fits: every row a 2-byte vector
+observation (``obs``, shape ``(2,)``, in ~8 KiB multi-row chunks), a discrete action, a
+reward and the two end flags, with the metadata a writer leaves (``_step_id``,
+``_episode_step``, ``_flags``, the index snapshot). Shards are written by hand from one
+encoded template shard (as ``bench_rss.py`` builds its stores), each with its own header.
+
+Each size is opened and sampled in a fresh process, after the store's files were read
+into the page cache: open time and peak RSS, then ``store.sample(32)`` and
+``store.sample(256)`` after a warm-up drawing every shard ~8 times (medians of repeats).
+x_smallest = the figure / the smallest store's. Writes section "Sampling at a billion
+rows" of benchmarks/RESULTS.md and results/billion.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+import expstore as es  # noqa: E402
+from benchmarks.bench_rss import write_snapshot  # noqa: E402
+from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
+from expstore.storage.format import LaneState, write_state  # noqa: E402
+from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
+
+
+def build(path: Path, rows: int, episode_len: int = 1000) -> int:
+    """A ``rows``-row store of tiny rows (module doc); its bytes on disk."""
+    spec = es.Spec.create(obs=es.Field((2,), np.uint8),
+                          action=es.Field((), np.int64, low=0, high=17))
+    store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
+    L, S = store.layout, store.layout.shard_rows
+    enc = {n: L.codec(n) for n in L.fields}
+    rng = np.random.default_rng(0)
+    R = L.chunk_rows("obs")
+    obs = rng.integers(0, 256, (S, 2)).astype(np.uint8)
+    obs_chunks = [enc["obs"].encode(np.ascontiguousarray(obs[i: i + R]))
+                  for i in range(0, S, R)]
+
+    def one_chunk(name: str, values: np.ndarray) -> list[bytes]:
+        return [enc[name].encode(np.ascontiguousarray(values.astype(L.fields[name].dtype)))]
+
+    pos = np.arange(S) % episode_len
+    flags = np.where(pos == 0, FLAG_FIRST, 0).astype(np.uint8)
+    flags[pos == episode_len - 1] |= FLAG_LAST
+    rewards = np.where(rng.random(S) < 0.03, rng.choice([-1.0, 1.0], S), 0.0)
+    statics = {
+        "obs": obs_chunks,
+        "action": one_chunk("action", rng.integers(0, 6, S)),
+        "reward": one_chunk("reward", rewards.astype(np.float32)),
+        "terminated": one_chunk("terminated", pos == episode_len - 2),
+        "truncated": one_chunk("truncated", np.zeros(S, bool)),
+        "_episode_step": one_chunk("_episode_step", pos),
+        "_flags": one_chunk("_flags", flags),
+    }
+    n_shards = L.capacity // S
+    t0 = time.perf_counter()
+    for shard in range(n_shards):
+        first = shard * S
+        for name, chunks in statics.items():
+            store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
+        steps = one_chunk("_step_id", np.arange(first, first + S))
+        store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
+        if shard % 5000 == 0:
+            print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if L.store_id is not None:
+        write_snapshot(store.backend, L, pos.astype(np.int32), flags)
+    write_state(store.backend, LaneState(0, count=L.capacity, valid_from=0,
+                                         episodes=L.capacity // episode_len))
+    store.close()
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+CHILD = r"""
+import json, resource, statistics, sys, time
+sys.path.insert(0, sys.argv[2])
+import expstore as es
+from benchmarks.baselines import timed_loop
+t0 = time.perf_counter()
+store = es.open(sys.argv[1])
+r = {"open_s": time.perf_counter() - t0,
+     "open_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+     "rows": len(store), "shard_rows": store.layout.shard_rows,
+     "shards": store.capacity // store.layout.shard_rows}
+repeats, seconds = int(sys.argv[3]), float(sys.argv[4])
+for bs in (32, 256):
+    step = lambda: store.sample(bs)
+    for _ in range(max(1, 8 * r["shards"] // bs)):
+        step()
+    runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+    r[f"us_per_batch_bs{bs}"] = 1e6 * bs / statistics.median(runs)
+r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(r))
+"""
+
+
+def measure(path: Path, repeats: int, seconds: float) -> dict:
+    for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
+        if f.is_file():
+            f.read_bytes()
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), root, str(repeats),
+                          str(seconds)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1000000,1000000000", help="comma-separated rows")
+    ap.add_argument("--path", default=".bench_billion", help="folder of the stores")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--keep", action="store_true", help="keep the stores (and reuse them)")
+    ap.add_argument("--no-write", action="store_true", help="print, do not write RESULTS")
+    a = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    root = Path(a.path)
+    root.mkdir(parents=True, exist_ok=True)
+    results = []
+    for rows in (int(x) for x in a.sizes.split(",")):
+        path = root / f"tiny_{rows}.zarr"
+        built = None
+        if not (a.keep and (path / "_state").is_dir()):
+            print(f"building a {rows:,}-row store at {path} ...", flush=True)
+            t0 = time.perf_counter()
+            size = build(path, rows)
+            built = time.perf_counter() - t0
+        else:
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        r = {**measure(path, a.repeats, a.seconds), "gb_on_disk": size / 1e9,
+             "build_s": built}
+        print(r, flush=True)
+        results.append(r)
+        if not a.keep:
+            shutil.rmtree(path, ignore_errors=True)
+    base = results[0]
+    for r in results:
+        for k in ("us_per_batch_bs32", "us_per_batch_bs256"):
+            r[k.replace("us_per_batch_", "") + "_x_smallest"] = r[k] / base[k]
+    body = markdown_table(results, [
+        "rows", "shards", "gb_on_disk", "open_s", "open_rss_mb", "us_per_batch_bs32",
+        "bs32_x_smallest", "us_per_batch_bs256", "bs256_x_smallest", "rss_mb"])
+    body += (
+        "\n\nA store of tiny rows (obs: 2 bytes, a vector in ~8 KiB chunks; a discrete "
+        "action, a reward, two end flags; one template shard written per shard with its own "
+        "header, and the writer's index snapshot): a frame store of 1B rows would need "
+        "40-60 GB of disk. Each size in a fresh process, warm page cache: open_s / "
+        "open_rss_mb = `es.open` time and the peak RSS after it (MiB); `store.sample(B)` "
+        "after a warm-up drawing every shard ~8 times, medians of repeats; rss_mb = peak RSS "
+        f"at the end. Load average (1 min) {load0:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end.")
+    print(body)
+    save_json("billion", {"results": results})
+    if not a.no_write:
+        write_section("Sampling at a billion rows", body, command=command_line())
+
+
+if __name__ == "__main__":
+    main()
