@@ -35,56 +35,21 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
-from benchmarks.bench_rss import write_snapshot  # noqa: E402
+from benchmarks.bench_rss import one_chunk, template_scalars, write_template_shards  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
-from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
-from expstore.storage.format import LaneState, write_state  # noqa: E402
-from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
 
-def build(path: Path, rows: int, episode_len: int = 1000) -> int:
+def build(path: Path, rows: int, episode_len: int = 800) -> int:
     """A ``rows``-row store of tiny rows (module doc); its bytes on disk."""
     spec = es.Spec.create(obs=es.Field((2,), np.uint8),
                           action=es.Field((), np.int64, low=0, high=17))
     store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
     L, S = store.layout, store.layout.shard_rows
-    enc = {n: L.codec(n) for n in L.fields}
-    rng = np.random.default_rng(0)
     R = L.chunk_rows("obs")
-    obs = rng.integers(0, 256, (S, 2)).astype(np.uint8)
-    obs_chunks = [enc["obs"].encode(np.ascontiguousarray(obs[i: i + R]))
-                  for i in range(0, S, R)]
-
-    def one_chunk(name: str, values: np.ndarray) -> list[bytes]:
-        return [enc[name].encode(np.ascontiguousarray(values.astype(L.fields[name].dtype)))]
-
-    pos = np.arange(S) % episode_len
-    flags = np.where(pos == 0, FLAG_FIRST, 0).astype(np.uint8)
-    flags[pos == episode_len - 1] |= FLAG_LAST
-    rewards = np.where(rng.random(S) < 0.03, rng.choice([-1.0, 1.0], S), 0.0)
-    statics = {
-        "obs": obs_chunks,
-        "action": one_chunk("action", rng.integers(0, 6, S)),
-        "reward": one_chunk("reward", rewards.astype(np.float32)),
-        "terminated": one_chunk("terminated", pos == episode_len - 2),
-        "truncated": one_chunk("truncated", np.zeros(S, bool)),
-        "_episode_step": one_chunk("_episode_step", pos),
-        "_flags": one_chunk("_flags", flags),
-    }
-    n_shards = L.capacity // S
-    t0 = time.perf_counter()
-    for shard in range(n_shards):
-        first = shard * S
-        for name, chunks in statics.items():
-            store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
-        steps = one_chunk("_step_id", np.arange(first, first + S))
-        store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
-        if shard % 5000 == 0:
-            print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    if L.store_id is not None:
-        write_snapshot(store.backend, L, pos.astype(np.int32), flags)
-    write_state(store.backend, LaneState(0, count=L.capacity, valid_from=0,
-                                         episodes=L.capacity // episode_len))
+    obs = np.random.default_rng(1).integers(0, 256, (S, 2)).astype(np.uint8)
+    chunks, pos, flags = template_scalars(store, episode_len)
+    chunks["obs"] = [one_chunk(L, "obs", obs[i: i + R]) for i in range(0, S, R)]
+    write_template_shards(store, chunks, pos, flags, episode_len, every=5000)
     store.close()
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 

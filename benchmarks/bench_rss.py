@@ -88,50 +88,62 @@ def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
     L = store.layout
     S = L.shard_rows
     frames = load_atari_frames(S)["frames"][:, ::subsample, ::subsample]
-    enc = {n: L.codec(n) for n in L.fields}
-    obs_chunks = [enc["obs"].encode(np.ascontiguousarray(frames[i : i + 1])) for i in range(S)]
+    obs_chunks = [L.codec("obs").encode(np.ascontiguousarray(frames[i : i + 1]))
+                  for i in range(S)]
 
-    def one_chunk(name: str, values: np.ndarray) -> list[bytes]:
-        return [enc[name].encode(np.ascontiguousarray(values.astype(L.fields[name].dtype)))]
+    statics, pos, flags = template_scalars(store, episode_len)
+    if metadata_only:
+        statics = {k: statics[k] for k in ("_episode_step", "_flags")}
+    else:
+        statics = {"obs": obs_chunks, **statics}
+    write_template_shards(store, statics, pos, flags, episode_len,
+                          step_ids=not metadata_only, every=2000 if metadata_only else 200)
+    return store
 
+
+def template_scalars(store: es.Store, episode_len: int
+                     ) -> tuple[dict[str, list[bytes]], np.ndarray, np.ndarray]:
+    """One shard's encoded chunk of each scalar and metadata field, as Atari's compress
+    (random actions 0-5, rewards of +-1 at 3% of steps, episodes of ``episode_len``), and
+    its episode steps and flags."""
+    L, S = store.layout, store.layout.shard_rows
     pos = np.arange(S) % episode_len
     flags = np.where(pos == 0, FLAG_FIRST, 0).astype(np.uint8)
     flags[pos == episode_len - 1] |= FLAG_LAST
-    rng = np.random.default_rng(0)  # scalars as Atari's compress: random actions, sparse rewards
+    rng = np.random.default_rng(0)
     rewards = np.where(rng.random(S) < 0.03, rng.choice([-1.0, 1.0], S), 0.0)
-    statics = {
-        "action": one_chunk("action", rng.integers(0, 6, S)),
-        "reward": one_chunk("reward", rewards.astype(np.float32)),
-        "terminated": one_chunk("terminated", pos == episode_len - 2),
-        "truncated": one_chunk("truncated", np.zeros(S, bool)),
-        "_episode_step": one_chunk("_episode_step", pos),
-        "_flags": one_chunk("_flags", flags),
-    }
-    t0 = time.perf_counter()
-    n_shards = L.capacity // S
-    if metadata_only:
-        statics = {k: statics[k] for k in ("_episode_step", "_flags")}
+    values = {"action": rng.integers(0, 6, S), "reward": rewards,
+              "terminated": pos == episode_len - 2, "truncated": np.zeros(S, bool),
+              "_episode_step": pos, "_flags": flags}
+    return {n: [one_chunk(L, n, v)] for n, v in values.items()}, pos, flags
+
+
+def one_chunk(layout, name: str, values: np.ndarray) -> bytes:
+    """``values`` encoded as one chunk of field ``name``."""
+    f = layout.fields[name]
+    return layout.codec(name).encode(np.ascontiguousarray(values.astype(f.dtype)))
+
+
+def write_template_shards(store: es.Store, chunks: dict[str, list[bytes]], pos: np.ndarray,
+                          flags: np.ndarray, episode_len: int, step_ids: bool = True,
+                          every: int = 200) -> None:
+    """Every shard of ``store``: each field's template ``chunks`` with the shard's own
+    header (and its own ``_step_id`` chunk), then lane 0's index snapshot and state."""
+    L, S = store.layout, store.layout.shard_rows
+    n_shards, t0 = L.capacity // S, time.perf_counter()
     for shard in range(n_shards):
         first = shard * S
-        if metadata_only:
-            for name, chunks in statics.items():
-                store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
-            if shard % 2000 == 0:
-                print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)",
-                      flush=True)
-            continue
-        store.backend.put(L.shard_key("obs", shard), assemble(obs_chunks, first, S))
-        for name, chunks in statics.items():
-            store.backend.put(L.shard_key(name, shard), assemble(chunks, first, S))
-        steps = one_chunk("_step_id", np.arange(first, first + S))
-        store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
-        if shard % 200 == 0:
+        for name, field_chunks in chunks.items():
+            store.backend.put(L.shard_key(name, shard), assemble(field_chunks, first, S))
+        if step_ids:
+            steps = [one_chunk(L, "_step_id", np.arange(first, first + S))]
+            store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
+        if shard % every == 0:
             print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)", flush=True)
     if L.store_id is not None:
         write_snapshot(store.backend, L, pos.astype(np.int32), flags)
     write_state(store.backend, LaneState(0, count=L.capacity, valid_from=0,
                                          episodes=L.capacity // episode_len))
-    return store
 
 
 def write_snapshot(backend, layout, shard_pos: np.ndarray, shard_flags: np.ndarray) -> None:

@@ -204,7 +204,8 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chu
         return 0;
     }
     /* remembering: the whole 4 KiB page of entries holding c's (the disk reads the page
-       either way; a cold store's later rows of the page then cost one read, not two) */
+       either way; a cold store's later rows of the page then cost one read, not two), or
+       for a field of many chunks the ENTRY_WINDOW of them from c rounded down to 16 */
     int64_t c0 = !ec ? c : span == ENTRY_RUN ? c & ~(int64_t)(ENTRY_RUN - 1) : c & ~(int64_t)15;
     int64_t c_last = c;
     if (ec) c_last = c0 + span - 1 < n_chunks ? c0 + span - 1 : n_chunks - 1;
