@@ -11,7 +11,7 @@ Two ways, one interface (a context manager with ``hold()`` and ``release()``):
   writable cgroup mount.
 * ``Evictor``: a process calling ``posix_fadvise(DONTNEED)`` over every file of the store
   in a loop. Works anywhere, but under it ``make_loader``'s workers fetched twice the
-  bytes per sample from the disk (11.9 against 5.7 KB), and its loop takes CPU from them.
+  bytes per sample from the disk (12.2 against 6.2 KB), and its loop takes CPU from them.
 
 ``disk_read_bytes(pids)`` sums what the kernel fetched from the block device for those
 processes (``/proc/PID/io``: ``read_bytes``): the proof that reads were cold.
