@@ -182,7 +182,8 @@ static const int64_t *remembered(const int64_t *ec, Py_ssize_t ec_n, int64_t sha
 /* Entries remembered with each index read of a field whose chunks outnumber its entry
    cache 4 to 1 (ENTRY_WINDOW, from `c` rounded down to 16): a later batch seldom finds a
    page of them again, so only those the rest of this run needs (a frame stack and the
-   next frames) are stored, not the page's 256 (whose stores cost more than the read). */
+   next frames) are stored, not the page's 256 (storing those was the largest part of the
+   kernel's own time in a profile of a 100M-frame store). */
 #define ENTRY_WINDOW 32
 
 /* How many entries one index read remembers for a field of `total` chunks, `ec_n` of
