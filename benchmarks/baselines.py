@@ -66,6 +66,13 @@ def drop_page_cache(path: str | Path) -> list[str]:
     return files
 
 
+def warm_page_cache(path: str | Path) -> None:
+    """Read every file under ``path`` once, so that its pages are in the page cache."""
+    for p in Path(path).rglob("*"):
+        if p.is_file():
+            p.read_bytes()
+
+
 class TorchRLMemmapCase:
     """TorchRL ``ReplayBuffer`` over ``LazyMemmapStorage``, one stacked transition per row.
 

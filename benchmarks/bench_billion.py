@@ -35,6 +35,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
+from benchmarks.baselines import dir_bytes, warm_page_cache  # noqa: E402
 from benchmarks.bench_rss import one_chunk, template_scalars, write_template_shards  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
@@ -51,7 +52,7 @@ def build(path: Path, rows: int, episode_len: int = 800) -> int:
     chunks["obs"] = [one_chunk(L, "obs", obs[i: i + R]) for i in range(0, S, R)]
     write_template_shards(store, chunks, pos, flags, episode_len, every=5000)
     store.close()
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return dir_bytes(path)[0]
 
 
 CHILD = r"""
@@ -78,9 +79,7 @@ print(json.dumps(r))
 
 
 def measure(path: Path, repeats: int, seconds: float) -> dict:
-    for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
-        if f.is_file():
-            f.read_bytes()
+    warm_page_cache(path)  # the measurement is of warm reads
     root = str(Path(__file__).resolve().parent.parent)
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), root, str(repeats),
                           str(seconds)], capture_output=True, text=True, check=True)
@@ -109,7 +108,7 @@ def main() -> None:
             size = build(path, rows)
             built = time.perf_counter() - t0
         else:
-            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            size = dir_bytes(path)[0]
         r = {**measure(path, a.repeats, a.seconds), "gb_on_disk": size / 1e9,
              "build_s": built}
         print(r, flush=True)

@@ -289,8 +289,8 @@ def main() -> None:
     disk: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
     how = a.cold or ("cgroup" if cgroup_available() else "evictor")
-    holder = (CacheBudget(files, int(a.cache_mib * 2**20)) if how == "cgroup"
-              else Evictor(files, a.evict_interval))
+    holder = (CacheBudget(path, int(a.cache_mib * 2**20)) if how == "cgroup"
+              else Evictor(path, a.evict_interval))
     with holder:
         holder.hold()
         for qd in QUEUE_DEPTHS:

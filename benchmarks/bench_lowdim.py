@@ -64,6 +64,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.baselines import warm_page_cache  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
 OBS_DIM, ACT_DIM = 17, 6
@@ -186,9 +187,7 @@ def expstore_store(data: dict[str, Any], path: Path) -> tuple[Any, float]:
         store.extend({k: data[k][lo:lo + 1000] for k in keys})
     store.flush()
     spent = time.perf_counter() - t0
-    for p in path.rglob("*"):  # warm page cache
-        if p.is_file():
-            p.read_bytes()
+    warm_page_cache(path)
     return store, spent
 
 

@@ -54,7 +54,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
-from benchmarks.baselines import drop_page_cache  # noqa: E402
+from benchmarks.baselines import drop_page_cache, warm_page_cache  # noqa: E402
 from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
@@ -369,9 +369,7 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
             t0 = time.perf_counter()
             build(path, rows, subsample=subsample, shard_rows=shard_rows).close()
             built = time.perf_counter() - t0
-        for f in path.rglob("*"):  # warm page cache: the measurement is of warm reads
-            if f.is_file():
-                f.read_bytes()
+        warm_page_cache(path)  # the measurement is of warm reads
         out = subprocess.run([sys.executable, __file__, "--flat-child", str(path),
                               "--repeats", str(repeats), "--seconds", str(seconds)],
                              capture_output=True, text=True, check=True)

@@ -25,21 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.baselines import drop_page_cache
+
 
 def store_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
-
-
-def drop_pages(files: list[Path]) -> None:
-    """Drop ``files``' pages from the page cache, whichever cgroup they are charged to
-    (written back first: a dirty page is not dropped)."""
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def disk_read_bytes(pids: list[int]) -> int:
@@ -130,12 +120,12 @@ class CacheBudget:
 
     name = "cgroup"
 
-    def __init__(self, files: list[Path], budget: int, period: float = 0.002,
+    def __init__(self, path: Path, budget: int, period: float = 0.002,
                  slices: int = 16) -> None:
         parent = _memory_cgroup_dir()
         if parent is None:
             raise RuntimeError("no writable memory cgroup here; use the evictor")
-        self.files, self.budget, self.period = files, budget, period
+        self.path, self.budget, self.period = path, budget, period
         self.parent = parent
         self.group = _Group(parent / f"expstore-bench-cold-{os.getpid()}")
         ctx = mp.get_context("fork")
@@ -143,9 +133,8 @@ class CacheBudget:
         self._cache_peak, self._passes = ctx.Value("q", 0), ctx.Value("q", 0)
         self._seen = ctx.Array("d", 2)  # sum of the page cache seen (bytes), readings
         self.proc = ctx.Process(target=_govern, daemon=True, args=(
-            self.group, [str(p) for p in files], budget, period, slices, self.holding,
-            self.stop,
-            self._cache_peak, self._passes, self._seen))
+            self.group, [str(p) for p in store_files(path)], budget, period, slices,
+            self.holding, self.stop, self._cache_peak, self._passes, self._seen))
         self.held_s = 0.0
 
     @property
@@ -165,7 +154,8 @@ class CacheBudget:
 
     def hold(self) -> None:
         """Drop the store's pages, then keep the group's page cache near ``budget``."""
-        drop_pages(self.files)
+        os.sync()  # (a dirty page is not dropped)
+        drop_page_cache(self.path)
         self.t0 = time.perf_counter()
         self.holding.value = 1
 
@@ -208,8 +198,8 @@ class Evictor:
 
     name = "evictor"
 
-    def __init__(self, files: list[Path], interval: float) -> None:
-        self.files, self.interval = files, interval
+    def __init__(self, path: Path, interval: float) -> None:
+        self.files, self.interval = store_files(path), interval
         self.proc: Any = None
         self.rate = 0.0
 
