@@ -195,7 +195,7 @@ def test_held_arenas_sized_to_their_chunks_leave_the_rest_to_decoded_vectors(tmp
     root = backend_for(store.url).root
     needs = {n: held_need(root, L, n) for n in ("action", "reward", "terminated", "truncated")}
     assert all(0 < need < 16 * 1024 for need in needs.values())  # ~tiny compressed chunks
-    plain, sized = kernel_shares(L, 1000, budget), kernel_shares(L, 1000, budget, needs)
+    plain, sized = kernel_shares(L, 1000, budget), kernel_shares(L, 1000, budget, needs.get)
     for n, need in needs.items():
         assert plain[n].held_bytes > need == sized[n].held_bytes
     spare = sum(plain[n].held_bytes - sized[n].held_bytes for n in needs)

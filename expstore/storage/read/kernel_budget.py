@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,7 +105,7 @@ def held_need(root: str, layout: Layout, name: str) -> int | None:
 
 
 def kernel_shares(layout: Layout, fds: int, values_budget: int,
-                  held_needs: Mapping[str, int | None] | None = None
+                  held_need_of: Callable[[str], int | None] | None = None
                   ) -> dict[str, KernelShare]:
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
@@ -114,12 +114,12 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     (vectors: one shard fits; scalars: half of them), else as held compressed chunks
     (an Atari action is 8 B decoded, about 1 B compressed), and gets
     :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer).
-    A held arena larger than the field's ``held_needs`` (:func:`held_need`: every shard's
-    chunk, with headroom) keeps that much, and the bytes left go to the fields that keep
-    decoded values, by row bytes (a 100M-row store of 2-byte observations: all of its
-    observations decoded, not a third). The store's metadata fields get
-    :data:`FDS_METADATA` descriptors each; the other fields batches read (frames) share
-    the rest.
+    A held arena larger than ``held_need_of(name)`` (:func:`held_need`: every shard's
+    chunk, with headroom; asked only of fields kept as held chunks) keeps that much, and
+    the bytes left go to the fields that keep decoded values, by row bytes (a 100M-row
+    store of 2-byte observations: all of its observations decoded, not a third). The
+    store's metadata fields get :data:`FDS_METADATA` descriptors each; the other fields
+    batches read (frames) share the rest.
     """
     n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
@@ -137,7 +137,7 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
         if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
                                                 n_shards, int(np.prod(f.shape, dtype=np.int64))):
             budget, held = 0, budget
-            need = (held_needs or {}).get(n)
+            need = None if held_need_of is None else held_need_of(n)
             if need is not None and need < held:
                 spare += held - need
                 held = need

@@ -104,17 +104,16 @@ class ShardReader(GeneralReads):
             # given back when the reader is closed, or collected if never closed
             self._fd_share = take_fds(self, fds)
             apply_read_depth_env()  # (the frame path's preads in flight: read_pool.h)
-            needs = ({n: held_need(root, layout, n) for n in layout.spec.fields
-                      if 1 < layout.chunk_rows(n) == layout.shard_rows}
-                     if isinstance(root, str) else None)
-            shares = kernel_shares(layout, fds, values_budget, needs)
+            shares = kernel_shares(layout, fds, values_budget,
+                                   (lambda n: held_need(root, layout, n))
+                                   if isinstance(root, str) else None)
             for n, f in layout.fields.items():
                 share, fdt = shares[n], None
                 if self.kernel_ok[n] and isinstance(root, str):
                     fdt = FdTable(root, lambda s, n=n: layout.shard_key(n, s), n_shards,
                                   layout.chunks_per_shard(n), layout.chunk_rows(n),
                                   share.fds, self.known, layout.shards_per_lane,
-                                  layout.checksum, f.dtype.itemsize * int(np.prod(f.shape)),
+                                  layout.checksum, f.row_nbytes,
                                   held_bytes=share.held_bytes)
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
@@ -276,7 +275,7 @@ class ShardReader(GeneralReads):
         if self.layout.chunk_rows(name) == 1:
             return size
         f = self.layout.fields[name]
-        raw = self.layout.shard_rows * f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+        raw = self.layout.shard_rows * f.row_nbytes
         bound = raw + 64 * (n_chunks + 1)  # codec frame overhead per chunk
         return size + bound if raw <= 256 << 10 else size
 
