@@ -187,27 +187,29 @@ def _tiny_rows_store(tmp_path, capacity=65536, shard_rows=4096):
 def test_held_arenas_sized_to_their_chunks_leave_the_rest_to_decoded_vectors(tmp_path
                                                                              ) -> None:
     """Held arenas keep what every shard's chunk takes (shard files stat'ed, with
-    headroom), not their whole share; the bytes left go to the fields kept decoded, so a
-    store of 2-byte observations holds all of them decoded where a third fitted. Rows read
-    are the same as the general path's."""
+    headroom), not their share of the budget; fields are decoded smallest row first with
+    the rest: the flags and the 2-byte observations whole, the action and reward held.
+    Rows read are the same as the general path's."""
     store = _tiny_rows_store(tmp_path)
-    L, budget = store.layout, 256 << 10
+    L = store.layout
     root = backend_for(store.url).root
     needs = {n: held_need(root, L, n) for n in ("action", "reward", "terminated", "truncated")}
     assert all(0 < need < 16 * 1024 for need in needs.values())  # ~tiny compressed chunks
+    whole = {n: L.capacity * L.fields[n].row_nbytes for n in ("terminated", "truncated", "obs")}
+    budget = sum(whole.values()) + needs["reward"] + needs["action"]
     plain, sized = kernel_shares(L, 1000, budget), kernel_shares(L, 1000, budget, needs.get)
-    for n, need in needs.items():
-        assert plain[n].held_bytes > need == sized[n].held_bytes
-    spare = sum(plain[n].held_bytes - sized[n].held_bytes for n in needs)
-    assert sized["obs"].values_bytes == plain["obs"].values_bytes + spare
+    for n, values in whole.items():
+        assert (sized[n].values_bytes, sized[n].held_bytes) == (values, 0), n
+    for n in ("reward", "action"):
+        assert (sized[n].values_bytes, sized[n].held_bytes) == (0, needs[n]), n
+        assert plain[n].held_bytes > needs[n]  # its share of the budget, unsized
+    assert plain["obs"].values_bytes < whole["obs"]
     assert sum(s.values_bytes + s.held_bytes for s in sized.values()) <= budget
     n_shards = L.capacity // L.shard_rows
-    obs_shard_bytes = L.shard_rows * 2
-    assert plain["obs"].values_bytes // obs_shard_bytes < n_shards / 2
 
     reader = ShardReader(backend_for(store.url), L, row_cache_bytes=0, values_budget=budget,
                          max_fds=1000)
-    assert reader.tables["obs"].max_slots == n_shards  # every shard's observations
+    assert all(reader.tables[n].max_slots == n_shards for n in whole)  # decoded whole
     rows = np.random.default_rng(0).permutation(L.capacity - 1)[:4000]
     steps = store.index.steps(rows)
     general = _general(store)

@@ -109,41 +109,71 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
                   ) -> dict[str, KernelShare]:
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
-    Multi-row-chunk fields batches read share ``values_budget`` by row bytes. A field of
-    one chunk per shard keeps it as decoded values where :func:`worth_filling` says so
-    (vectors: one shard fits; scalars: half of them), else as held compressed chunks
-    (an Atari action is 8 B decoded, about 1 B compressed), and gets
-    :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer).
-    A held arena larger than ``held_need_of(name)`` (:func:`held_need`: every shard's
-    chunk, with headroom; asked only of fields kept as held chunks) keeps that much, and
-    the bytes left go to the fields that keep decoded values, by row bytes (a 100M-row
-    store of 2-byte observations: all of its observations decoded, not a third). The
-    store's metadata fields get :data:`FDS_METADATA` descriptors each; the other fields
-    batches read (frames) share the rest.
+    Bytes (:func:`split_value_bytes`) go to the fields batches read in multi-row chunks.
+    A field of one chunk per shard gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an
+    even split of ``fds`` gives fewer); the store's metadata fields get
+    :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
     """
-    n_shards = layout.capacity // layout.shard_rows
     spec = layout.spec.fields
-    multi = {n: f.row_nbytes for n, f in spec.items() if layout.chunk_rows(n) > 1}
-    one_chunk = {n for n in multi if layout.chunk_rows(n) == layout.shard_rows}
+    one_chunk = {n for n in spec if layout.chunk_rows(n) == layout.shard_rows > 1}
     rest = [n for n in spec if n not in one_chunk] or list(spec)
     light = [n for n in one_chunk if n not in rest]
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
     light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
     per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
-    shares, spare = {}, 0
-    for n, f in layout.fields.items():
-        budget, held = values_budget * multi.get(n, 0) // max(sum(multi.values()), 1), 0
-        shard_bytes = layout.shard_rows * f.row_nbytes
-        if n in one_chunk and not worth_filling(decoded_slots(n_shards, shard_bytes, budget),
-                                                n_shards, int(np.prod(f.shape, dtype=np.int64))):
-            budget, held = 0, budget
-            need = None if held_need_of is None else held_need_of(n)
-            if need is not None and need < held:
-                spare += held - need
-                held = need
-        count = FDS_METADATA if n not in spec else light_fds if n in light else per_field
-        shares[n] = KernelShare(count, budget, held)
-    takers = {n: multi[n] for n in multi if shares[n].values_bytes > 0}
-    for n, row in takers.items():
-        shares[n].values_bytes += spare * row // sum(takers.values())
-    return shares
+    values, held = split_value_bytes(layout, values_budget, held_need_of)
+    return {n: KernelShare(FDS_METADATA if n not in spec else light_fds if n in light
+                           else per_field, values.get(n, 0), held.get(n, 0))
+            for n in layout.fields}
+
+
+def split_value_bytes(layout: Layout, budget: int,
+                      held_need_of: Callable[[str], int | None] | None = None
+                      ) -> tuple[dict[str, int], dict[str, int]]:
+    """``budget`` bytes over the fields batches read in multi-row chunks: ``(decoded,
+    held)``, bytes of decoded values (``ShardTable``) and of held compressed chunks
+    (``FdTable``) per field.
+
+    Where every such field's shards fit decoded, each gets what they take. Otherwise the
+    fields are decoded fewest bytes per row read first (an observation's row is read
+    twice per transition, as obs and next_obs), so each byte serves the most reads (a
+    100M-row frame store's two flags decoded whole where an even split by row bytes
+    decoded none; a 100M-row store of 2-byte observations has all of them decoded).
+    A field of one chunk per shard first has an arena for held compressed chunks set
+    aside (its share of ``budget`` by row bytes, or less: ``held_need_of(name)``,
+    :func:`held_need`, every shard's chunk with headroom); it is decoded where that arena
+    and the bytes left make it :func:`worth_filling`, and keeps the arena otherwise.
+    Bytes no field took top up arenas short of their need.
+    """
+    n_shards = layout.capacity // layout.shard_rows
+    spec = layout.spec.fields
+    row = {n: f.row_nbytes for n, f in spec.items() if layout.chunk_rows(n) > 1}
+    whole = {n: n_shards * layout.shard_rows * b for n, b in row.items()}
+    if sum(whole.values()) <= budget:
+        return whole, {}
+    total = max(1, sum(row.values()))
+    need = {}  # arenas: every shard's chunk (None: not known)
+    held = {}  # set aside first, given back to a field decoded after all
+    for n in row:
+        if layout.chunk_rows(n) == layout.shard_rows:
+            need[n] = None if held_need_of is None else held_need_of(n)
+            share = budget * row[n] // total
+            held[n] = share if need[n] is None else min(share, need[n])
+    left = budget - sum(held.values())
+    decoded = {}
+    obs = set(layout.spec.obs_names)  # (read twice per transition: obs and next_obs)
+    for n in sorted(row, key=lambda n: row[n] / (2 if n in obs else 1)):  # (stable)
+        avail = left + held.get(n, 0)
+        give = min(whole[n], avail)
+        slots = decoded_slots(n_shards, layout.shard_rows * row[n], give)
+        values_per_row = int(np.prod(spec[n].shape, dtype=np.int64))
+        if slots and (n not in held or worth_filling(slots, n_shards, values_per_row)):
+            decoded[n] = give
+            held.pop(n, None)
+            left = avail - give
+    for n in held:
+        if need[n] is None or held[n] < need[n]:
+            more = left if need[n] is None else min(left, need[n] - held[n])
+            held[n] += more
+            left -= more
+    return decoded, held

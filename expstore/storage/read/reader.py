@@ -385,6 +385,10 @@ class ShardReader(GeneralReads):
                 located = shards, rows - shards * S
                 self._bump(shards, steps)
             shards, slots = located
+            if not table.max_slots and table.fds is not None and self.kernel_ok[name]:
+                out[name] = (vals, self._read_held_chunks(name, table, rows, steps, shards,
+                                                          slots, vals))
+                continue
             if native is not None and native.table_rows(
                     shards, slots, steps, table.first, table.n_rows, table.trusted, table.slot,
                     table.values, self.layout.shard_rows, vals):  # every row held: one loop
@@ -399,6 +403,28 @@ class ShardReader(GeneralReads):
             self.stats.rows += len(rows)
             out[name] = (vals, ready)
         return out
+
+    def _read_held_chunks(self, name: str, table: ShardTable, rows: np.ndarray,
+                          steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
+                          out: np.ndarray) -> np.ndarray:
+        """:meth:`read_fields` of a field that keeps no decoded values (its budget holds
+        compressed chunks, or nothing): one kernel call for every row, as :meth:`read`
+        makes in the end, without asking which rows decoded values hold; rows it did not
+        deliver go the general way. The mask of rows delivered."""
+        flat = out.reshape(len(rows), -1).view(np.uint8)
+        done, self.kernel_ok[name] = table.fds.read(
+            shards, slots, steps, np.arange(len(rows), dtype=np.int64), flat, self.stats)
+        self.stats.rows += int(done.sum())
+        if done.all():
+            return done
+        rest = np.flatnonzero(~done)
+        part = np.empty((len(rest), *out.shape[1:]), out.dtype)
+        try:
+            done[rest] = self._read_general(name, rows[rest], steps[rest], part)
+        finally:
+            self._trim_heads()
+        out[rest] = part
+        return done
 
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
                     jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
