@@ -15,7 +15,7 @@ import pytest
 
 from expstore.storage.native import kernels
 from expstore.storage.read import read_cache
-from expstore.storage.read.read_cache import RowCache, ShardTable
+from expstore.storage.read.read_cache import SLOT_KEY_BYTES, RowCache, ShardTable
 
 native = kernels.native
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
@@ -48,7 +48,7 @@ def test_unique_first_takes_negative_keys_the_numpy_way():
 
 
 def _cache(rng: np.random.Generator, n_rows: int = 64) -> RowCache:
-    cache = RowCache(row_bytes=4, budget=4 * n_rows)
+    cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * n_rows)
     held = rng.random(cache.n) < 0.6
     cache.row[held] = np.flatnonzero(held) + cache.n * rng.integers(0, 3, held.sum())
     cache.step[held] = rng.integers(0, 4, held.sum())
@@ -59,7 +59,7 @@ def _cache(rng: np.random.Generator, n_rows: int = 64) -> RowCache:
 def test_place_rows_matches_the_numpy_placement(monkeypatch, seed):
     rng = np.random.default_rng(seed)
     a = _cache(rng)
-    b = RowCache(4, 4 * 64)
+    b = RowCache(4, (4 + SLOT_KEY_BYTES) * 64)
     b.row[:], b.step[:] = a.row, a.step
     k = int(rng.integers(1, 40))
     # distinct (row, step) pairs, many sharing a slot, many cached already
@@ -84,8 +84,19 @@ def test_place_rows_matches_the_numpy_placement(monkeypatch, seed):
         assert fast[1].any() and (fast[0] >= a.n).any() or len(rows) < 8
 
 
+@pytest.mark.parametrize("row_bytes", [16, 7056])
+def test_a_row_cache_stays_within_its_budget_keys_included(row_bytes):
+    """The slots' keys (row, step) count against the budget: for 16-byte rows (tiny
+    frames) they take half of it, for an Atari frame 0.2%."""
+    budget = 64 << 20
+    cache = RowCache(row_bytes, budget)
+    taken = cache.data.nbytes + cache.row.nbytes + cache.step.nbytes
+    assert 0.95 * budget < taken <= budget  # (scratch rows keep no key)
+
+
 def test_place_rows_leaves_the_cache_alone_when_scratch_is_short():
-    cache = RowCache(row_bytes=4, budget=4 * 32)  # 30 slots, 2 of scratch
+    cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * 32)  # 30 slots, 2 of scratch
+    assert (cache.n, cache.scratch) == (30, 2)
     rows = np.array([0, 30, 60, 90], np.int64)  # one slot for all four
     before = cache.row.copy()
     assert cache.place(rows, np.zeros(4, np.int64), np.ones(4, bool)) is None

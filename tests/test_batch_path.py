@@ -18,6 +18,7 @@ from test_loader import decode_frame
 import expstore as es
 from expstore.storage import backend_for
 from expstore.storage.read import ShardReader
+from expstore.storage.read.read_cache import SLOT_KEY_BYTES
 
 FRAME = (32, 32)  # 1 KiB: stored one row per inner chunk, like Atari frames
 
@@ -177,8 +178,8 @@ def test_frames_held_in_the_cache_match_the_general_path(tmp_path) -> None:
     store.flush()
     backend = backend_for(store.url)
     # few open shards and descriptors: the kernel re-opens shards within reads
-    fast = ShardReader(backend, store.layout, max_open=6, row_cache_bytes=64 * 1024,
-                       max_fds=16)
+    fast = ShardReader(backend, store.layout, max_open=6,
+                       row_cache_bytes=64 * (1024 + SLOT_KEY_BYTES), max_fds=16)
     general = ShardReader(backend, store.layout, row_cache_bytes=0)
     general.tables = {}
     cache = fast.row_caches["obs"]

@@ -26,15 +26,21 @@ __all__ = ["ECACHE_COLS", "TAB_COLS", "FdTable", "KernelRead", "RowCache", "Shar
            "serve", "serve_held"]
 
 
+#: bytes of a row cache slot's key: the row and the lane step it holds (int64 each)
+SLOT_KEY_BYTES = 16
+
+
 class RowCache:
-    """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes.
+    """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes: each
+    slot takes its row's bytes and :data:`SLOT_KEY_BYTES` for the (row, step) it holds
+    (for 16-byte rows, half of the budget).
 
     A sixteenth of the rows is *scratch*: rows a read needs but cannot place in their own
     slot (another row of the same read holds it, or they come from the general path).
     """
 
     def __init__(self, row_bytes: int, budget: int) -> None:
-        total = max(0, budget // max(1, row_bytes))
+        total = max(0, budget // (max(1, row_bytes) + SLOT_KEY_BYTES))
         self.scratch = total // 16
         self.n = total - self.scratch  # direct-mapped slots
         self.row = np.full(self.n, -1, np.int64)
