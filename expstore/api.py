@@ -158,8 +158,9 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     ``next_obs`` is always the one given with its step.
 
     ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
-    (bytes; default :attr:`Store.cache_bytes`, 256 MiB; 0: none). Pages are taken as
-    frames are first read, so RAM grows to the budget only as rows are sampled.
+    (bytes, each frame slot's 16-byte key included; default :attr:`Store.cache_bytes`,
+    256 MiB; 0: none). Frame pages are taken as frames are first read, so RAM grows to
+    the budget only as rows are sampled.
 
     ``hot_bytes``: this process's hot set, decoded small fields (scalars, state vectors)
     held in RAM for ``sample`` / ``read_plan`` (bytes; default :attr:`Store.hot_bytes`,
