@@ -2,8 +2,8 @@
 
 Fields stored many rows per chunk (scalars, state vectors: everything but frames) keep
 decoded shards in their :class:`~expstore.storage.read.shard_table.ShardTable` value slots,
-within the field's share of the store's ``hot_bytes`` (``kernel_budget.kernel_shares``:
-shares by row bytes, so every field holds the same fraction of its shards). Slots are
+within the field's part of the store's ``hot_bytes`` (``kernel_budget.split_value_bytes``:
+where not all fit, the fields of fewest bytes per row read are decoded first). Slots are
 taken as shards are first read and never given to another shard: where the budget holds
 every shard, each field is an in-RAM ring of its decoded rows; where it does not, the
 shards read first stay and rows of the others are read from their shards (only the blosc

@@ -23,7 +23,7 @@ from .fd_table import ECACHE_COLS, TAB_COLS, FdTable
 from .shard_table import ShardTable
 
 __all__ = ["ECACHE_COLS", "TAB_COLS", "FdTable", "KernelRead", "RowCache", "ShardTable",
-           "serve", "serve_held"]
+           "serve", "serve_held", "serve_unheld"]
 
 
 #: bytes of a row cache slot's key: the row and the lane step it holds (int64 each)
@@ -169,6 +169,19 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
         if cache and table.per_row:
             cache.insert(rows[served], steps[served], flat[served])
     stats.rows += int(done.sum())
+    return done, kernel
+
+
+def serve_unheld(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
+                 steps: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Every row of a field that keeps no decoded values (its budget holds compressed
+    chunks, or nothing) into ``out`` with one kernel call, as :func:`serve` would make
+    after finding no row ``ready``: the mask of rows served, and whether the kernel may
+    be used again for this field."""
+    flat = out.reshape(len(out), -1).view(np.uint8)
+    done, kernel = table.fds.read(shards, slots, steps, np.arange(len(out), dtype=np.int64),
+                                  flat, ctx.stats)
+    ctx.stats.rows += int(done.sum())
     return done, kernel
 
 

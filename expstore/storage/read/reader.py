@@ -39,7 +39,7 @@ from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
 from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
-from .read_cache import KernelRead, RowCache, serve, serve_held
+from .read_cache import KernelRead, RowCache, serve, serve_held, serve_unheld
 from .read_stats import ReadStats
 from .shard_table import ShardTable
 
@@ -61,8 +61,8 @@ class ShardReader(GeneralReads):
     single-row chunks (frames), split over the fields stored that way; ``values_budget``:
     multi-row shards held for the batch path, the hot set (``Store`` passes
     ``hot_bytes``; scalars: 14 B/row for action, reward and flags decoded), split over the
-    fields stored that way by row bytes: decoded where that holds at least half of a
-    field's shards (admitted as first read, never evicted: ``hot_set.py``), else as
+    fields stored that way fewest bytes per row read first: decoded (admitted as first
+    read, never evicted: ``hot_set.py``), or for scalars short of half their shards, as
     compressed chunks. ``max_fds``: descriptors
     the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames. Both
     splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`.
@@ -349,7 +349,12 @@ class ShardReader(GeneralReads):
         table = self.tables.get(name)
         if table is None or len(rows) > BATCH_ROWS:  # large reads: per shard is cheaper
             return self._read_general(name, rows, steps, out)
-        done = self._read_batch(name, table, rows, steps, out)
+        return self._rest_general(name, rows, steps, out,
+                                  self._read_batch(name, table, rows, steps, out))
+
+    def _rest_general(self, name: str, rows: np.ndarray, steps: np.ndarray, out: np.ndarray,
+                      done: np.ndarray) -> np.ndarray:
+        """Rows not ``done`` read the general way into ``out``: the mask of rows delivered."""
         if done.all():
             return done
         if not done.any():
@@ -386,8 +391,12 @@ class ShardReader(GeneralReads):
                 self._bump(shards, steps)
             shards, slots = located
             if not table.max_slots and table.fds is not None and self.kernel_ok[name]:
-                out[name] = (vals, self._read_held_chunks(name, table, rows, steps, shards,
-                                                          slots, vals))
+                done, self.kernel_ok[name] = serve_unheld(table, self._kernel_read, shards,
+                                                          slots, steps, vals)
+                try:
+                    out[name] = (vals, self._rest_general(name, rows, steps, vals, done))
+                finally:
+                    self._trim_heads()
                 continue
             if native is not None and native.table_rows(
                     shards, slots, steps, table.first, table.n_rows, table.trusted, table.slot,
@@ -403,28 +412,6 @@ class ShardReader(GeneralReads):
             self.stats.rows += len(rows)
             out[name] = (vals, ready)
         return out
-
-    def _read_held_chunks(self, name: str, table: ShardTable, rows: np.ndarray,
-                          steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
-                          out: np.ndarray) -> np.ndarray:
-        """:meth:`read_fields` of a field that keeps no decoded values (its budget holds
-        compressed chunks, or nothing): one kernel call for every row, as :meth:`read`
-        makes in the end, without asking which rows decoded values hold; rows it did not
-        deliver go the general way. The mask of rows delivered."""
-        flat = out.reshape(len(rows), -1).view(np.uint8)
-        done, self.kernel_ok[name] = table.fds.read(
-            shards, slots, steps, np.arange(len(rows), dtype=np.int64), flat, self.stats)
-        self.stats.rows += int(done.sum())
-        if done.all():
-            return done
-        rest = np.flatnonzero(~done)
-        part = np.empty((len(rest), *out.shape[1:]), out.dtype)
-        try:
-            done[rest] = self._read_general(name, rows[rest], steps[rest], part)
-        finally:
-            self._trim_heads()
-        out[rest] = part
-        return done
 
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
                     jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
