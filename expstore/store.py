@@ -506,6 +506,5 @@ class Store:
             self._sampler = UniformSampler(self)
         if rng is not None:
             self._sampler.rng = rng
-        with self._read_lock:
-            return self.read_plan(self._sampler.plan(batch_size, view=view),
-                                  skip_corrupt=self._sampler.skip_corrupt)
+        with self._read_lock:  # (a plan wholly overwritten is drawn again: Sampler.sample)
+            return self._sampler.sample(batch_size, view=view)

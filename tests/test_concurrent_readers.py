@@ -12,6 +12,7 @@ import pytest
 
 import expstore as es
 from expstore import store as store_mod
+from expstore.sampling.windows import make_plan
 from expstore.storage import faults  # internals: the crash points
 from expstore.testing import concurrent, crash, data, scratch_dir
 
@@ -118,6 +119,33 @@ def test_a_reader_more_than_a_lap_behind_catches_up(workdir, monkeypatch):
     assert int(reader.index.count[0]) == writer.writers[0].count
     assert data.check_lane(reader, 0, lambda lane, s: np.zeros(len(s), np.int64), {0}) == \
         len(reader)
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize("how", ["sampler", "store"])
+def test_a_batch_wholly_overwritten_since_the_last_refresh_is_drawn_again(workdir, how):
+    """A learner samples another process's lane, and its writer lapped the ring since the
+    learner last read the lane's state: every row of the plan is gone. ``sample`` refreshes
+    and draws a fresh plan, as ``make_loader`` does, instead of raising
+    ``StaleBatchError`` (a CI run died of it: three writers lapping 96-row rings)."""
+    url = os.path.join(workdir, "s.zarr")
+    crash.create_store(url, lanes=1, shard_rows=32, shards_per_lane=4)
+    writer = es.open(url, "r+")
+    writer.extend(data.make_steps(0, 0, 60, 0)[0])
+    writer.flush()
+    reader = es.open(url)  # read-only: sees the writer's rows at refreshes only
+    sampler = es.UniformSampler(reader, seed=1, refresh_every=None)  # never by itself
+    rows_before = reader.index.count.copy()
+    writer.extend(data.make_steps(0, writer.writers[0].count, 400, 0)[0])  # > 3 laps
+    writer.flush()
+    old = make_plan(reader.index, np.flatnonzero(reader.index.valid(np.arange(60), 3, 1)))
+    with pytest.raises(es.StaleBatchError):  # the old view's rows: all overwritten
+        reader.read_plan(old)
+    batch = sampler.sample(32) if how == "sampler" else reader.sample(32)
+    assert int(reader.index.count[0]) == writer.writers[0].count > rows_before[0]
+    assert batch["step_id"].min() >= writer.writers[0].count - 128  # the current lap's
+    assert data.check_batch(batch, reader.index) == 32
     writer.close()
     reader.close()
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NotEnoughData
+from ..errors import NotEnoughData, StaleBatchError
 from .plans import IN_PROCESS, ReaderView, ReadPlan, merge_plans
 from .windows import make_plan
 
@@ -227,14 +227,34 @@ class Sampler:
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
         """One batch read in this process: dict of numpy arrays incl. index and weight
-        (:meth:`plan`, read by ``store.read_plan``)."""
-        return self.store.read_plan(self.plan(batch_size, view=view),
-                                    skip_corrupt=self.skip_corrupt)
+        (:meth:`plan`, read by ``store.read_plan``; a plan every sample of which was
+        overwritten before it was read is drawn again: :func:`read_fresh`)."""
+        return read_fresh(self.store, lambda: self.plan(batch_size, view=view),
+                          self.skip_corrupt, lambda: self.maybe_refresh(now=True))
 
     def update_priorities(self, index: Any, td_error: Any, step_id: Any = None) -> int:
         """Uniform samplers ignore priorities: 0 rows set (the prioritized samplers'
         arguments, so one training loop serves every sampler)."""
         return 0
+
+
+#: plans :func:`read_fresh` draws before it gives up (``make_loader`` tries as many)
+STALE_REPLANS = 8
+
+
+def read_fresh(store: Any, plan: Any, skip_corrupt: bool, refresh: Any) -> dict:
+    """``store.read_plan(plan())``; where every sample of the plan was overwritten before
+    it was read (other processes' writers lapped their rings since this process last
+    read their lane states), ``refresh()`` and a fresh plan, up to :data:`STALE_REPLANS`
+    plans, then :class:`StaleBatchError`. (Some samples overwritten: spares or repeats
+    of the intact ones stand in, as before.)"""
+    for _ in range(STALE_REPLANS):
+        try:
+            return store.read_plan(plan(), skip_corrupt=skip_corrupt)
+        except StaleBatchError:
+            refresh()
+    raise StaleBatchError(f"{STALE_REPLANS} fresh batches in a row were overwritten before "
+                          "they could be read; the writers outrun this reader's refreshes")
 
 
 def check_batch(batch_size: Any, batches: Any = 1) -> tuple[int, int]:

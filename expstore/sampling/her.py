@@ -25,7 +25,7 @@ import numpy as np
 
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST
-from .base import Sampler
+from .base import Sampler, read_fresh
 from .plans import IN_PROCESS, HERPlan, ReaderView
 from .uniform import UniformSampler
 
@@ -187,9 +187,10 @@ class HERSampler:
         return [self.plan(batch_size, view=view) for _ in range(k)]
 
     def sample(self, batch_size: int, view: ReaderView = IN_PROCESS) -> dict[str, np.ndarray]:
-        """One relabeled batch read in this process."""
-        return self.store.read_plan(self.plan(batch_size, view=view),
-                                    skip_corrupt=self.skip_corrupt)
+        """One relabeled batch read in this process (drawn again where every sample was
+        overwritten before it was read: ``base.read_fresh``)."""
+        return read_fresh(self.store, lambda: self.plan(batch_size, view=view),
+                          self.skip_corrupt, lambda: self.sampler.maybe_refresh(now=True))
 
     def update_priorities(self, *args: Any, **kwargs: Any) -> Any:
         return self.sampler.update_priorities(*args, **kwargs)
