@@ -39,7 +39,7 @@ from .index_loader import IndexLoader
 from .loading.execute import assemble
 from .loading.skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .loading.store_rows import StagedSnapshot, StoreRows, staged_snapshot
-from .sampling import IN_PROCESS, ReaderView, UniformSampler, make_plan
+from .sampling import IN_PROCESS, ReaderView, UniformSampler, make_plan, read_fresh
 from .saved_priorities import load_priority_file, save_priority_file
 from .spec import Spec
 from .storage.backends import Backend
@@ -506,5 +506,7 @@ class Store:
             self._sampler = UniformSampler(self)
         if rng is not None:
             self._sampler.rng = rng
-        with self._read_lock:  # (a plan wholly overwritten is drawn again: Sampler.sample)
-            return self._sampler.sample(batch_size, view=view)
+        sampler = self._sampler
+        with self._read_lock:  # (a plan wholly overwritten is drawn again: read_fresh)
+            return read_fresh(self, lambda: sampler.plan(batch_size, view=view),
+                              sampler.skip_corrupt, lambda: sampler.maybe_refresh(now=True))

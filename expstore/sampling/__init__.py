@@ -5,7 +5,7 @@ process through its store. :class:`ReaderView` tells a sampler how the process t
 read its plans sees the store.
 """
 
-from .base import Sampler, check_batch
+from .base import Sampler, check_batch, read_fresh
 from .her import HERSampler, episode_end
 from .mixture import MixtureSampler
 from .plans import (
@@ -41,6 +41,7 @@ __all__ = [
     "make_plan",
     "make_sequence_plan",
     "merge_plans",
+    "read_fresh",
     "sequence_valid",
     "stack_rows",
     "uniform_rows",
