@@ -20,6 +20,7 @@ each lane holds and, where other processes write, how this sampler picks their r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -242,7 +243,8 @@ class Sampler:
 STALE_REPLANS = 8
 
 
-def read_fresh(store: Any, plan: Any, skip_corrupt: bool, refresh: Any) -> dict:
+def read_fresh(store: Any, plan: Callable[[], Any], skip_corrupt: bool,
+               refresh: Callable[[], None]) -> dict[str, np.ndarray]:
     """``store.read_plan(plan())``; where every sample of the plan was overwritten before
     it was read (other processes' writers lapped their rings since this process last
     read their lane states), ``refresh()`` and a fresh plan, up to :data:`STALE_REPLANS`
