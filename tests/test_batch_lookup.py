@@ -94,6 +94,17 @@ def test_a_row_cache_stays_within_its_budget_keys_included(row_bytes):
     assert 0.95 * budget < taken <= budget  # (scratch rows keep no key)
 
 
+def test_a_row_cache_takes_no_more_slots_than_the_store_has_rows():
+    """A 256 MiB cache of 16-byte frames for a 1,000-row store: 1,000 direct-mapped slots
+    (their keys are written at once), not 7.9M."""
+    cache = RowCache(16, 256 << 20, rows=1000)
+    assert cache.n == 1000 and cache.row.nbytes == cache.step.nbytes == 8000
+    assert cache.scratch == (256 << 20) // 32 // 16  # (scratch rows: pages used lazily)
+    rows = np.arange(1000, dtype=np.int64)
+    pos, hit, own = cache.place(rows, np.zeros(1000, np.int64), np.ones(1000, bool))
+    assert own.all() and not hit.any() and np.array_equal(pos, rows)  # a slot per row
+
+
 def test_place_rows_leaves_the_cache_alone_when_scratch_is_short():
     cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * 32)  # 30 slots, 2 of scratch
     assert (cache.n, cache.scratch) == (30, 2)

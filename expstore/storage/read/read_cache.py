@@ -33,16 +33,19 @@ SLOT_KEY_BYTES = 16
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes: each
     slot takes its row's bytes and :data:`SLOT_KEY_BYTES` for the (row, step) it holds
-    (for 16-byte rows, half of the budget).
+    (for 16-byte rows, half of the budget), and no more slots than the store has ``rows``
+    (the keys are written at once; the rows' pages only as they are used).
 
     A sixteenth of the rows is *scratch*: rows a read needs but cannot place in their own
     slot (another row of the same read holds it, or they come from the general path).
     """
 
-    def __init__(self, row_bytes: int, budget: int) -> None:
+    def __init__(self, row_bytes: int, budget: int, rows: int | None = None) -> None:
         total = max(0, budget // (max(1, row_bytes) + SLOT_KEY_BYTES))
         self.scratch = total // 16
         self.n = total - self.scratch  # direct-mapped slots
+        if rows is not None:
+            self.n = min(self.n, rows)
         self.row = np.full(self.n, -1, np.int64)
         self.step = np.full(self.n, -1, np.int64)
         self.data = np.zeros((total, row_bytes), np.uint8) if self.n else None

@@ -129,7 +129,8 @@ class ShardReader(GeneralReads):
         sizes = {n: f.row_nbytes for n, f in self.layout.fields.items()
                  if self.layout.chunk_rows(n) == 1}
         total = sum(sizes.values()) or 1
-        return {n: RowCache(b, budget * b // total) for n, b in sizes.items()}
+        return {n: RowCache(b, budget * b // total, self.layout.capacity)
+                for n, b in sizes.items()}
 
     def drop_chunks(self, name: str) -> None:
         """Forget the decoded multi-row chunks of ``name`` (e.g. metadata read once, when
