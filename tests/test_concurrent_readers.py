@@ -150,6 +150,35 @@ def test_a_batch_wholly_overwritten_since_the_last_refresh_is_drawn_again(workdi
     reader.close()
 
 
+def test_a_mixture_part_wholly_overwritten_is_planned_again(workdir):
+    """The same for one component of a mixture: its part is planned again by that
+    component after a refresh; the other part is read as planned."""
+    urls = [os.path.join(workdir, f"{name}.zarr") for name in ("a", "b")]
+    writers = []
+    for url in urls:
+        crash.create_store(url, lanes=1, shard_rows=32, shards_per_lane=4)
+        writers.append(es.open(url, "r+"))
+        writers[-1].extend(data.make_steps(0, 0, 60, 0)[0])
+        writers[-1].flush()
+    reader = es.open(urls[0])
+    lagging = es.UniformSampler(reader, seed=1, refresh_every=None)
+    mix = es.MixtureSampler([(lagging, 0.5), (writers[1], 0.5)], seed=0)
+    plan = mix.plan(16)
+    writers[0].extend(data.make_steps(0, writers[0].writers[0].count, 400, 0)[0])  # 3 laps
+    writers[0].flush()
+    batch = mix.read(plan)
+    assert np.bincount(batch["source"]).tolist() == [8, 8]
+    a = batch["source"] == 0
+    assert batch["step_id"][a].min() >= writers[0].writers[0].count - 128
+    assert np.array_equal(batch["index"][~a], plan.parts[1][1].rows)  # read as planned
+    for src, index in ((0, reader.index), (1, writers[1].index)):
+        part = {k: v[batch["source"] == src] for k, v in batch.items()}
+        assert data.check_batch(part, index) == 8
+    for w in writers:
+        w.close()
+    reader.close()
+
+
 def test_readers_see_rows_never_flushed(workdir):
     """The writer only adds (it never flushes; full shards are committed in the background):
     samplers in other processes and DataLoader workers read its open shards' rows from its

@@ -9,13 +9,13 @@ component each sample came from; pass it back to ``update_priorities``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import ExpstoreError, NotEnoughData
-from .base import Sampler, check_batch
+from .base import Sampler, check_batch, read_fresh
 from .plans import IN_PROCESS, MixturePlan, ReaderView
 from .uniform import UniformSampler
 
@@ -104,12 +104,15 @@ class MixtureSampler:
                                     f"{failed}: {why})")
 
     def read(self, plan: MixturePlan) -> dict[str, np.ndarray]:
-        """Read a mixture plan in this process (each part from its own store)."""
+        """Read a mixture plan in this process (each part from its own store; a part every
+        sample of which was overwritten before it was read is planned again by its
+        component, after a refresh: ``base.read_fresh``)."""
         batches = []
         for i, p in plan.parts:
-            store = self.samplers[i].store
-            skip = self.skip_corrupt or bool(getattr(self.samplers[i], "skip_corrupt", False))
-            b = store.read_plan(p, skip_corrupt=skip)
+            sampler = self.samplers[i]
+            skip = self.skip_corrupt or bool(getattr(sampler, "skip_corrupt", False))
+            b = read_fresh(sampler.store, _first_then(p, sampler), skip,
+                           lambda s=sampler: _refresh(s))
             b["source"] = np.full(len(b["index"]), i, np.int64)
             batches.append(b)
         keys = set(batches[0])
@@ -146,3 +149,15 @@ class MixtureSampler:
                 done += self.samplers[i].update_priorities(
                     index[sel], td[sel], None if sid is None else sid[sel])
         return done
+
+
+def _first_then(plan: Any, sampler: Any) -> Callable[[], Any]:
+    """``plan`` on the first call, then fresh plans of as many samples by ``sampler``."""
+    given = [plan]
+    return lambda: given.pop() if given else sampler.plan(plan.batch_size)
+
+
+def _refresh(sampler: Any) -> None:
+    """A component's store refreshed now (a ``HERSampler`` refreshes through its base)."""
+    inner = getattr(sampler, "sampler", sampler)
+    inner.maybe_refresh(now=True)
