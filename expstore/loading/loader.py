@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import StaleBatchError
-from ..sampling.base import Sampler, check_batch
+from ..sampling.base import STALE_REPLANS, Sampler, check_batch
 from ..sampling.mixture import MixtureSampler
 from ..sampling.plans import ReaderView, ReadPlan
 from ..sampling.uniform import UniformSampler
@@ -278,7 +278,7 @@ class StoreLoader(DataLoader):
         self._iterator = None
         forget_worker(self.dataset.token)
 
-    def _replan(self, attempts: int = 8) -> dict[str, torch.Tensor]:
+    def _replan(self, attempts: int = STALE_REPLANS) -> dict[str, torch.Tensor]:
         """A whole batch was overwritten in flight (the writer lapped the guard band, or
         other processes' writers lapped this process's view of their lanes since its last
         refresh): refresh the store, plan again and read it here, in the main process."""

@@ -239,7 +239,7 @@ class Sampler:
         return 0
 
 
-#: plans :func:`read_fresh` draws before it gives up (``make_loader`` tries as many)
+#: plans :func:`read_fresh` (and ``make_loader``) draw before they give up
 STALE_REPLANS = 8
 
 

@@ -23,7 +23,7 @@ from .fd_table import ECACHE_COLS, TAB_COLS, FdTable
 from .shard_table import ShardTable
 
 __all__ = ["ECACHE_COLS", "TAB_COLS", "FdTable", "KernelRead", "RowCache", "ShardTable",
-           "serve", "serve_held", "serve_unheld"]
+           "serve", "serve_held", "serve_undecoded"]
 
 
 #: bytes of a row cache slot's key: the row and the lane step it holds (int64 each)
@@ -175,7 +175,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
     return done, kernel
 
 
-def serve_unheld(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
+def serve_undecoded(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
                  steps: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
     """Every row of a field that keeps no decoded values (its budget holds compressed
     chunks, or nothing) into ``out`` with one kernel call, as :func:`serve` would make

@@ -39,7 +39,7 @@ from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
 from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
-from .read_cache import KernelRead, RowCache, serve, serve_held, serve_unheld
+from .read_cache import KernelRead, RowCache, serve, serve_held, serve_undecoded
 from .read_stats import ReadStats
 from .shard_table import ShardTable
 
@@ -392,8 +392,8 @@ class ShardReader(GeneralReads):
                 self._bump(shards, steps)
             shards, slots = located
             if not table.max_slots and table.fds is not None and self.kernel_ok[name]:
-                done, self.kernel_ok[name] = serve_unheld(table, self._kernel_read, shards,
-                                                          slots, steps, vals)
+                done, self.kernel_ok[name] = serve_undecoded(table, self._kernel_read, shards,
+                                                             slots, steps, vals)
                 try:
                     out[name] = (vals, self._rest_general(name, rows, steps, vals, done))
                 finally:
