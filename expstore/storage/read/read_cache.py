@@ -29,6 +29,18 @@ __all__ = ["ECACHE_COLS", "TAB_COLS", "FdTable", "KernelRead", "RowCache", "Shar
 #: bytes of a row cache slot's key: the row and the lane step it holds (int64 each)
 SLOT_KEY_BYTES = 16
 
+#: a frame cache whose held rows serve fewer of the lookups that find their slot taken is
+#: passed by (reads go as without one): below ~0.6 its misses cost more than its hits save
+#: (small frames, warm page cache: at a 0.53 hit rate a cached 10M-row store sampled 11%
+#: slower than with no cache, at 1.0 3x faster; ``benchmarks/RESULTS.md``, "Issue 26")
+BYPASS_BELOW = 0.6
+#: a passed-by cache is still used by one read in this many, to judge it again
+PROBE_EVERY = 16
+#: an engaged cache is judged on one read in this many (the judging costs a gather)
+JUDGE_EVERY = 8
+#: lookups (that found their slot taken) the judged hit rate is taken over
+JUDGE_ROWS = 4096
+
 
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes: each
@@ -38,6 +50,13 @@ class RowCache:
 
     A sixteenth of the rows is *scratch*: rows a read needs but cannot place in their own
     slot (another row of the same read holds it, or they come from the general path).
+
+    The cache judges itself: ``hit_rate`` is the share of lookups served among those that
+    found their slot taken (of the last ~:data:`JUDGE_ROWS`). An empty slot is a cache still filling, so
+    this is the hit rate it will have once full, from its first reads: ~1 where it has a
+    slot per row, slots / rows for uniform draws from a larger store. Below
+    :data:`BYPASS_BELOW` it is not :meth:`engaged`: readers pass it by (and call
+    :meth:`skip`) except on one read in :data:`PROBE_EVERY`, which judges it again.
     """
 
     def __init__(self, row_bytes: int, budget: int, rows: int | None = None) -> None:
@@ -49,14 +68,51 @@ class RowCache:
         self.row = np.full(self.n, -1, np.int64)
         self.step = np.full(self.n, -1, np.int64)
         self.data = np.zeros((total, row_bytes), np.uint8) if self.n else None
+        self._reads = 0  # reads that used the cache
+        self._skipped = 0  # reads that passed it by since it was last used
+        self._reset_judgement()
+
+    def _reset_judgement(self) -> None:
+        self.hit_rate = 1.0
+        self._taken = self._hits = 0.0  # lookups that found their slot taken; hits
 
     def __bool__(self) -> bool:
         return self.n > 0
 
+    def engaged(self) -> bool:
+        """Whether the next read should use this cache (see the class's notes)."""
+        return self.hit_rate >= BYPASS_BELOW or self._skipped >= PROBE_EVERY - 1
+
+    def skip(self) -> None:
+        """Record a read that passed this cache by."""
+        self._skipped += 1
+
+    def _due(self) -> bool:
+        """Count a read that uses the cache; whether it is to be judged (a probe, or one
+        in :data:`JUDGE_EVERY`)."""
+        self._reads += 1
+        probe, self._skipped = self._skipped > 0, 0
+        return probe or self._reads % JUDGE_EVERY == 0
+
+    def _judge(self, held: np.ndarray, hit: np.ndarray) -> None:
+        """Fold one read into ``hit_rate``: ``held[i]``, whether row ``i``'s slot was taken
+        before the read; ``hit``: whether it held the row asked for. The counts of the
+        last ~:data:`JUDGE_ROWS` taken slots weigh (halved as they pass it); until 1/8 of
+        that is seen, the cache counts as useful."""
+        self._taken += int(np.count_nonzero(held))
+        self._hits += int(np.count_nonzero(hit))
+        if self._taken >= 2 * JUDGE_ROWS:
+            self._taken, self._hits = self._taken / 2, self._hits / 2
+        if self._taken >= JUDGE_ROWS / 8:
+            self.hit_rate = self._hits / self._taken
+
     def lookup(self, rows: np.ndarray, steps: np.ndarray, flat_out: np.ndarray) -> np.ndarray:
         """Copy cached rows into ``flat_out`` (``(len(rows), row_bytes)`` uint8); hit mask."""
         at = rows % self.n
-        hit = (self.row[at] == rows) & (self.step[at] == steps)
+        held = self.row[at]
+        hit = (held == rows) & (self.step[at] == steps)
+        if self._due():
+            self._judge(held >= 0, hit)
         if hit.any():
             copy_rows(self.data, at[hit], flat_out, np.flatnonzero(hit))
         return hit
@@ -82,6 +138,8 @@ class RowCache:
         Slots of ``own`` rows are emptied here: they are refilled by :meth:`keep` once
         their rows are decoded.
         """
+        judged = self._due()
+        held = self.row[rows % self.n] >= 0 if judged else None
         if native is not None:
             pos, hit, own = (np.empty(len(rows), np.int64), np.empty(len(rows), bool),
                              np.empty(len(rows), bool))
@@ -90,7 +148,11 @@ class RowCache:
                 np.ascontiguousarray(servable, bool),
                 np.ascontiguousarray(servable if cacheable is None else cacheable, bool),
                 self.row, self.step, self.n, self.scratch, pos, hit, own)
-            return (pos, hit, own) if placed else None
+            if not placed:
+                return None
+            if judged:
+                self._judge(held, hit)
+            return pos, hit, own
         at = rows % self.n
         hit = (self.row[at] == rows) & (self.step[at] == steps) & servable
         own = (servable if cacheable is None else cacheable) & ~hit
@@ -106,6 +168,8 @@ class RowCache:
             return None
         pos[spill] = self.n + np.arange(len(spill))
         self.row[at[own]] = -1
+        if judged:
+            self._judge(held, hit)
         return pos, hit, own
 
     def keep(self, rows: np.ndarray, steps: np.ndarray) -> None:
@@ -121,6 +185,8 @@ class RowCache:
 
     def clear(self) -> None:
         self.row[:] = -1
+        self._reads = self._skipped = 0
+        self._reset_judgement()
 
 
 @dataclass
@@ -136,14 +202,19 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
           rows: np.ndarray, steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
           ready: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
     """Serve rows into ``out``: decoded values ``table`` holds (``ready`` rows), frames
-    from ``cache`` (``ready`` rows: their version is still the one held), and the rest
-    with one ``read_rows`` kernel call, which opens shards as it needs.
+    from ``cache`` (``ready`` rows: their version is still the one held; unless it is not
+    :meth:`~RowCache.engaged`), and the rest with one ``read_rows`` kernel call, which
+    opens shards as it needs.
 
     Returns the mask of rows served (the caller reads the rest the general way) and
     whether the kernel may be used again for this field.
     """
     stats = ctx.stats
     flat = out.reshape(len(out), -1).view(np.uint8)
+    if cache and not cache.engaged():
+        cache.skip()
+        stats.row_cache_bypassed += 1
+        cache = None
     if not table.per_row:
         done = ready
         n = int(ready.sum())

@@ -19,6 +19,7 @@ class ReadStats:
     chunk_cache_misses: int = 0
     row_cache_hits: int = 0
     row_cache_misses: int = 0
+    row_cache_bypassed: int = 0  # reads that passed a frame cache by (its hit rate low)
     reopened: int = 0
     stale: int = 0
     extra: dict = field(default_factory=dict)

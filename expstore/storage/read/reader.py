@@ -427,7 +427,7 @@ class ShardReader(GeneralReads):
         reader's frame cache: ``(values, pos, ok)`` with row ``i`` in ``values[pos[i]]``
         (``ok`` as for :meth:`read`). ``values`` is the cache itself: valid until the next
         read of ``name``. ``None`` where this read cannot be served so (another field kind,
-        no cache or kernel, too many rows to place): use :meth:`read`.
+        no cache or kernel, a cache passed by, too many rows to place): use :meth:`read`.
 
         ``rows``/``steps`` must be distinct (row, step) pairs. ``staged = (mask, read)``:
         rows of ``mask`` are not committed (a writer's staged rows): they are read with
@@ -436,7 +436,8 @@ class ShardReader(GeneralReads):
         """
         table, cache = self.tables.get(name), self.row_caches.get(name)
         if (table is None or not table.per_row or table.fds is None or not cache
-                or not self.kernel_ok[name] or not 0 < len(rows) <= BATCH_ROWS):
+                or not cache.engaged() or not self.kernel_ok[name]
+                or not 0 < len(rows) <= BATCH_ROWS):
             return None
         rows = np.asarray(rows, np.int64)
         steps = np.asarray(steps, np.int64)
