@@ -126,3 +126,27 @@ def test_her_through_dataloader_workers(tmp_path):
         her.update_priorities(b["index"], np.ones(16), b["step_id"])
         n += 1
     assert n == 4
+
+
+def test_a_loader_batch_wholly_overwritten_is_planned_again_after_a_refresh(tmp_path):
+    """A learner's loader plans relabeled batches from a view its sampler never refreshes
+    by itself, and the writer lapped the ring three times since: the loader refreshes
+    through the HER sampler (its wrapped sampler's store) and plans again, where it would
+    plan from the same stale view until ``StaleBatchError``."""
+    w = _store(tmp_path, lanes=1)
+    w.store.flush()
+    reader = es.open(tmp_path / "her.zarr")
+    base = es.UniformSampler(reader, seed=0, refresh_every=None)
+    her = es.HERSampler(base, reward_fn, seed=0)
+    seen = int(reader.index.count[0])
+    while w.count(0) < seen + 3 * 64:
+        w.random(1, max_len=10, p_open=0.2)
+    w.store.flush()
+    loader = es.make_loader(reader, her, batch_size=16, num_workers=0, num_batches=2)
+    for batch in loader:
+        b = {k: v.numpy() for k, v in batch.items()}
+        _check(w, b, "future")
+        assert b["step_id"].min() >= seen + 2 * 64  # the current lap's rows
+    assert int(reader.index.count[0]) == w.count(0)
+    assert loader.stats.batches == 2
+    reader.close()

@@ -190,7 +190,12 @@ class HERSampler:
         """One relabeled batch read in this process (drawn again where every sample was
         overwritten before it was read: ``base.read_fresh``)."""
         return read_fresh(self.store, lambda: self.plan(batch_size, view=view),
-                          self.skip_corrupt, lambda: self.sampler.maybe_refresh(now=True))
+                          self.skip_corrupt, lambda: self.maybe_refresh(now=True))
+
+    def maybe_refresh(self, now: bool = False) -> None:
+        """The wrapped sampler's refresh (other processes' rows): what ``make_loader`` calls
+        before it plans again a batch every sample of which was overwritten in flight."""
+        self.sampler.maybe_refresh(now=now)
 
     def update_priorities(self, *args: Any, **kwargs: Any) -> Any:
         return self.sampler.update_priorities(*args, **kwargs)

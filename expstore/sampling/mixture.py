@@ -112,7 +112,7 @@ class MixtureSampler:
             sampler = self.samplers[i]
             skip = self.skip_corrupt or bool(getattr(sampler, "skip_corrupt", False))
             b = read_fresh(sampler.store, _first_then(p, sampler), skip,
-                           lambda s=sampler: _refresh(s))
+                           lambda s=sampler: s.maybe_refresh(now=True))
             b["source"] = np.full(len(b["index"]), i, np.int64)
             batches.append(b)
         keys = set(batches[0])
@@ -156,8 +156,3 @@ def _first_then(plan: Any, sampler: Any) -> Callable[[], Any]:
     given = [plan]
     return lambda: given.pop() if given else sampler.plan(plan.batch_size)
 
-
-def _refresh(sampler: Any) -> None:
-    """A component's store refreshed now (a ``HERSampler`` refreshes through its base)."""
-    inner = getattr(sampler, "sampler", sampler)
-    inner.maybe_refresh(now=True)
