@@ -35,7 +35,7 @@ SLOT_KEY_BYTES = 16
 #: slower than with no cache, at 1.0 3x faster; ``benchmarks/RESULTS.md``, "Issue 26")
 BYPASS_BELOW = 0.6
 #: a passed-by cache is still used by one read in this many, to judge it again
-PROBE_EVERY = 16
+PROBE_EVERY = 64
 #: an engaged cache is judged on one read in this many (the judging costs a gather)
 JUDGE_EVERY = 8
 #: lookups (that found their slot taken) the judged hit rate is taken over
