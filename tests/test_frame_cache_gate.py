@@ -38,7 +38,7 @@ def test_a_cache_much_smaller_than_its_draws_is_passed_by_and_probed():
         reads += 1
         assert reads < 2000
     assert cache.hit_rate < 0.1
-    for k in range(read_cache.PROBE_EVERY - 1):  # passed by ...
+    for _ in range(read_cache.PROBE_EVERY - 1):  # passed by ...
         assert not cache.engaged()
         cache.skip()
     assert cache.engaged()  # ... but one read in PROBE_EVERY uses it

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
@@ -263,6 +264,35 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _dead_workers(it: Any, wait: bool) -> list[str]:
+    """Pids of ``it``'s workers that have exited. ``wait``: give them up to 1 s (a worker
+    killed mid-message breaks its queue before it can be waited for: torch then raises the
+    queue's ``EOFError`` or ``ConnectionResetError``, not its "worker exited" error)."""
+    workers = list(getattr(it, "_workers", ()))
+    deadline = time.monotonic() + (1.0 if wait else 0.0)
+    while True:
+        dead = [str(w.pid) for w in workers if not w.is_alive()]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.01)
+
+
+def _forget_worker_pids(it: Any) -> None:
+    """Take ``it``'s workers off torch's SIGCHLD watch list. Once one of them died and its
+    error was raised, torch's handler raises it again at every later child exit (the other
+    workers' as they are shut down, or any subprocess's), wherever this process is: in
+    ``close``, in the caller's error handling, in a test runner's report."""
+    if not getattr(it, "_worker_pids_set", False):
+        return
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(it))
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return
+    it._worker_pids_set = False
+
+
 class StoreLoader(DataLoader):
     """A DataLoader of expstore batches; ``stats`` sums what the workers did."""
 
@@ -274,6 +304,7 @@ class StoreLoader(DataLoader):
             self._prefetch = None
         it = getattr(self, "_iterator", None)
         if it is not None and hasattr(it, "_shutdown_workers"):
+            _forget_worker_pids(it)
             it._shutdown_workers()
         self._iterator = None
         forget_worker(self.dataset.token)
@@ -341,7 +372,25 @@ class StoreLoader(DataLoader):
         if self.threaded is not None:
             yield from self._thread_batches(device)
             return
-        for message in super().__iter__():
+        messages = super().__iter__()
+        try:
+            yield from self._messages(messages, device)
+        except (RuntimeError, EOFError, ConnectionError) as e:
+            dead = _dead_workers(messages, wait=not isinstance(e, RuntimeError))
+            if not dead and "DataLoader worker" not in str(e):
+                raise
+            _forget_worker_pids(messages)
+            if hasattr(messages, "_shutdown_workers"):  # no worker left behind
+                messages._shutdown_workers()
+            self.close()
+            if dead and not isinstance(e, RuntimeError):  # (see _dead_workers)
+                raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead)}) exited "
+                                   "unexpectedly") from e
+            raise
+
+    def _messages(self, messages: Iterator[Any], device: torch.device | None
+                  ) -> Iterator[dict[str, torch.Tensor]]:
+        for message in messages:
             if isinstance(message, Message):
                 self.stats.new_buffers += message.buffer is not None
                 batches, host = open_message(message, device)

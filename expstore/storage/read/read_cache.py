@@ -52,9 +52,9 @@ class RowCache:
     slot (another row of the same read holds it, or they come from the general path).
 
     The cache judges itself: ``hit_rate`` is the share of lookups served among those that
-    found their slot taken (of the last ~:data:`JUDGE_ROWS`). An empty slot is a cache still filling, so
-    this is the hit rate it will have once full, from its first reads: ~1 where it has a
-    slot per row, slots / rows for uniform draws from a larger store. Below
+    found their slot taken (of the last ~:data:`JUDGE_ROWS`). An empty slot is a cache
+    still filling, so this is the hit rate it will have once full, from its first reads:
+    ~1 where it has a slot per row, slots / rows for uniform draws from a larger store. Below
     :data:`BYPASS_BELOW` it is not :meth:`engaged`: readers pass it by (and call
     :meth:`skip`) except on one read in :data:`PROBE_EVERY`, which judges it again.
     """
