@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
 A frame store of a billion rows would need ~40-60 GB of disk (each frame is its own
 chunk, ~40 B of it overhead), so this store holds what fits: every row a 2-byte vector
-observation (``obs``, shape ``(2,)``, in ~8 KiB multi-row chunks), a discrete action, a
+observation (``obs``, shape ``(2,)``, in multi-row vector chunks), a discrete action, a
 reward and the two end flags, with the metadata a writer leaves (``_step_id``,
 ``_episode_step``, ``_flags``, the index snapshot). Shards are written by hand from one
 encoded template shard (as ``bench_rss.py`` builds its stores), each with its own header.
@@ -123,7 +123,7 @@ def main() -> None:
         "rows", "shards", "gb_on_disk", "open_s", "open_rss_mb", "us_per_batch_bs32",
         "bs32_x_smallest", "us_per_batch_bs256", "bs256_x_smallest", "rss_mb"])
     body += (
-        "\n\nA store of tiny rows (obs: 2 bytes, a vector in ~8 KiB chunks; a discrete "
+        "\n\nA store of tiny rows (obs: 2 bytes, a vector in multi-row chunks; a discrete "
         "action, a reward, two end flags; one template shard written per shard with its own "
         "header, and the writer's index snapshot): a frame store of 1B rows would need "
         "40-60 GB of disk. Each size in a fresh process, warm page cache: open_s / "

@@ -13,7 +13,7 @@ truncated, as a time limit; the rest terminated), ``--n`` transitions in all. Ev
 holds the same transitions (checked on one batch of each store):
 
 - ``expstore``: a local store (default layout: 4096-row shards, scalars one chunk per
-  shard, vectors chunks of about 8 KiB: 64 rows of obs, 256 of actions) filled with
+  shard, vectors chunks of at most 2 KiB: 16 rows of obs, 64 of actions) filled with
   ``extend`` in batches of 1000, flushed, its files read once, then
   opened read-only (``es.open``) and sampled with ``store.sample(B)``;
 - ``expstore-writer``: the same ``Store`` object that wrote it (all rows flushed);

@@ -211,7 +211,8 @@ def test_cer_through_workers_puts_the_newest_transition_in_every_batch(tmp_path,
 def _store_with_corrupt_shard(tmp_path):
     """900 rows (episodes of 100 steps), obs shard 3 (rows 192..255) failing its checks."""
     url = str(tmp_path / "c.zarr")
-    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2), action=es.Field((), np.int64))
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2, chunk_rows=64),
+                          action=es.Field((), np.int64))  # (obs: one chunk per shard)
     with es.create(url, spec, capacity=1024, shard_rows=64) as s:
         for t in range(900):
             s.add(np.full((8, 8), t % 250, np.uint8), t, 1.0,

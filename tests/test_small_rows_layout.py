@@ -49,11 +49,11 @@ def test_new_stores_chunk_vectors_and_plain_zarr_reads_them(tmp_path):
     store = fill(tmp_path / "s.zarr")
     L = store.layout
     assert L.vector_chunk_bytes == VECTOR_CHUNK_BYTES
-    assert (L.chunk_rows("obs"), L.chunk_rows("action")) == (64, 256)
+    assert (L.chunk_rows("obs"), L.chunk_rows("action")) == (16, 64)  # 1,088 / 1,536 B
     assert L.chunk_rows("reward") == L.chunk_rows("_flags") == 512  # scalars: the shard
     meta = json.loads((tmp_path / "s.zarr" / "obs" / "zarr.json").read_text())
     sharding = meta["codecs"][0]["configuration"]
-    assert sharding["chunk_shape"] == [64, 17]
+    assert sharding["chunk_shape"] == [16, 17]
     rows = np.arange(N)
     got = store.transitions(rows[store.index.valid(rows, 0, 1)])
     store.close()
@@ -62,19 +62,23 @@ def test_new_stores_chunk_vectors_and_plain_zarr_reads_them(tmp_path):
     np.testing.assert_array_equal(z["action"][:N][got["step_id"]], got["action"])
 
 
-def test_a_store_made_before_vector_chunks_gives_the_same_batches(tmp_path, monkeypatch):
+@pytest.mark.parametrize("made_with,old_rows", [(None, 512), (8192, 64)])
+def test_a_store_made_before_vector_chunks_gives_the_same_batches(tmp_path, monkeypatch,
+                                                                  made_with, old_rows):
+    """Stores made before vector chunks (one chunk per shard) and with the 8 KiB vector
+    chunks of the release before (64 rows of obs) read as they are, batch for batch."""
     new = fill(tmp_path / "new.zarr")
     with monkeypatch.context() as m:
-        m.setattr(expstore.api, "VECTOR_CHUNK_BYTES", None)  # as older expstore wrote
+        m.setattr(expstore.api, "VECTOR_CHUNK_BYTES", made_with)  # as older expstore wrote
         old = fill(tmp_path / "old.zarr")
     new.close()
     old.close()
     attrs = json.loads((tmp_path / "old.zarr" / "zarr.json").read_text())["attributes"]
-    assert "vector_chunk_bytes" not in attrs["expstore"]
+    assert attrs["expstore"].get("vector_chunk_bytes") == made_with
     for hot_bytes in (None, 0, 40_000):  # all held, none held, some shards held
         kw = {} if hot_bytes is None else {"hot_bytes": hot_bytes}
         a, b = es.open(tmp_path / "new.zarr", **kw), es.open(tmp_path / "old.zarr", **kw)
-        assert b.layout.chunk_rows("obs") == 512 and a.layout.chunk_rows("obs") == 64
+        assert b.layout.chunk_rows("obs") == old_rows and a.layout.chunk_rows("obs") == 16
         for seed in range(10):
             x = a.sample(64, rng=np.random.default_rng(seed))
             y = b.sample(64, rng=np.random.default_rng(seed))
@@ -86,8 +90,8 @@ def test_a_store_made_before_vector_chunks_gives_the_same_batches(tmp_path, monk
 
 
 def test_a_row_past_the_hot_set_reads_a_small_chunk(tmp_path, monkeypatch):
-    """With no hot set, reading a few rows costs their ~4 KiB chunks, not each shard's
-    whole 35 KiB chunk of obs as in a store made before."""
+    """With no hot set, reading a few rows costs their ~1 KiB chunks, not each shard's
+    whole 35 KiB chunk of obs as in a store made before vector chunks."""
     fill(tmp_path / "new.zarr").close()
     with monkeypatch.context() as m:
         m.setattr(expstore.api, "VECTOR_CHUNK_BYTES", None)

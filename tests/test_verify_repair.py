@@ -360,7 +360,8 @@ def test_corruption_errors_name_verify_and_repair(tmp_path):
 # -- training through damage: skip_corrupt ---------------------------------------------------
 def _corrupt_store(tmp_path):
     url = str(tmp_path / "c.zarr")
-    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2), action=es.Field((), np.int64))
+    spec = es.Spec.create(obs=es.Field((8, 8), np.uint8, stack=2, chunk_rows=64),
+                          action=es.Field((), np.int64))  # (obs: one chunk per shard)
     with es.create(url, spec, capacity=1024, shard_rows=64) as s:
         for t in range(900):
             s.add(np.full((8, 8), t % 250, np.uint8), t, 1.0,
