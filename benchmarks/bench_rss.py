@@ -426,9 +426,12 @@ def _read_counters(store: es.Store) -> dict:
     scalar0 = sum(tables[n].fds.opened for n in scalars)
     heads0 = sum(t.opened for t in tables.values())
     hits0, misses0 = st.row_cache_hits, st.row_cache_misses
+    cache = store.reader.row_caches["obs"]
+    used0, passed0 = cache.reads, st.row_cache_bypassed
     for _ in range(20):
         store.sample(32)
     hits, misses = st.row_cache_hits - hits0, st.row_cache_misses - misses0
+    used, passed = cache.reads - used0, st.row_cache_bypassed - passed0
     return {"requests_per_batch_bs32": (st.requests - req0) / 20,
             "shard_opens_per_batch_bs32": (tables["obs"].fds.opened - bound0) / 20,
             "scalar_opens_per_batch_bs32": (sum(tables[n].fds.opened for n in scalars)
@@ -436,7 +439,8 @@ def _read_counters(store: es.Store) -> dict:
             "index_opens_per_batch_bs32": (sum(t.opened for t in tables.values()) - heads0)
             / 20,
             "open_fds": len(os.listdir("/proc/self/fd")),
-            "frame_cache_hit_rate": hits / max(1, hits + misses)}
+            "frame_cache_hit_rate": hits / max(1, hits + misses),
+            "frame_cache_passed_by": passed / max(1, passed + used)}
 
 
 def measure(path: Path, mode: str, batches: int) -> dict:
@@ -539,7 +543,7 @@ def main() -> None:
                                         "tps_bs256", "us_per_batch_bs256", "bs256_x_smallest",
                                         "us_per_batch_bs256_nocache",
                                         "bs256_nocache_x_smallest", "frame_cache_hit_rate",
-                                        "requests_per_batch_bs32",
+                                        "frame_cache_passed_by", "requests_per_batch_bs32",
                                         "shard_opens_per_batch_bs32",
                                         "scalar_opens_per_batch_bs32",
                                         "index_opens_per_batch_bs32", "open_fds", "rss_mb"])
@@ -556,6 +560,10 @@ def main() -> None:
                      " opened again with `cache_bytes=0` (every frame read and decoded), "
                      "the first closed. "
                      "x_smallest = µs per batch / the smallest store's (target: flat). "
+                     "frame_cache_hit_rate: share of the frame lookups served, over the reads "
+                     "that used the cache; frame_cache_passed_by: share of frame reads that "
+                     "passed it by (its judged hit rate below `read_cache.BYPASS_BELOW`; one "
+                     "read in `PROBE_EVERY` still uses it), both over 20 batches of 32. "
                      "requests = reads the reader issued per batch of 32 (index entries + "
                      "chunks the kernel read, shard opens); shard_opens = `obs` shards the "
                      "kernel opened (header read) per batch of 32; scalar_opens: the same "

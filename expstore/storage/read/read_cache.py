@@ -68,7 +68,7 @@ class RowCache:
         self.row = np.full(self.n, -1, np.int64)
         self.step = np.full(self.n, -1, np.int64)
         self.data = np.zeros((total, row_bytes), np.uint8) if self.n else None
-        self._reads = 0  # reads that used the cache
+        self.reads = 0  # reads that used the cache (lookups or placements)
         self._skipped = 0  # reads that passed it by since it was last used
         self._reset_judgement()
 
@@ -90,9 +90,9 @@ class RowCache:
     def _due(self) -> bool:
         """Count a read that uses the cache; whether it is to be judged (a probe, or one
         in :data:`JUDGE_EVERY`)."""
-        self._reads += 1
+        self.reads += 1
         probe, self._skipped = self._skipped > 0, 0
-        return probe or self._reads % JUDGE_EVERY == 0
+        return probe or self.reads % JUDGE_EVERY == 0
 
     def _judge(self, held: np.ndarray, hit: np.ndarray) -> None:
         """Fold one read into ``hit_rate``: ``held[i]``, whether row ``i``'s slot was taken
@@ -185,7 +185,7 @@ class RowCache:
 
     def clear(self) -> None:
         self.row[:] = -1
-        self._reads = self._skipped = 0
+        self.reads = self._skipped = 0
         self._reset_judgement()
 
 
