@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
@@ -43,6 +42,7 @@ from .prefetch import Prefetch, locked_reads, pinned_alloc, thread_path_fits
 from .skip_corrupt import SkipCorruptSource, quarantine_lap, skipping_in_process
 from .store_rows import StoreRows
 from .transport import Message, SlotWriter, forget_worker, open_message
+from .worker_exit import WORKER_ERRORS, forget_worker_pids, worker_death
 
 _STATS_KEY = "_expstore_stats"
 _ALL_STALE = "_expstore_all_stale"
@@ -264,35 +264,6 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _dead_workers(it: Any, wait: bool) -> list[str]:
-    """Pids of ``it``'s workers that have exited. ``wait``: give them up to 1 s (a worker
-    killed mid-message breaks its queue before it can be waited for: torch then raises the
-    queue's ``EOFError`` or ``ConnectionResetError``, not its "worker exited" error)."""
-    workers = list(getattr(it, "_workers", ()))
-    deadline = time.monotonic() + (1.0 if wait else 0.0)
-    while True:
-        dead = [str(w.pid) for w in workers if not w.is_alive()]
-        if dead or time.monotonic() >= deadline:
-            return dead
-        time.sleep(0.01)
-
-
-def _forget_worker_pids(it: Any) -> None:
-    """Take ``it``'s workers off torch's SIGCHLD watch list. Once one of them died and its
-    error was raised, torch's handler raises it again at every later child exit (the other
-    workers' as they are shut down, or any subprocess's), wherever this process is: in
-    ``close``, in the caller's error handling, in a test runner's report."""
-    if not getattr(it, "_worker_pids_set", False):
-        return
-    try:
-        from torch.utils.data._utils import signal_handling
-
-        signal_handling._remove_worker_pids(id(it))
-    except (ImportError, AttributeError, RuntimeError, ValueError):
-        return
-    it._worker_pids_set = False
-
-
 class StoreLoader(DataLoader):
     """A DataLoader of expstore batches; ``stats`` sums what the workers did."""
 
@@ -304,7 +275,7 @@ class StoreLoader(DataLoader):
             self._prefetch = None
         it = getattr(self, "_iterator", None)
         if it is not None and hasattr(it, "_shutdown_workers"):
-            _forget_worker_pids(it)
+            forget_worker_pids(it)
             it._shutdown_workers()
         self._iterator = None
         forget_worker(self.dataset.token)
@@ -375,18 +346,14 @@ class StoreLoader(DataLoader):
         messages = super().__iter__()
         try:
             yield from self._messages(messages, device)
-        except (RuntimeError, EOFError, ConnectionError) as e:
-            dead = _dead_workers(messages, wait=not isinstance(e, RuntimeError))
-            if not dead and "DataLoader worker" not in str(e):
+        except WORKER_ERRORS as e:  # a worker died? (``loading/worker_exit.py``)
+            error = worker_death(messages, e)
+            if error is None:
                 raise
-            _forget_worker_pids(messages)
-            if hasattr(messages, "_shutdown_workers"):  # no worker left behind
-                messages._shutdown_workers()
             self.close()
-            if dead and not isinstance(e, RuntimeError):  # (see _dead_workers)
-                raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(dead)}) exited "
-                                   "unexpectedly") from e
-            raise
+            if error is e:
+                raise
+            raise error from e
 
     def _messages(self, messages: Iterator[Any], device: torch.device | None
                   ) -> Iterator[dict[str, torch.Tensor]]:
