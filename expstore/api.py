@@ -160,7 +160,9 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     ``cache_bytes``: decoded frames this process keeps for ``sample`` / ``read_plan``
     (bytes, each frame slot's 16-byte key included; default :attr:`Store.cache_bytes`,
     256 MiB; 0: none). Frame pages are taken as frames are first read, so RAM grows to
-    the budget only as rows are sampled.
+    the budget only as rows are sampled. A cache serving under 60% of the lookups that
+    find their slot taken (a store with many more rows than it has slots, sampled
+    uniformly) is passed by, but for one read in 64 that judges it again.
 
     ``hot_bytes``: this process's hot set, decoded small fields (scalars, state vectors)
     held in RAM for ``sample`` / ``read_plan`` (bytes; default :attr:`Store.hot_bytes`,
