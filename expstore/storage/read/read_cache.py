@@ -247,7 +247,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
 
 
 def serve_undecoded(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots: np.ndarray,
-                 steps: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
+                    steps: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
     """Every row of a field that keeps no decoded values (its budget holds compressed
     chunks, or nothing) into ``out`` with one kernel call, as :func:`serve` would make
     after finding no row ``ready``: the mask of rows served, and whether the kernel may
