@@ -400,3 +400,23 @@ def test_sampled_batches_are_the_transitions_at_their_index(tmp_path):
         again = storage.get(rows)  # the plan was dropped: checked and planned anew
         np.testing.assert_array_equal(again["index"].numpy(), rows.numpy())
         storage.close()
+
+
+def test_a_bridge_store_of_small_rows_takes_the_stores_default_shards(tmp_path):
+    """The integrations cap shards at 1024 rows for frames (staging RAM per lane), but a
+    store of small rows takes the store's own default (fewer files to write per row):
+    4096 rows at 1M transitions, where the cap gave 1024; small stores are unchanged."""
+    from expstore.integrations.step_writer import default_shard_rows
+
+    small = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
+    frames = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
+                            action=es.Field((), np.int64))
+    assert default_shard_rows(small, 1_000_000) == 4096
+    assert default_shard_rows(small, 1_000_000, lanes=8) == 2048
+    assert default_shard_rows(frames, 1_000_000) == 1024
+    assert default_shard_rows(small, 1024) == 128  # at least 8 shards per lane, as before
+    rb = replay_buffer(tmp_path / "big.zarr", spec=small, capacity=1_000_000)
+    assert rb._storage.store.layout.shard_rows == 4096
+    rb.extend(_steps(300, 0, (40, 99, 250)))
+    assert len(rb) == 300 and rb.sample(32)["observation"].shape == (32, 4)
+    rb._storage.close()

@@ -20,7 +20,7 @@ import numpy as np
 from ..api import create
 from ..api import open as open_store
 from ..errors import SpecError, ValidationError
-from ..storage.format import round_capacity
+from ..storage.format import META_ROW_BYTES, auto_shard_rows, round_capacity
 from ..store import Store
 from ..validate import coerce
 
@@ -114,13 +114,33 @@ class StepWriter:
         self.store.extend(batch, lane=lane)
 
 
+#: bytes of rows (all fields) in one shard up to which the integrations' stores take the
+#: store's own default shards (``auto_shard_rows``) instead of their 1024-row cap
+SMALL_SHARD_BYTES = 4 << 20
+
+
+def default_shard_rows(spec: Any, capacity: int, lanes: int = 1) -> int:
+    """Rows per shard of a store an integration creates: a power of two of at least 8
+    shards per lane and at most 1024 rows; for small rows (a store-default shard within
+    :data:`SMALL_SHARD_BYTES`) the store's default (``auto_shard_rows``: up to 4096 rows,
+    ~1/32 of a lane) where that is larger. Every shard is a file per field to write
+    (created, written, fsynced, renamed): with 1024-row shards of CartPole rows a TorchRL
+    bridge taking steps as fast as it can waited for its shard writes (benchmarks/RESULTS.md,
+    "Issue 26: read path, status"); frames keep 1024-row shards (staging RAM per lane)."""
+    per_lane = max(-(-int(capacity) // lanes), 2)
+    rows = int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
+    row_bytes = sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
+    auto = auto_shard_rows(int(capacity), int(lanes), row_bytes)
+    return auto if auto > rows and auto * row_bytes <= SMALL_SHARD_BYTES else rows
+
+
 def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
                    shard_rows: int | None = None, overwrite: bool = False,
                    storage_options: dict[str, Any] | None = None, fsync: bool = True) -> Any:
     """A writable store at ``url``: opened (spec checked) if one is there, else created.
 
     ``url`` may also be an open :class:`~expstore.Store`. ``capacity`` (rows) is rounded up
-    to a valid one; ``shard_rows`` defaults to at most 1024 and at least 8 shards per lane.
+    to a valid one; ``shard_rows`` defaults to :func:`default_shard_rows`.
     """
     if isinstance(url, Store):
         store = url
@@ -136,8 +156,7 @@ def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
         except FileNotFoundError:
             store = None
     if store is None:
-        per_lane = max(-(-int(capacity) // lanes), 2)
-        rows = shard_rows or int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
+        rows = shard_rows or default_shard_rows(spec, capacity, lanes)
         store = create(url, spec, round_capacity(int(capacity), lanes, rows), lanes=lanes,
                        shard_rows=rows, overwrite=overwrite, storage_options=storage_options,
                        fsync=fsync)
