@@ -120,13 +120,15 @@ SMALL_SHARD_BYTES = 4 << 20
 
 
 def default_shard_rows(spec: Any, capacity: int, lanes: int = 1) -> int:
-    """Rows per shard of a store an integration creates: a power of two of at least 8
-    shards per lane and at most 1024 rows; for small rows (a store-default shard within
-    :data:`SMALL_SHARD_BYTES`) the store's default (``auto_shard_rows``: up to 4096 rows,
-    ~1/32 of a lane) where that is larger. Every shard is a file per field to write
-    (created, written, fsynced, renamed): with 1024-row shards of CartPole rows a TorchRL
-    bridge taking steps as fast as it can waited for its shard writes (benchmarks/RESULTS.md,
-    "Issue 26: read path, status"); frames keep 1024-row shards (staging RAM per lane)."""
+    """Rows per shard of a store an integration creates: the largest power of two of at
+    most 1024 rows that leaves at least 8 shards per lane; for small rows, the store's own
+    default (``auto_shard_rows``: ~1/32 of a lane, 64..4096 rows, more past 4,096 shards)
+    where that is larger and its shard of rows, all fields, stays within
+    :data:`SMALL_SHARD_BYTES`. Every shard is a file per field to write (created, written,
+    fsynced, renamed): at 1M CartPole rows a TorchRL bridge taking steps as fast as it can
+    waited 2.0-2.9x longer for 1024-row shards than for 4096 (benchmarks/RESULTS.md,
+    "Issue 26: read path, status"). Frames keep the 1024-row cap: a 4096-row shard of
+    Atari frames (7 KB a row) is 28 MB per staging buffer."""
     per_lane = max(-(-int(capacity) // lanes), 2)
     rows = int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
     row_bytes = sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
