@@ -19,13 +19,13 @@ from .errors import SpecError, StoreCorruptError, StoreLockedError
 from .spec import Spec
 from .storage.backends import Backend, backend_for
 from .storage.format import (
-    META_ROW_BYTES,
     VECTOR_CHUNK_BYTES,
     LaneState,
     Layout,
     auto_shard_rows,
     read_layout,
     round_capacity,
+    stored_row_bytes,
     write_metadata,
     write_state,
 )
@@ -61,8 +61,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
         raise SpecError(f"lanes: expected an int >= 1 (one lane per writer: lanes=num_envs "
                         f"for a vector env), got {lanes!r}")
-    row_bytes = sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
-    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes), row_bytes))
+    shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes),
+                                                   stored_row_bytes(spec)))
     asked = int(capacity)
     capacity = round_capacity(asked, int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,

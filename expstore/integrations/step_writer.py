@@ -20,7 +20,7 @@ import numpy as np
 from ..api import create
 from ..api import open as open_store
 from ..errors import SpecError, ValidationError
-from ..storage.format import META_ROW_BYTES, auto_shard_rows, round_capacity
+from ..storage.format import auto_shard_rows, round_capacity, stored_row_bytes
 from ..store import Store
 from ..validate import coerce
 
@@ -131,7 +131,7 @@ def default_shard_rows(spec: Any, capacity: int, lanes: int = 1) -> int:
     Atari frames (7 KB a row) is 28 MB per staging buffer."""
     per_lane = max(-(-int(capacity) // lanes), 2)
     rows = int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
-    row_bytes = sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
+    row_bytes = stored_row_bytes(spec)
     auto = auto_shard_rows(int(capacity), int(lanes), row_bytes)
     return auto if auto > rows and auto * row_bytes <= SMALL_SHARD_BYTES else rows
 

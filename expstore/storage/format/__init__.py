@@ -30,6 +30,7 @@ from .layout import (
     auto_shard_rows,
     read_layout,
     round_capacity,
+    stored_row_bytes,
     vector_chunk_rows,
     write_metadata,
 )
@@ -63,7 +64,7 @@ __all__ = [
     "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
     "META_ROW_BYTES", "STATE_VERSION", "ShardHead", "ShardImage", "VECTOR_CHUNK_BYTES",
-    "auto_shard_rows",
+    "auto_shard_rows", "stored_row_bytes",
     "check_arrays", "vector_chunk_rows",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",
     "encoder", "expected_metadata", "import_is_partial", "index_size", "layout_from_arrays",

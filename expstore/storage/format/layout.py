@@ -35,6 +35,12 @@ META_FIELDS: dict[str, Field] = {
 META_ROW_BYTES = sum(f.row_nbytes for f in META_FIELDS.values())
 
 
+def stored_row_bytes(spec: Spec) -> int:
+    """Bytes one row of a store of ``spec`` takes, raw, in all its arrays (the spec's
+    fields and the store's own): what :func:`auto_shard_rows` weighs a shard by."""
+    return sum(f.row_nbytes for f in spec.fields.values()) + META_ROW_BYTES
+
+
 @dataclass(frozen=True)
 class Layout:
     """Geometry of a store: capacity (rows), lanes, rows per shard, and the spec."""
