@@ -49,29 +49,30 @@ from benchmarks.report import command_line, markdown_table, save_json, write_sec
 from expstore.storage.write.writer import LaneWriter  # noqa: E402
 
 
-def env_loop(steps: int, add, seed: int = 0) -> float:
-    """Seconds to step ``CartPole-v1`` ``steps`` times, calling ``add`` with every step."""
+def env_loop(steps: int, add, seed: int = 0) -> tuple[float, float]:
+    """Seconds to step ``CartPole-v1`` ``steps`` times, calling ``add`` with every step,
+    and the share of them the loop's thread did not run (1 - its CPU time / wall time)."""
     import gymnasium as gym
 
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         a = int(rng.integers(2))
         nxt, r, term, trunc, _ = env.step(a)
         add(obs, a, float(r), nxt, term, trunc)
         obs = env.reset()[0] if term or trunc else nxt
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    return wall, max(0.0, 1 - (time.thread_time() - c0) / wall)
 
 
 def ring_case(steps: int) -> tuple[float, float]:
     """Steps/s of the env loop writing the ring, and the share of its wall time the
     loop's thread did not run."""
     ring = Ring(steps, (4,), np.float32)
-    c0 = time.thread_time()
-    wall = env_loop(steps, ring.add)
-    return steps / wall, max(0.0, 1 - (time.thread_time() - c0) / wall)
+    wall, idle = env_loop(steps, ring.add)
+    return steps / wall, idle
 
 
 class WriterClock:
@@ -115,9 +116,7 @@ def expstore_case(steps: int, path: str, shard_rows: int | None = None
     store = new_store(path, steps, shard_rows)
     try:
         with WriterClock() as clock:
-            c0 = time.thread_time()
-            looped = env_loop(steps, store.add)
-            idle = max(0.0, 1 - (time.thread_time() - c0) / looped)
+            looped, idle = env_loop(steps, store.add)
             t1 = time.perf_counter()
             store.flush()
             rate = steps / (looped + time.perf_counter() - t1)
