@@ -1,4 +1,5 @@
-"""Test helpers for the write path: count a method's calls, fill a store's disk."""
+"""Test helpers for the write path: count a method's calls, fill a store's disk, route a
+backend's object writes through a test double."""
 
 from __future__ import annotations
 
@@ -19,6 +20,23 @@ def count_calls(monkeypatch: Any, cls: type, name: str) -> list:
     return calls
 
 
+def route_puts(backend: Any, put: Any) -> None:
+    """Send every object write of ``backend`` through ``put(key, data)`` (a double that
+    fails or stalls): ``put`` and ``put_many`` (a full shard's objects at once, which a
+    local backend otherwise writes in one kernel call that ``put`` never sees)."""
+
+    def put_many(items: Any) -> None:
+        for key, data in items:
+            put(key, data)
+
+    backend.put, backend.put_many = put, put_many
+
+
+def unroute_puts(backend: Any) -> None:
+    """Undo :func:`route_puts`: the backend's own ``put`` and ``put_many`` again."""
+    del backend.put, backend.put_many
+
+
 def disk_full(store: Any) -> list[bool]:
     """Make ``store.backend.put`` fail with ENOSPC for every object but lane states while
     the returned switch holds ``True`` (set ``switch[0] = False`` to free the disk)."""
@@ -30,5 +48,5 @@ def disk_full(store: Any) -> list[bool]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), key)
         real(key, blob)
 
-    store.backend.put = put
+    route_puts(store.backend, put)
     return full

@@ -3,6 +3,7 @@ scheme registry, and the refusal of leases where conditional writes are not atom
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 import expstore as es
 from expstore.errors import LeaseUnsupportedError, PreconditionFailed
-from expstore.storage import Backend, backend_for, backends, register_backend
+from expstore.storage import Backend, backend_for, backends, native, register_backend
 from expstore.storage.backends import (  # the backends subpackage's face
     AzureBackend,
     FsspecBackend,
@@ -401,3 +402,51 @@ def test_store_on_a_generic_fsspec_url_needs_lease_ttl_none(tmp_path):
     w.close()
     with pytest.raises(LeaseUnsupportedError, match="lease_ttl=None"):
         es.create(f"local://{tmp_path}/t.zarr", SPEC, capacity=64, storage_options=so)
+
+
+# -- local disk: a shard's objects in one kernel call --------------------------------------
+def _no_temp_files(root: str) -> bool:
+    return not [f for _, _, files in os.walk(root) for f in files if f.endswith(".tmp")]
+
+
+def test_local_put_many_is_one_kernel_call_not_a_put_per_object(tmp_path, monkeypatch):
+    kernel = native.write_kernel()
+    if kernel is None:
+        pytest.skip("the write kernel was not built")
+    b = LocalBackend(str(tmp_path / "root"), fsync=True)
+    calls, real = [], kernel.replace_files
+    monkeypatch.setattr(kernel, "replace_files", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(b, "replace", lambda *a, **k: pytest.fail("a put per object"))
+    objs = {f"obs/c/{i}/0": _bytes(1000 + i, i) for i in range(3)}
+    objs["action/c/0"] = b"actions"
+    b.put_many(list(objs.items()))
+    assert len(calls) == 1 and calls[0][3] is True  # (synced: fsync on)
+    assert b.get_many(list(objs)) == list(objs.values())  # new folders made by the kernel
+    assert _no_temp_files(b.root)
+
+
+def test_local_put_many_that_fails_names_the_object_and_changes_nothing(tmp_path):
+    b = LocalBackend(str(tmp_path / "root"), fsync=False)
+    b.put("obs/c/0/0", b"old obs")
+    b.put("action/c/0", b"old action")
+    b.put("reward/c", b"a file where the next key needs a folder")
+    with pytest.raises(OSError) as e:
+        b.put_many([("obs/c/0/0", b"new obs"), ("reward/c/0", b"new reward"),
+                    ("action/c/0", b"new action")])
+    assert e.value.filename == "reward/c/0" and e.value.errno == errno.ENOTDIR
+    assert b.get("obs/c/0/0") == b"old obs" and b.get("action/c/0") == b"old action"
+    assert _no_temp_files(b.root)
+
+
+def test_local_put_many_without_the_kernel_puts_each_object(tmp_path, monkeypatch):
+    monkeypatch.setattr(native.kernels, "write", None)
+    b = LocalBackend(str(tmp_path / "root"), fsync=False)
+    puts = []
+    real = b.put
+    monkeypatch.setattr(b, "put", lambda k, d: puts.append(k) or real(k, d))
+    b.put_many([("x/c/0", b"1"), ("y/c/0/0", b"22")])
+    assert puts == ["x/c/0", "y/c/0/0"] and b.get("y/c/0/0") == b"22"
+
+
+def _bytes(n: int, seed: int) -> bytes:
+    return bytes((seed * 31 + i) % 251 for i in range(n))

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import zarr
+from _writer_spies import route_puts
 
 import expstore as es
 from expstore.errors import StoreLockedError
@@ -141,6 +142,27 @@ def test_a_flush_writes_what_was_added_since_the_last_one(workdir, monkeypatch):
 
 
 # -- the background thread ---------------------------------------------------------------
+def test_a_full_shard_is_written_by_one_kernel_call_for_all_its_fields(workdir, monkeypatch):
+    """The writing thread hands a full shard's objects (one per field) to the write kernel
+    at once: one call without the GIL, not a temp file, fsync and rename per field each
+    taking the GIL back (docs/architecture.md §4); the rows read back."""
+    if native is None:
+        pytest.skip("the write kernel was not built")
+    store = make(workdir, shard_rows=16)
+    calls, real = [], native.replace_files
+    monkeypatch.setattr(native, "replace_files", lambda *a: calls.append(a[1]) or real(*a))
+    add(store, 0, 16)
+    store.writers[0].wait()
+    L = store.layout
+    assert [sorted(paths) for paths in calls] == [sorted(
+        os.path.join(store.backend.root, L.shard_key(name, 0)) for name in L.fields)]
+    assert store.writers[0].committed.count == 16
+    store.close()
+    back = es.open(os.path.join(workdir, "s.zarr"))
+    assert back.index.count[0] >= 16 and back.sample(8)["action"].shape == (8,)
+    back.close()
+
+
 class Gate:
     """Hold the background thread's shard writes until ``open()``."""
 
@@ -148,7 +170,7 @@ class Gate:
         self.backend, self.real = backend, backend.put
         self.event = threading.Event()
         self.waited = 0
-        backend.put = self.put
+        route_puts(backend, self.put)
 
     def put(self, key, data):
         if threading.current_thread().name == "expstore-writer":
@@ -423,7 +445,7 @@ def test_a_lane_whose_writes_stall_does_not_hold_up_the_other_lanes(workdir):
             stalled.wait()
         real(key, blob)
 
-    store.backend.put = put
+    route_puts(store.backend, put)
     w0, w1 = store.writers[0], store.writers[1]
     add(store, 0, 16)  # lane 0's full shard: its write stalls
     add(store, 1, 16)  # lane 1's full shard is written meanwhile, by another thread

@@ -16,6 +16,7 @@ import zlib
 
 import numpy as np
 import pytest
+from _writer_spies import route_puts
 
 import expstore as es
 from expstore.errors import (
@@ -269,7 +270,7 @@ class FullDisk:
     def __init__(self, backend, budget=0):
         self.backend, self.budget, self.real = backend, budget, backend.put
         self.failed: list[str] = []
-        backend.put = self.put
+        route_puts(backend, self.put)
 
     def put(self, key, data):
         if self.budget is not None and len(data) > self.budget:

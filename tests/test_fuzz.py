@@ -18,6 +18,7 @@ import os
 import shutil
 
 import numpy as np
+from _writer_spies import route_puts, unroute_puts
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -208,7 +209,7 @@ class StoreMachine(RuleBasedStateMachine):
         def full(key, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), key)
 
-        self.store.backend.put = full
+        route_puts(self.store.backend, full)
         try:
             try:
                 self.store.extend(b, lane=lane)
@@ -220,7 +221,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.check_rows_and_validity()  # staged rows (pending shards too) read back
             self._check_sample(self.store, 3, seed, committed=False)
         finally:
-            del self.store.backend.put
+            unroute_puts(self.store.backend)
         self.flush()
 
     @rule()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("torchrl")
+from _writer_spies import route_puts, unroute_puts  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
 from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402
@@ -344,14 +345,13 @@ def test_a_shard_write_failing_behind_extend_surfaces_and_loses_nothing(tmp_path
     spec = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
     store = es.create(tmp_path / "a.zarr", spec, capacity=1024, shard_rows=64)
     rb = replay_buffer(store)
-    real_put = store.backend.put
     failing = []
 
     def full_disk(key, data):
         failing.append(key)
         raise OSError(28, "No space left on device", key)
 
-    store.backend.put = full_disk
+    route_puts(store.backend, full_disk)
     rb.extend(_steps(100, 0, (50,)))  # fills a shard: its write fails in the background
     store.writers[0].wait()
     assert failing and len(rb) == 100
@@ -360,7 +360,7 @@ def test_a_shard_write_failing_behind_extend_surfaces_and_loses_nothing(tmp_path
     assert len(rb) == 100  # that batch was not stored
     td = rb.sample(32)  # staged rows stay readable
     assert (td["next", "observation"] == td["observation"] + 1).all()
-    store.backend.put = real_put
+    unroute_puts(store.backend)
     rb.extend(_steps(10, 100))
     rb._storage.close()
     back = es.open(tmp_path / "a.zarr")

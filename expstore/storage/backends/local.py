@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import faults
+from ..native import write_kernel
 from .base import Backend, check_then_put
 
 _SEQ = itertools.count()  # temp file names: unique within the process
@@ -73,6 +74,27 @@ class LocalBackend(Backend):
             return
         self.replace(key, data, len(data))
 
+    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        """Create or replace each ``(key, data)`` (bytes-like), each atomically: a shard's
+        objects, in one call of the write kernel without the GIL (every temp file written
+        and synced before the first rename; ``replace_files`` in ``native/_write.c``).
+        One by one through :meth:`put` where the kernel was not built, a payload brings
+        its own way of replacing (``put_into``), or a crash point is armed (they sit
+        between one object's steps). Raises ``OSError`` naming the key that failed, and
+        leaves no temp file: a failed write leaves every object as it was (none is renamed
+        before all are written and synced), a failed rename those after it."""
+        kernel = write_kernel()
+        if (kernel is None or faults.ARMED or len(items) < 2
+                or any(hasattr(data, "put_into") for _, data in items)):
+            super().put_many(items)
+            return
+        paths = [self.path(key) for key, _ in items]
+        tmps = [self._temp_for(p, make_folder=False) for p in paths]  # (made by the kernel)
+        failed = kernel.replace_files(tmps, paths, [data for _, data in items], self.fsync)
+        if failed is not None:
+            i, err = failed
+            raise OSError(err, os.strerror(err), items[i][0])
+
     def path(self, key: str) -> str:
         """The file that holds object ``key``."""
         return os.path.join(self.root, key)
@@ -85,12 +107,16 @@ class LocalBackend(Backend):
             self._made.add(folder)
         return folder
 
+    def _temp_for(self, path: str, make_folder: bool = True) -> str:
+        """A new temp file's name beside ``path`` (its folder created unless not asked)."""
+        folder = self.make_folder(path) if make_folder else os.path.dirname(path)
+        return os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{next(_SEQ)}.tmp")
+
     def replace(self, key: str, buf: Any, size: int, keep: bool = False) -> int | None:
         """Write ``buf[:size]`` to a new file, fsync it (when ``fsync``) and rename it over
         ``key``. ``keep``: return the new file's descriptor, open, instead of closing it."""
         path = self.path(key)
-        folder = self.make_folder(path)
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{next(_SEQ)}.tmp")
+        tmp = self._temp_for(path)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             try:

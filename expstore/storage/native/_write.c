@@ -12,12 +12,23 @@
  *       one env step of every lane of a vector env into each lane's
  *       staging buffer, one memcpy per lane and field, then each lane's published count.
  *
+ *   replace_files(tmps, paths, bufs, fsync)
+ *       a shard's objects on local disk (one file per field) each written to a temp file,
+ *       synced and renamed over its object, in one call without the GIL: a writing thread
+ *       that took the GIL back after each of those ~40 system calls cost a Python caller
+ *       beside it more than the writes themselves (docs/architecture.md §4).
+ *
  * Registered on the module by ``PyInit__step`` through ``write_kernels.h``.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "buffers.h" /* held_buffer, take, release */
 #include "crc32c.h"  /* crc_init, crc32c */
@@ -202,6 +213,118 @@ done:
     return result;
 }
 
+
+/* The folders above file `path` created where missing (mkdir -p of its folder): 0, or -1
+   with errno set. A shard of a field of several dimensions has a folder of its own
+   (zarr's chunk key "c/<shard>/0"), made here on its first write. */
+static int make_parents(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof(buf)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    char *slash = strrchr(buf, '/');
+    if (slash == NULL || slash == buf) return 0;
+    *slash = '\0';
+    if (mkdir(buf, 0777) == 0 || errno == EEXIST) return 0;
+    if (errno != ENOENT || make_parents(buf) != 0) return -1;
+    return mkdir(buf, 0777) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* replace_files(tmps, paths, bufs, fsync) -> None | (i, errno)
+   For each i: write bufs[i] (bytes-like) to a new file tmps[i] and, when fsync, sync it;
+   then rename every tmps[i] over paths[i], in order. All files are written (their
+   writeback started together where the system has sync_file_range) before the first
+   fsync, and all synced before the first rename, so readers see each object's old or new
+   bytes and a crash before the renames leaves every object as it was. On a failure the
+   temp files not renamed are removed and (i, errno) names the item that failed (objects
+   before it in the rename order are replaced). Runs without the GIL. */
+static PyObject *replace_files(PyObject *self, PyObject *args) {
+    PyObject *tmps_o, *paths_o, *bufs_o;
+    int do_fsync;
+    if (!PyArg_ParseTuple(args, "O!O!O!p", &PyList_Type, &tmps_o, &PyList_Type, &paths_o,
+                          &PyList_Type, &bufs_o, &do_fsync))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(tmps_o);
+    if (PyList_GET_SIZE(paths_o) != n || PyList_GET_SIZE(bufs_o) != n) {
+        PyErr_SetString(PyExc_ValueError, "replace_files: tmps, paths and bufs differ in length");
+        return NULL;
+    }
+    const char **tmps = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    const char **paths = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    Py_buffer *bufs = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    int *fds = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (tmps == NULL || paths == NULL || bufs == NULL || fds == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++) {  /* (the strings live as long as the lists the caller holds) */
+        tmps[got] = PyUnicode_AsUTF8(PyList_GET_ITEM(tmps_o, got));
+        paths[got] = PyUnicode_AsUTF8(PyList_GET_ITEM(paths_o, got));
+        if (tmps[got] == NULL || paths[got] == NULL ||
+            PyObject_GetBuffer(PyList_GET_ITEM(bufs_o, got), &bufs[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        fds[got] = -1;
+    }
+    Py_ssize_t failed = -1, renamed = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && failed < 0; i++) {
+        fds[i] = open(tmps[i], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fds[i] < 0 && errno == ENOENT && make_parents(tmps[i]) == 0)
+            fds[i] = open(tmps[i], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fds[i] < 0) {
+            failed = i, err = errno;
+            break;
+        }
+        const char *at = bufs[i].buf;
+        Py_ssize_t left = bufs[i].len;
+        off_t off = 0;
+        while (left > 0) {
+            ssize_t k = pwrite(fds[i], at, (size_t)left, off);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) {
+                failed = i, err = k < 0 ? errno : EIO;
+                break;
+            }
+            at += k, left -= k, off += k;
+        }
+#ifdef SYNC_FILE_RANGE_WRITE
+        if (failed < 0 && do_fsync)
+            sync_file_range(fds[i], 0, 0, SYNC_FILE_RANGE_WRITE);  /* (a hint: start now) */
+#endif
+    }
+    for (Py_ssize_t i = 0; i < n && failed < 0 && do_fsync; i++)
+        if (fsync(fds[i]) != 0) failed = i, err = errno;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (fds[i] >= 0 && close(fds[i]) != 0 && failed < 0) failed = i, err = errno;
+        fds[i] = -1;
+    }
+    for (; renamed < n && failed < 0; renamed++)
+        if (rename(tmps[renamed], paths[renamed]) != 0) {
+            failed = renamed, err = errno;
+            break;
+        }
+    if (failed >= 0)
+        for (Py_ssize_t i = renamed; i < n; i++) unlink(tmps[i]);  /* (ENOENT: not made) */
+    Py_END_ALLOW_THREADS
+    if (failed >= 0)
+        result = Py_BuildValue("(ni)", failed, err);
+    else
+        Py_INCREF(Py_None), result = Py_None;
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(tmps);
+    PyMem_Free(paths);
+    PyMem_Free(bufs);
+    PyMem_Free(fds);
+    return result;
+}
+
 PyMethodDef write_kernel_methods[] = {
     {"stage_lanes", stage_lanes, METH_VARARGS,
      "stage_lanes(srcs, lanes, base, n, first, pub, row_bytes, step_field, steps, full) -> "
@@ -215,6 +338,11 @@ PyMethodDef write_kernel_methods[] = {
      "frame each with blosc_compress_ctx at address fn (numcodecs' own), each followed by "
      "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
      "Runs without the GIL."},
+    {"replace_files", replace_files, METH_VARARGS,
+     "replace_files(tmps, paths, bufs, fsync) -> None | (i, errno)\n\nWrite each bufs[i] "
+     "to a new file tmps[i] (synced when fsync), then rename each over paths[i]: all "
+     "written and synced before the first rename. On failure the temp files not renamed "
+     "are removed and (i, errno) names the item. Runs without the GIL."},
     {NULL, NULL, 0, NULL},
 };
 

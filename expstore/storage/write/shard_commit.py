@@ -1,6 +1,7 @@
 """Committing one shard of a lane (docs/architecture.md §4): every field's object written
-(on local disk in place through a spare link for a partial flush, ``rewrite.Rewrite``; on
-object stores all fields uploaded at once), then the lane state that commits it. The
+(a partial flush on local disk: in place through a spare link, ``rewrite.Rewrite``;
+otherwise all fields at once, ``put_many``: on local disk one call of the write kernel, on
+object stores concurrent uploads), then the lane state that commits it. The
 commit half of :class:`~.writer.LaneWriter`, run on the caller's thread (``flush``) or on
 the lane's background writing thread; it reads and updates the writer's lane state.
 ``w`` is that writer (typed ``Any``: importing ``writer.py`` here would be a circle).
@@ -50,23 +51,37 @@ def commit_shard(w: Any, sh: ShardBuffer, partial: bool, background: bool = Fals
             st.valid_from = drop
             st.generation += 1
         sh.clean = False
-        if w._local:
+        if w._local and partial:  # in place, field by field (rewrite.py)
             for i, name in enumerate(L.fields):
                 key = L.shard_key(name, shard)
                 img = sh.images[name]
                 img.update(sh.staging[name], sh.n)
-                _put(w, backend, key, name, img, sh, partial)
+                _put_partial(w, backend, key, name, img, sh)
                 if faults.ARMED and i == 0:
                     faults.hit("flush.shards")
-        else:  # object stores: every field's object of the shard uploaded at once
-            uploads = []
+        else:  # every field's object of the shard at once (local disk: one kernel call)
+            objects = []
             for name in L.fields:
                 img = sh.images[name]
                 img.update(sh.staging[name], sh.n)
-                uploads.append((L.shard_key(name, shard),
-                                img.compact(sh.first_step, sh.n, L.checksum)))
-            key = f"{uploads[0][0]} (and the shard's other fields)"
-            backend.put_many(uploads)
+                if w._local and not img.loose:  # the image as it is, without a copy
+                    img.seal(sh.first_step, sh.n, L.checksum)
+                    objects.append((L.shard_key(name, shard), img.buf))
+                else:
+                    objects.append((L.shard_key(name, shard),
+                                    img.compact(sh.first_step, sh.n, L.checksum)))
+            key = f"{objects[0][0]} (and the shard's other fields)"
+            if w._local and faults.ARMED:  # (the crash point between a shard's fields)
+                key = objects[0][0]
+                backend.put_many(objects[:1])
+                faults.hit("flush.shards")
+                objects = objects[1:]
+            try:
+                backend.put_many(objects)
+            except OSError as e:  # (local disk names the object that failed)
+                if any(e.filename == k for k, _ in objects):
+                    key = e.filename
+                raise
         if faults.ARMED:
             faults.hit("flush.state")
         key = state_key(w.lane)
@@ -97,22 +112,14 @@ def commit_shard(w: Any, sh: ShardBuffer, partial: bool, background: bool = Fals
         sh.spare_dir, sh.lineages = None, []
 
 
-def _put(w: Any, backend: Any, key: str, name: str, img: ShardImage, sh: ShardBuffer,
-         partial: bool) -> None:
-    """Write one field's object of ``sh`` (a partial flush on local disk: in place)."""
-    L = w.layout
-    if not partial or not w._local:
-        if w._local and not img.loose:  # the image as it is, without a copy
-            img.seal(sh.first_step, sh.n, L.checksum)
-            backend.put(key, img.buf)
-        else:
-            backend.put(key, img.compact(sh.first_step, sh.n, L.checksum))
-        return
+def _put_partial(w: Any, backend: Any, key: str, name: str, img: ShardImage,
+                 sh: ShardBuffer) -> None:
+    """Write one field's object of ``sh`` in place, for a partial flush on local disk."""
     lin = w._spares.get(name)
     if lin is None:
         lin = w._spares[name] = Lineage(f"{w._spare_dir(sh)}/{name.replace('/', '%')}")
         w._regate()
-    img.seal(sh.first_step, sh.n, L.checksum)
+    img.seal(sh.first_step, sh.n, w.layout.checksum)
     backend.put(key, Rewrite(img.buf, len(img.buf), img.prefix, lin))
 
 
