@@ -56,7 +56,13 @@ if __package__ in (None, ""):
 
 import expstore as es  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
-from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    command_line,
+    markdown_table,
+    save_json,
+    work_dir,
+    write_section,
+)
 
 
 # -- the steps --------------------------------------------------------------------------------
@@ -280,7 +286,7 @@ def main() -> None:
         runs.setdefault(key, {"r": []})["r"].append(fn(*args, **kwargs))
         print(key, {k: round(v, 2) for k, v in runs[key]["r"][-1].items()}, flush=True)
 
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
         for i in range(a.repeats):
             for kind, steps in cases.items():
                 obs0 = np.asarray(steps[0][0])

@@ -45,7 +45,13 @@ if __package__ in (None, ""):
 
 import expstore as es  # noqa: E402
 from benchmarks.bench_add import Ring, cartpole_steps, spec_for  # noqa: E402
-from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    command_line,
+    markdown_table,
+    save_json,
+    work_dir,
+    write_section,
+)
 from expstore.storage.write.writer import LaneWriter  # noqa: E402
 
 
@@ -155,7 +161,7 @@ def main() -> None:
             "alone_ms", "alone_cpu_ms")
     runs: dict[str, list[float]] = {k: [] for k in keys}
     recorded = cartpole_steps(a.steps)
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
         for i in range(a.repeats):
             rate, idle = ring_case(a.steps)
             runs["ring"].append(rate)

@@ -38,7 +38,13 @@ if __package__ in (None, ""):
 from benchmarks.baselines import drop_page_cache, torchrl_memmap_case  # noqa: E402
 from benchmarks.expstore_case import ExpstoreCase  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
-from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    command_line,
+    markdown_table,
+    save_json,
+    work_dir,
+    write_section,
+)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
@@ -170,7 +176,7 @@ def main() -> None:
     torch.set_num_threads(1)
     data = load_atari_frames(a.n, game=a.game)
     runs: dict[str, dict[int, list]] = {"expstore": {}, "torchrl": {}}
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
         ours = ExpstoreCase(data, None, tmp)
         ours.extend_rate()
         ours.warm_cache()

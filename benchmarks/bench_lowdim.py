@@ -65,7 +65,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.baselines import warm_page_cache  # noqa: E402
-from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    command_line,
+    markdown_table,
+    save_json,
+    work_dir,
+    write_section,
+)
 
 OBS_DIM, ACT_DIM = 17, 6
 
@@ -361,7 +367,7 @@ def main() -> None:
     data = lowdim_data(a.n, obs_dim=a.obs_dim, act_dim=a.act_dim)
     fill: dict[str, float] = {}
     samplers: dict[str, Callable[[int], Callable[[], Any]]] = {}
-    work = Path(tempfile.mkdtemp(prefix="bench-lowdim-", dir="."))
+    work = Path(tempfile.mkdtemp(prefix="bench-lowdim-", dir=work_dir()))
     writer = reader = rb_mm = None
     try:
         if {"expstore", "expstore-writer", "expstore-bridge"} & set(wanted) or a.loader:

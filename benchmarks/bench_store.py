@@ -30,7 +30,13 @@ if __package__ in (None, ""):
 from benchmarks.baselines import measure_case, numpy_ring_case, torchrl_memmap_case  # noqa: E402
 from benchmarks.expstore_case import ExpstoreCase, extend_batches, spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
-from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    command_line,
+    markdown_table,
+    save_json,
+    work_dir,
+    write_section,
+)
 
 CODECS = {
     "expstore": None,  # the default image codec
@@ -109,7 +115,7 @@ def sample_only(a: argparse.Namespace) -> None:
     load0 = os.getloadavg()[0]
     data = load_atari_frames(a.n, game=a.game)
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
         for name in a.cases.split(","):
             if name in CODECS:
                 case = ExpstoreCase(data, None, tmp, codec=CODECS[name], name=name)
@@ -201,7 +207,7 @@ def main() -> None:
     data = load_atari_frames(a.n, game=a.game)
     wanted = a.cases.split(",")
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
         for name in wanted:
             if name in CODECS:
                 case = ExpstoreCase(data, None, tmp, codec=CODECS[name], name=name)

@@ -62,6 +62,7 @@ from benchmarks.report import (  # noqa: E402
     markdown_table,
     ratio,
     save_json,
+    work_dir,
     write_section,
 )
 
@@ -124,7 +125,8 @@ def extend_all(rbs: dict[str, Any], batches: list[Any], repeats: int) -> dict[st
     for r in range(repeats):
         part = batches[1 + r * share: 1 + (r + 1) * share]
         for case, rb in rbs.items():
-            t0 = time.perf_counter()
+            os.sync()  # (untimed) the memmap's dirty pages written back before, not during,
+            t0 = time.perf_counter()  # the next case: its fsyncs would wait for them
             for td in part:
                 rb.extend(td)
             runs[case].append((time.perf_counter() - t0) / len(part) * 1e6)
@@ -251,7 +253,7 @@ def main() -> None:
     wanted = a.data.split(",")
     if set(wanted) - set(makers):
         raise SystemExit(f"--data: expected some of {sorted(makers)}, got {a.data}")
-    work = Path(tempfile.mkdtemp(prefix="bench-trl-bridge-", dir="."))
+    work = Path(tempfile.mkdtemp(prefix="bench-trl-bridge-", dir=work_dir()))
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()

@@ -11,6 +11,9 @@ Runs ``python benchmarks/<script> <args>`` in each checkout (its own code on
 ``benchmarks/results/<json>`` the script writes there after each run (and puts the
 committed file back), and prints, per case row and numeric column, the medians of the
 two checkouts and after / before. The machine's load average is printed with them.
+Both checkouts make their scratch stores in one folder (``--work``, default: a new one in
+the system's temp folder; ``EXPSTORE_BENCH_DIR``): what writing a file costs depends on
+where on the disk it goes (``report.work_dir``), and runs compared must not differ in that.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
-def run_once(checkout: Path, script: list[str], result: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+def run_once(checkout: Path, script: list[str], result: str, work: Path) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "EXPSTORE_BENCH_DIR": str(work)}
     subprocess.run([sys.executable, f"benchmarks/{script[0]}", *script[1:]], cwd=checkout,
                    env=env, check=True, stdout=subprocess.DEVNULL)
     path = checkout / "benchmarks" / "results" / result
@@ -43,17 +48,30 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per checkout (medians)")
     ap.add_argument("--json", required=True, help="the results/<file> the benchmark writes")
     ap.add_argument("--key", default="case", help="the column naming a row")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="the folder both checkouts make their scratch stores in "
+                         "(default: a new temp folder)")
     argv = sys.argv[1:]
     if "--" not in argv:
         ap.error("give the benchmark after --: -- SCRIPT [ARGS...]")
     cut = argv.index("--")
     a = ap.parse_args(argv[:cut])
     script = argv[cut + 1:]
+    work = (a.work or Path(tempfile.mkdtemp(prefix="compare-revisions-"))).resolve()
+    try:
+        compare(a, script, work)
+    finally:
+        if a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(a: argparse.Namespace, script: list[str], work: Path) -> None:
+    """Run both checkouts alternately and print the medians' table."""
     runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
     for i in range(a.repeats):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")
         for side in order:
-            runs[side].append(run_once(getattr(a, side).resolve(), script, a.json))
+            runs[side].append(run_once(getattr(a, side).resolve(), script, a.json, work))
             print(f"run {i + 1}/{a.repeats} {side} done, load {os.getloadavg()[0]:.2f}",
                   file=sys.stderr)
     print(f"`{' '.join(script)}`, {a.repeats} runs per checkout alternating, medians; "

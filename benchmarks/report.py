@@ -27,6 +27,20 @@ _HEADER = ("# expstore benchmark results\n\n"
            "Sections are (re)written by the scripts in `benchmarks/`.\n")
 
 
+#: where the benchmarks that write stores make them (default: the current directory)
+WORK_DIR_ENV = "EXPSTORE_BENCH_DIR"
+
+
+def work_dir() -> str:
+    """The folder benchmarks make their scratch stores in: ``$EXPSTORE_BENCH_DIR``, else
+    the current directory. Where a store's files go changes what writing them costs: on
+    this machine a shard of a 1M-row CartPole store took its writer 5-8 ms in a folder
+    under the repository and 2.7-2.9 ms in another folder of the same ext4 disk (the
+    file system's free space is not alike in every place). Two runs compared with each
+    other write in one folder (``compare_revisions.py`` sets it for both checkouts)."""
+    return os.environ.get(WORK_DIR_ENV) or "."
+
+
 def machine_info() -> dict[str, Any]:
     """nproc, RAM (GiB), CPU model, OS and library versions of this machine."""
     info: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(),
