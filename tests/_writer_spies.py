@@ -25,7 +25,7 @@ def route_puts(backend: Any, put: Any) -> None:
     fails or stalls): ``put`` and ``put_many`` (a full shard's objects at once, which a
     local backend otherwise writes in one kernel call that ``put`` never sees)."""
 
-    def put_many(items: Any) -> None:
+    def put_many(items: Any, temp_folder: str | None = None) -> None:
         for key, data in items:
             put(key, data)
 

@@ -450,3 +450,24 @@ def test_local_put_many_without_the_kernel_puts_each_object(tmp_path, monkeypatc
 
 def _bytes(n: int, seed: int) -> bytes:
     return bytes((seed * 31 + i) % 251 for i in range(n))
+
+
+def test_local_put_many_makes_its_temp_files_in_the_folder_given(tmp_path, monkeypatch):
+    """A lane writer's temp files go to its own folder (which the lane's next writer clears
+    after a crash), not beside the objects; a failure leaves none there either."""
+    kernel = native.write_kernel()
+    if kernel is None:
+        pytest.skip("the write kernel was not built")
+    b = LocalBackend(str(tmp_path / "root"), fsync=False)
+    seen, real = [], kernel.replace_files
+    monkeypatch.setattr(kernel, "replace_files", lambda *a: seen.extend(a[0]) or real(*a))
+    b.put_many([("obs/c/0/0", b"obs"), ("action/c/0", b"act")], temp_folder="w/tmp")
+    assert b.get("obs/c/0/0") == b"obs" and b.get("action/c/0") == b"act"
+    assert all(t.startswith(b.path("w/tmp") + os.sep) for t in seen) and len(seen) == 2
+    assert os.listdir(b.path("w/tmp")) == []
+    b.put("reward/c", b"a file where a folder should be")
+    with pytest.raises(OSError) as e:
+        b.put_many([("obs/c/0/0", b"new"), ("reward/c/0", b"new")], temp_folder="w/tmp")
+    # written and synced, then renamed in order: the rename that failed stops the others
+    assert e.value.filename == "reward/c/0" and b.get("obs/c/0/0") == b"new"
+    assert _no_temp_files(b.root)

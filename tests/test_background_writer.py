@@ -157,6 +157,8 @@ def test_a_full_shard_is_written_by_one_kernel_call_for_all_its_fields(workdir, 
     assert [sorted(paths) for paths in calls] == [sorted(
         os.path.join(store.backend.root, L.shard_key(name, 0)) for name in L.fields)]
     assert store.writers[0].committed.count == 16
+    root = store.backend.root  # its temp files went to the writer's own folder, now empty
+    assert not [f for _, _, fs in os.walk(root) for f in fs if f.endswith(".tmp")]
     store.close()
     back = es.open(os.path.join(workdir, "s.zarr"))
     assert back.index.count[0] >= 16 and back.sample(8)["action"].shape == (8,)
@@ -563,3 +565,20 @@ def test_an_idle_writer_thread_looks_for_work_less_and_less_often():
         _stop(jobs, wake)
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_killed_writers_temp_files_are_cleared_by_the_lanes_next_writer(workdir):
+    """What a writer killed mid-write leaves (temp files in its own folder, an index
+    snapshot block's temp file) goes when the next writer takes the lane; another
+    lane's folders are its own writer's to clear."""
+    url = os.path.join(workdir, "s.zarr")
+    make(workdir, lanes=2).close()
+    root = LocalBackend(url).root
+    left = ["_state/spare/lane_0/dead0001/tmp/obs%c%0%0.99.1.tmp",
+            "_index/lane_0/.block_0.99.2.tmp", "_index/lane_1/.block_0.99.3.tmp"]
+    for key in left:
+        os.makedirs(os.path.dirname(os.path.join(root, key)), exist_ok=True)
+        open(os.path.join(root, key), "wb").close()
+    store = es.open(url, mode="r+", lane=0)
+    assert [k for k in left if os.path.exists(os.path.join(root, k))] == [left[2]]
+    store.close()

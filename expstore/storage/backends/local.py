@@ -74,10 +74,14 @@ class LocalBackend(Backend):
             return
         self.replace(key, data, len(data))
 
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+    def put_many(self, items: Sequence[tuple[str, Any]], temp_folder: str | None = None
+                 ) -> None:
         """Create or replace each ``(key, data)`` (bytes-like), each atomically: a shard's
         objects, in one call of the write kernel without the GIL (every temp file written
         and synced before the first rename; ``replace_files`` in ``native/_write.c``).
+        ``temp_folder``: a folder (key) to make the temp files in instead of beside each
+        object, one the caller clears after a crash (a lane writer's own: its lane's next
+        writer removes it), so a process killed mid-call leaves nothing behind.
         One by one through :meth:`put` where the kernel was not built, a payload brings
         its own way of replacing (``put_into``), or a crash point is armed (they sit
         between one object's steps). Raises ``OSError`` naming the key that failed, and
@@ -89,7 +93,12 @@ class LocalBackend(Backend):
             super().put_many(items)
             return
         paths = [self.path(key) for key, _ in items]
-        tmps = [self._temp_for(p, make_folder=False) for p in paths]  # (made by the kernel)
+        if temp_folder is None:  # (folders made by the kernel)
+            tmps = [self._temp_for(p, make_folder=False) for p in paths]
+        else:
+            folder, pid = self.path(temp_folder), os.getpid()
+            tmps = [os.path.join(folder, f"{key.replace('/', '%')}.{pid}.{next(_SEQ)}.tmp")
+                    for key, _ in items]
         failed = kernel.replace_files(tmps, paths, [data for _, data in items], self.fsync)
         if failed is not None:
             i, err = failed
@@ -136,6 +145,22 @@ class LocalBackend(Backend):
                 os.remove(tmp)
             raise
         return fd if keep else None
+
+    def remove_temp_files(self, prefix: str) -> int:
+        """Remove the temp files (``.<name>.<pid>.<n>.tmp``, :meth:`replace`) a process
+        killed mid-put left in folder ``prefix`` (not below it); only for a folder no
+        live process writes (a lane's, by its lane's writer). Returns how many."""
+        try:
+            names = os.listdir(self.path(prefix))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        removed = 0
+        for name in names:
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.path(prefix), name))
+                    removed += 1
+        return removed
 
     def remove_tree(self, prefix: str) -> None:
         """Delete everything under ``prefix`` (a folder), if it exists."""

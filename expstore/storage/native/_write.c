@@ -216,7 +216,7 @@ done:
 
 /* The folders above file `path` created where missing (mkdir -p of its folder): 0, or -1
    with errno set. A shard of a field of several dimensions has a folder of its own
-   (zarr's chunk key "c/<shard>/0"), made here on its first write. */
+   (zarr's chunk key "c/<shard>/0"), made here on its first write, as is a temp folder. */
 static int make_parents(const char *path) {
     char buf[4096];
     size_t n = strlen(path);
@@ -238,7 +238,8 @@ static int make_parents(const char *path) {
    then rename every tmps[i] over paths[i], in order. All files are written (their
    writeback started together where the system has sync_file_range) before the first
    fsync, and all synced before the first rename, so readers see each object's old or new
-   bytes and a crash before the renames leaves every object as it was. On a failure the
+   bytes and a crash before the renames leaves every object as it was. Missing folders
+   (of a temp file or an object) are made. On a failure the
    temp files not renamed are removed and (i, errno) names the item that failed (objects
    before it in the rename order are replaced). Runs without the GIL. */
 static PyObject *replace_files(PyObject *self, PyObject *args) {
@@ -305,7 +306,9 @@ static PyObject *replace_files(PyObject *self, PyObject *args) {
         fds[i] = -1;
     }
     for (; renamed < n && failed < 0; renamed++)
-        if (rename(tmps[renamed], paths[renamed]) != 0) {
+        if (rename(tmps[renamed], paths[renamed]) != 0 &&
+            (errno != ENOENT || make_parents(paths[renamed]) != 0 ||
+             rename(tmps[renamed], paths[renamed]) != 0)) {
             failed = renamed, err = errno;
             break;
         }

@@ -365,9 +365,10 @@ class LeasedBackend:
         self._checked = not commit
         self._backend.put(key, data)
 
-    def put_many(self, items) -> None:
+    def put_many(self, items, **local) -> None:
         """Shard objects written together (never the lane state): checked like one
-        :meth:`put`, then written concurrently by the wrapped backend."""
+        :meth:`put`, then written concurrently by the wrapped backend (``local``: its
+        options on local disk, ``temp_folder``)."""
         fence = self.lease.fence
         if fence is not None:
             self.lease.ensure()
@@ -380,7 +381,7 @@ class LeasedBackend:
         if not self.lease.ensure() and not self._checked:
             self.lease.verify()
         self._checked = True
-        self._backend.put_many(items)
+        self._backend.put_many(items, **local)
 
     def __getattr__(self, name: str):
         return getattr(self._backend, name)

@@ -71,13 +71,16 @@ def commit_shard(w: Any, sh: ShardBuffer, partial: bool, background: bool = Fals
                     objects.append((L.shard_key(name, shard),
                                     img.compact(sh.first_step, sh.n, L.checksum)))
             key = f"{objects[0][0]} (and the shard's other fields)"
+            # local disk: temp files in the writer's own folder (its lane's next writer
+            # clears it), so a writer killed mid-write leaves none beside the objects
+            local = {"temp_folder": f"{w._spare_root}/{w._session}/tmp"} if w._local else {}
             if w._local and faults.ARMED:  # (the crash point between a shard's fields)
                 key = objects[0][0]
-                backend.put_many(objects[:1])
+                backend.put_many(objects[:1], **local)
                 faults.hit("flush.shards")
                 objects = objects[1:]
             try:
-                backend.put_many(objects)
+                backend.put_many(objects, **local)
             except OSError as e:  # (local disk names the object that failed)
                 if any(e.filename == k for k, _ in objects):
                     key = e.filename

@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import StoreLockedError
 from ..backends import Backend
-from ..format import LaneState, Layout, ShardImage, encoder, rows_encoder
+from ..format import LaneState, Layout, ShardImage, encoder, lane_prefix, rows_encoder
 from .background import FORKS, Background
 from .buffer_pool import MAX_BUFFERS, POOL_BYTES, pool_size
 from .lane_rows import shard_addresses
@@ -109,8 +109,9 @@ class LaneWriter:
         self._session = os.urandom(4).hex()
         self._local = getattr(backend, "is_local", False) and hasattr(backend, "remove_tree")
         self._state_lineage = Lineage(f"{self._spare_root}/{self._session}/state", False)
-        if self._local:
-            backend.remove_tree(self._spare_root)  # a dead writer's leftovers
+        if self._local:  # a dead writer's leftovers (this writer holds the lane)
+            backend.remove_tree(self._spare_root)
+            backend.remove_temp_files(lane_prefix(self.lane))  # (index snapshot blocks)
         self.cur = self._free.pop()
         self.cur.first_step = self.count - self.count % S
         self.cur.n = self.count % S
