@@ -65,7 +65,8 @@ def machine_info() -> dict[str, Any]:
 
 
 def command_line() -> str:
-    """The command that started this process, shell-quoted (``python -m`` aware)."""
+    """The command that started this process, shell-quoted (``python -m`` aware), with
+    ``EXPSTORE_BENCH_DIR=...`` before it where that was set (:func:`work_dir`)."""
     argv = list(sys.argv)
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
@@ -76,7 +77,8 @@ def command_line() -> str:
             argv[0] = os.path.relpath(argv[0])
         except ValueError:
             pass
-    return shlex.join(["python", *argv])
+    work = os.environ.get(WORK_DIR_ENV)
+    return (f"{WORK_DIR_ENV}={shlex.quote(work)} " if work else "") + shlex.join(["python", *argv])
 
 
 def fmt(x: Any, digits: int = 3) -> str:
