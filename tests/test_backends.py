@@ -409,6 +409,10 @@ def _no_temp_files(root: str) -> bool:
     return not [f for _, _, files in os.walk(root) for f in files if f.endswith(".tmp")]
 
 
+def _bytes(n: int, seed: int) -> bytes:
+    return bytes((seed * 31 + i) % 251 for i in range(n))
+
+
 def test_local_put_many_is_one_kernel_call_not_a_put_per_object(tmp_path, monkeypatch):
     kernel = native.write_kernel()
     if kernel is None:
@@ -426,6 +430,8 @@ def test_local_put_many_is_one_kernel_call_not_a_put_per_object(tmp_path, monkey
 
 
 def test_local_put_many_that_fails_names_the_object_and_changes_nothing(tmp_path):
+    if native.write_kernel() is None:
+        pytest.skip("the write kernel was not built (objects are then put one by one)")
     b = LocalBackend(str(tmp_path / "root"), fsync=False)
     b.put("obs/c/0/0", b"old obs")
     b.put("action/c/0", b"old action")
@@ -446,10 +452,6 @@ def test_local_put_many_without_the_kernel_puts_each_object(tmp_path, monkeypatc
     monkeypatch.setattr(b, "put", lambda k, d: puts.append(k) or real(k, d))
     b.put_many([("x/c/0", b"1"), ("y/c/0/0", b"22")])
     assert puts == ["x/c/0", "y/c/0/0"] and b.get("y/c/0/0") == b"22"
-
-
-def _bytes(n: int, seed: int) -> bytes:
-    return bytes((seed * 31 + i) % 251 for i in range(n))
 
 
 def test_local_put_many_makes_its_temp_files_in_the_folder_given(tmp_path, monkeypatch):
