@@ -117,7 +117,8 @@ def buffers(name: str, data: dict[str, Any], work: Path, **bridge: Any) -> dict[
 def extend_all(rbs: dict[str, Any], batches: list[Any], repeats: int) -> dict[str, list[float]]:
     """µs per ``rb.extend`` of each repeat's share of ``batches``, cases alternating (the
     first batch goes in untimed: lazy storages allocate there). ``bridge_drained``: the
-    bridge's calls plus waiting, after them, for the shard writes they filled."""
+    bridge's calls plus waiting, after them, for the shard writes they filled. Each case
+    starts on a synced disk (``os.sync()``, untimed)."""
     for rb in rbs.values():
         rb.extend(batches[0])
     runs: dict[str, list[float]] = {c: [] for c in [*rbs, "bridge_drained"]}
@@ -125,8 +126,8 @@ def extend_all(rbs: dict[str, Any], batches: list[Any], repeats: int) -> dict[st
     for r in range(repeats):
         part = batches[1 + r * share: 1 + (r + 1) * share]
         for case, rb in rbs.items():
-            os.sync()  # (untimed) the memmap's dirty pages written back before, not during,
-            t0 = time.perf_counter()  # the next case: its fsyncs would wait for them
+            os.sync()  # (untimed) the memmap's dirty pages go now, not in the bridge's fsyncs
+            t0 = time.perf_counter()
             for td in part:
                 rb.extend(td)
             runs[case].append((time.perf_counter() - t0) / len(part) * 1e6)
