@@ -5,7 +5,7 @@
     expstore --version
     expstore [-q] info URL [--json]
     expstore [-q] verify URL
-    expstore [-q] repair URL [--dry-run]
+    expstore [-q] repair URL [--dry-run] [--release-intact]
     expstore [-q] import FORMAT SRC URL [--overwrite] [-o KEY=VALUE ...]
     expstore [-q] export URL FORMAT DST [--overwrite] [-o KEY=VALUE ...]
     expstore formats
@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "1 if problems remain.")
     sp.add_argument("url", metavar="URL", help="the store: " + store_url)
     sp.add_argument("-n", "--dry-run", action="store_true", help="report, change nothing")
+    sp.add_argument("--release-intact", action="store_true",
+                    help="also read the quarantined rows again and release those that pass "
+                         "every check (rows an earlier repair quarantined wrongly)")
     quiet(sp)
     storage(sp)
     sp.set_defaults(fn=cmd_repair)

@@ -120,7 +120,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
     with ProgressBar("repair: verify", args.quiet) as bar:
         rep = repair_store(args.url, parse_kv(args.storage_option, "-S") or None,
-                           progress=bar.update, dry_run=args.dry_run, total=bar.total)
+                           progress=bar.update, dry_run=args.dry_run, total=bar.total,
+                           release_intact=args.release_intact)
     for p in rep.found.problems if rep.found is not None else []:
         print(f"CORRUPT {p}")
     for p in rep.remaining:

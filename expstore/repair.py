@@ -69,6 +69,10 @@ class RepairReport:
     found: VerifyReport | None = None  # the verify run before repairing
     newly_lost: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     lost_rows: int = 0  # rows quarantined by this repair
+    #: with ``release_intact``: per lane, quarantined ranges read again, found intact and
+    #: released (sampled again); ``released_rows`` rows in all
+    released: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    released_rows: int = 0
     quarantined_rows: int = 0  # rows of the stores' current window quarantined in total
     rebuilt: dict[int, LaneState] = field(default_factory=dict)  # lanes whose state was rebuilt
     #: zarr.json files rebuilt (key -> what was wrong with it)
@@ -91,6 +95,9 @@ class RepairReport:
                   f"{', '.join(map(str, chunks)) or 'bad'}) from the rows around it"
                   for key, chunks in self.rewritten.items()]
         parts.append(f"{verb} {self.lost_rows:,} row(s)")
+        if self.released_rows:
+            parts.append(f"{'would release' if self.dry_run else 'released'} "
+                         f"{self.released_rows:,} quarantined row(s) found intact")
         for lane, ranges in sorted(self.newly_lost.items()):
             parts.append(f"lane {lane}: steps " + ", ".join(
                 f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in ranges))
@@ -105,9 +112,14 @@ class RepairReport:
 def repair_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
                  dry_run: bool = False,
-                 total: Callable[[int], None] | None = None) -> RepairReport:
+                 total: Callable[[int], None] | None = None,
+                 release_intact: bool = False) -> RepairReport:
     """Rebuild lost metadata and lane states and quarantine bad rows of the store at
-    ``url``; ``total``/``progress``: see :func:`~expstore.verify.verify_store`."""
+    ``url``; ``total``/``progress``: see :func:`~expstore.verify.verify_store`.
+    ``release_intact``: also read the quarantined rows again and release those that pass
+    every check (rows an earlier repair quarantined wrongly: before this release, verify
+    took the final row closing a broken stream for corruption). A process that has the
+    store open sees the release when it opens the store again."""
     backend = backend_for(url, storage_options, fsync=True)
     rep = RepairReport(backend.url, dry_run=dry_run)
     try:
@@ -118,7 +130,8 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             _maybe_rebuild_state(backend, layout, lane, rep, dry_run)
         if dry_run and rep.rebuilt:
             rep.remaining.append("dry run: lanes with a rebuilt state were not verified")
-        rep.found = found = verify_store(url, storage_options, progress, total=total)
+        rep.found = found = verify_store(url, storage_options, progress, total=total,
+                                         recheck_quarantined=release_intact)
         try:
             q = read_quarantine(backend)
         except StoreCorruptError as e:  # keep going: verify decides what is lost anew
@@ -131,6 +144,11 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
             for a, b in ranges:
                 q.add(lane, a, b)
                 rep.lost_rows += b - a
+        for lane, ranges in found.intact_quarantined.items():
+            rep.released[lane] = list(ranges)
+            for a, b in ranges:
+                q.release(lane, a, b)
+                rep.released_rows += b - a
         windows = {}
         for lane in range(layout.lanes):
             try:

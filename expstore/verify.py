@@ -65,6 +65,9 @@ class VerifyReport:
     #: its checks but whose values follow from the rows around it (``storage/
     #: metadata_rebuild.py``): their rows are not in ``lost``; ``repair`` rewrites the chunk
     rebuildable: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    #: with ``recheck_quarantined``: per lane, ``(start, stop)`` ranges of quarantined
+    #: rows that were read again and found intact (``repair`` releases them)
+    intact_quarantined: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     #: one line when a dataset import into the store did not finish (rows are intact but
     #: the dataset is not all there; re-running the import resumes it), else ``None``
     partial_import: str | None = None
@@ -77,9 +80,12 @@ class VerifyReport:
 def verify_store(url: str, storage_options: dict[str, Any] | None = None,
                  progress: Callable[[int], None] | None = None,
                  lanes: list[int] | None = None,
-                 total: Callable[[int], None] | None = None) -> VerifyReport:
+                 total: Callable[[int], None] | None = None,
+                 recheck_quarantined: bool = False) -> VerifyReport:
     """Check every committed row of the store at ``url`` (of ``lanes``, default all);
-    ``total(rows)`` once with the rows to check, then ``progress(rows)`` per shard."""
+    ``total(rows)`` once with the rows to check, then ``progress(rows)`` per shard.
+    ``recheck_quarantined``: read quarantined rows too, and list those found intact in
+    ``intact_quarantined`` (they are not problems either way)."""
     backend = backend_for(url, storage_options, fsync=False)
     rep = VerifyReport(backend.url)
     try:
@@ -111,6 +117,8 @@ def verify_store(url: str, storage_options: dict[str, Any] | None = None,
                   for st in states.values()))
     for lane, st in states.items():
         _verify_lane(backend, layout, lane, st, rep, progress, quarantine)
+        if recheck_quarantined:
+            _recheck_quarantined(backend, layout, lane, st, rep, quarantine)
     backend.close()
     return rep
 
@@ -159,8 +167,30 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
     _check_rows(backend.url, layout, lane, lo, st, meta, good, rep, flagged)
     bad = ~(good & ~flagged) & ~known
     if bad.any():  # runs of bad steps
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], bad.astype(np.int8), [0]])))
-        rep.lost[lane] = [(lo + int(x), lo + int(y)) for x, y in zip(edges[::2], edges[1::2])]
+        rep.lost[lane] = _runs(lo, bad)
+
+
+def _recheck_quarantined(backend: Any, layout: Layout, lane: int, st: Any,
+                         rep: VerifyReport, quarantine: Quarantine) -> None:
+    """Read ``lane``'s quarantined rows again, every check as for the others: those found
+    intact go to ``rep.intact_quarantined`` (the others stay known, not problems)."""
+    lo = max(st.valid_from, st.count - layout.lane_capacity)
+    steps = np.arange(lo, max(lo, st.count))
+    held = quarantine.mask(lane, steps)
+    if not held.any():
+        return
+    scratch = VerifyReport(rep.url)  # (the whole lane, nothing skipped)
+    _verify_lane(backend, layout, lane, st, scratch, None, Quarantine())
+    found_bad = Quarantine({lane: scratch.lost.get(lane, [])}).mask(lane, steps)
+    intact = held & ~found_bad
+    if intact.any():
+        rep.intact_quarantined[lane] = _runs(lo, intact)
+
+
+def _runs(lo: int, mask: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, stop)`` lane-step ranges of the runs of ``mask`` (step ``lo`` first)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return [(lo + int(x), lo + int(y)) for x, y in zip(edges[::2], edges[1::2])]
 
 
 def _derive_metadata(backend: Any, layout: Layout, lane: int, lo: int, hi: int,
@@ -269,9 +299,8 @@ def _check_rows(url: str, layout: Layout, lane: int, lo: int, st: Any,
     # (a first row right after it is fine: the writer was restarted before the final row)
     no_final[:-1] = pair & ends[:-1] & ~last[1:] & ((fl[1:] & FLAG_FIRST) == 0)
     report(no_final, "that end an episode without a final row after them")
-    orphan = np.zeros(len(ep), bool)
-    orphan[1:] = pair & last[1:] & ~ends[:-1]
-    report(orphan, "that are final rows after a step that did not end the episode")
+    # (a final row after a step that neither terminated nor was truncated is the writer's
+    # own: it closes a step whose next_obs the lane's next obs did not continue, appender.py)
     step_rows = ~last
     report(step_rows & (meta["terminated"].astype(bool) != ((fl & FLAG_TERMINATED) != 0)),
            "whose 'terminated' value disagrees with their flags")

@@ -465,3 +465,85 @@ def test_a_store_without_its_zarr_json_is_damaged_not_absent(tmp_path):
         os.mkdir(tmp_path / "empty")
         repair_store(str(tmp_path / "empty"))
     assert os.listdir(tmp_path / "empty") == []  # repair wrote nothing there
+
+
+def test_steps_closed_by_a_broken_stream_verify_clean_and_repair_keeps_them(tmp_path):
+    """A step whose ``next_obs`` the lane's next ``obs`` does not continue (two envs in one
+    lane, a reset not reported) is closed by the writer with a final row, its flags kept.
+    Verify took those final rows for corruption and repair quarantined them, so the steps
+    lost the ``next_obs`` they were given. They are the store's own rows: verify finds
+    nothing, repair quarantines nothing, and sampling gives each step its ``next_obs``."""
+    spec = es.Spec.create(obs=es.Field((3,), np.float32), action=es.Field((), np.int64))
+    url = str(tmp_path / "s.zarr")
+    store = es.create(url, spec, capacity=1024, shard_rows=64)
+    for i in range(40):  # every step's next_obs is i + 0.5, the next step's obs is i + 1
+        store.add(np.full(3, i, np.float32), 0, 1.0, np.full(3, i + 0.5, np.float32),
+                  False, False)
+    obs = np.repeat(np.arange(40, 80, dtype=np.float32)[:, None], 3, axis=1)
+    store.extend(obs=obs, action=np.zeros(40, np.int64), reward=np.ones(40, np.float32),
+                 next_obs=obs + 0.5, terminated=np.zeros(40, bool),
+                 truncated=np.zeros(40, bool))
+    store.close()
+    found = verify_store(url)
+    assert found.ok and not found.problems
+    rep = repair_store(url)
+    assert rep.lost_rows == 0 and rep.quarantined_rows == 0
+    back = es.open(url)
+    b = back.sample(64)
+    assert np.array_equal(b["next_obs"], b["obs"] + 0.5)
+    assert not b["terminated"].any()  # (they bootstrap from the row that closed them)
+    back.close()
+
+
+def _broken_stream_store(url: str) -> None:
+    """40 steps added one by one whose next_obs (i + 0.5) the next obs (i + 1) does not
+    continue: each closed by a final row."""
+    spec = es.Spec.create(obs=es.Field((3,), np.float32), action=es.Field((), np.int64))
+    store = es.create(url, spec, capacity=1024, shard_rows=64)
+    for i in range(40):
+        store.add(np.full(3, i, np.float32), 0, 1.0, np.full(3, i + 0.5, np.float32),
+                  False, False)
+    store.close()
+
+
+def test_repair_release_intact_gives_back_rows_an_earlier_repair_quarantined(tmp_path):
+    """Stores repaired before the fix above have those final rows quarantined (their steps
+    never sampled again); ``repair --release-intact`` reads quarantined rows again and
+    releases the ones that pass every check. Without the option repair leaves them."""
+    url = str(tmp_path / "s.zarr")
+    _broken_stream_store(url)
+    backend = backend_for(url)
+    q = Quarantine()
+    for step in range(1, 79, 2):  # what the old repair quarantined: each closing final row
+        q.add(0, step, step + 1)
+    write_quarantine(backend, q)
+    assert verify_store(url).quarantined == 39 and repair_store(url).released_rows == 0
+    assert cli.main(["repair", "-q", "--release-intact", "--dry-run", url]) == 0
+    assert read_quarantine(backend).count(0, 0, 100) == 39  # (a dry run)
+    rep = repair_store(url, release_intact=True)
+    assert rep.released_rows == 39 and rep.released == {0: [(s, s + 1) for s in range(1, 79, 2)]}
+    assert read_quarantine(backend).lanes == {} and verify_store(url).quarantined == 0
+    store = es.open(url)
+    b = store.sample(64)
+    assert np.array_equal(b["next_obs"], b["obs"] + 0.5) and store.num_transitions == 40
+    store.close()
+
+
+def test_repair_release_intact_keeps_rows_that_are_still_bad(written):
+    url, _ = written
+    _corrupt_three(url)
+    rep = repair_store(url)
+    assert rep.lost_rows > 0
+    again = repair_store(url, release_intact=True)
+    assert again.released_rows == 0 and again.ok
+    assert verify_store(url).quarantined == rep.lost_rows
+
+
+def test_quarantine_release_cuts_ranges():
+    q = Quarantine()
+    q.add(0, 10, 20)
+    q.add(0, 30, 40)
+    q.release(0, 15, 35)
+    assert q.lanes == {0: [(10, 15), (35, 40)]}
+    q.release(0, 0, 100)
+    assert q.lanes == {} and not q

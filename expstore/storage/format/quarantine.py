@@ -37,6 +37,16 @@ class Quarantine:
         if stop > start:
             self.lanes[lane] = _merge([*self.lanes.get(lane, []), (int(start), int(stop))])
 
+    def release(self, lane: int, start: int, stop: int) -> None:
+        """Steps ``[start, stop)`` of ``lane`` are no longer lost (found intact again)."""
+        kept = []
+        for a, b in self.lanes.get(lane, []):
+            kept += [r for r in ((a, min(b, start)), (max(a, stop), b)) if r[1] > r[0]]
+        if kept:
+            self.lanes[lane] = kept
+        else:
+            self.lanes.pop(lane, None)
+
     def prune(self, lane: int, oldest: int) -> None:
         """Forget steps below ``oldest`` (overwritten anyway)."""
         kept = [(max(a, oldest), b) for a, b in self.lanes.get(lane, []) if b > oldest]
