@@ -93,12 +93,8 @@ class LocalBackend(Backend):
             super().put_many(items)
             return
         paths = [self.path(key) for key, _ in items]
-        if temp_folder is None:  # (folders made by the kernel)
-            tmps = [self._temp_for(p, make_folder=False) for p in paths]
-        else:
-            folder, pid = self.path(temp_folder), os.getpid()
-            tmps = [os.path.join(folder, f"{key.replace('/', '%')}.{pid}.{next(_SEQ)}.tmp")
-                    for key, _ in items]
+        folder = None if temp_folder is None else self.path(temp_folder)
+        tmps = [self._temp_for(p, folder) for p in paths]  # (folders made by the kernel)
         failed = kernel.replace_files(tmps, paths, [data for _, data in items], self.fsync)
         if failed is not None:
             i, err = failed
@@ -116,15 +112,16 @@ class LocalBackend(Backend):
             self._made.add(folder)
         return folder
 
-    def _temp_for(self, path: str, make_folder: bool = True) -> str:
-        """A new temp file's name beside ``path`` (its folder created unless not asked)."""
-        folder = self.make_folder(path) if make_folder else os.path.dirname(path)
+    def _temp_for(self, path: str, folder: str | None = None) -> str:
+        """A new temp file's name for file ``path``, in ``folder`` (default: beside it)."""
+        folder = os.path.dirname(path) if folder is None else folder
         return os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{next(_SEQ)}.tmp")
 
     def replace(self, key: str, buf: Any, size: int, keep: bool = False) -> int | None:
         """Write ``buf[:size]`` to a new file, fsync it (when ``fsync``) and rename it over
         ``key``. ``keep``: return the new file's descriptor, open, instead of closing it."""
         path = self.path(key)
+        self.make_folder(path)
         tmp = self._temp_for(path)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

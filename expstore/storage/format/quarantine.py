@@ -49,11 +49,7 @@ class Quarantine:
 
     def prune(self, lane: int, oldest: int) -> None:
         """Forget steps below ``oldest`` (overwritten anyway)."""
-        kept = [(max(a, oldest), b) for a, b in self.lanes.get(lane, []) if b > oldest]
-        if kept:
-            self.lanes[lane] = kept
-        else:
-            self.lanes.pop(lane, None)
+        self.release(lane, 0, oldest)
 
     def mask(self, lane: int, steps: np.ndarray) -> np.ndarray:
         """Which ``steps`` of ``lane`` are lost."""
