@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ValidationError, WriteFailedError
-from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED, encode_steps
+from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
 from .step_check import LanesCheck, StepCheck
-from .step_kernel_path import StepKernelPath
+from .step_kernel_path import StepKernelPath, encode_steps
 from .storage.write import LaneRows
 from .validate import (
     extend_batch,

@@ -1,5 +1,6 @@
-"""The appender's C path: one env step (one lane, or one step in every lane) checked and
-staged by one call of the native step kernel (``storage.write.build_plan``).
+"""The appender's C paths: one env step (one lane, or one step in every lane) checked and
+staged by one call of the native step kernel (``storage.write.build_plan``); and the rows
+of a batch of steps with final rows between them in one call (:func:`encode_steps`).
 
 Where the C kernel was built and the spec is one it stages (``storage/write/step_plan.py``),
 :meth:`StepKernelPath.add` stages the same rows as the Python paths of
@@ -24,9 +25,40 @@ import numpy as np
 
 from .errors import WriteFailedError
 from .rows import FLAG_FIRST, FLAG_LAST, FLAG_TERMINATED, FLAG_TRUNCATED
+from .rows import encode_steps as encode_steps_numpy
+from .storage.native import write_kernel
 from .storage.write import FORKS, LaneRows, build_plan
 
 _UNBUILT = object()
+
+
+def encode_steps(values: dict[str, np.ndarray], names: list[str], open_episode_step: int,
+                 first_step: int = 0, ends: np.ndarray | None = None
+                 ) -> tuple[dict[str, np.ndarray], int, int]:
+    """:func:`expstore.rows.encode_steps` (same arguments, same rows), by one call of the
+    write kernel where a final row falls in the batch: numpy took about a dozen calls per
+    field there (~130 µs for 100 CartPole steps, against ~15 without a final row, where
+    the values are the rows as they are)."""
+    kernel = write_kernel()
+    term, trunc = values["terminated"], values["truncated"]
+    done = (term | trunc) if ends is None else ends
+    n_final = int(np.count_nonzero(done))
+    if kernel is None or n_final == 0:
+        return encode_steps_numpy(values, names, open_episode_step, first_step, ends)
+    n_rows = len(done) + n_final
+    srcs = tuple(np.ascontiguousarray(values[n]) for n in names)
+    nexts = tuple(None if (v := values.get("next_" + n)) is None else np.ascontiguousarray(v)
+                  for n in names)
+    rows = {n: np.empty((n_rows, *v.shape[1:]), v.dtype) for n, v in zip(names, srcs)}
+    ep, flags = np.empty(n_rows, np.int32), np.empty(n_rows, np.uint8)
+    next_open = kernel.step_rows(srcs, nexts, tuple(rows.values()),
+                                 np.ascontiguousarray(term, bool),
+                                 np.ascontiguousarray(trunc, bool),
+                                 np.ascontiguousarray(done, bool), ep, flags,
+                                 open_episode_step)
+    rows["_episode_step"], rows["_flags"] = ep, flags
+    rows["_step_id"] = np.arange(first_step, first_step + n_rows, dtype=np.int64)
+    return rows, next_open, n_final
 
 
 @dataclass(eq=False, repr=False)

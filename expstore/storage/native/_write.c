@@ -12,6 +12,11 @@
  *       one env step of every lane of a vector env into each lane's
  *       staging buffer, one memcpy per lane and field, then each lane's published count.
  *
+ *   step_rows(srcs, nexts, dsts, term, trunc, ends, ep, flags, open_step)
+ *       the rows of a batch of consecutive steps of one lane with final rows between them
+ *       (``rows.encode_steps``, the row model, held to it by ``tests/test_encode_steps.py``):
+ *       one memcpy per field and run of steps where numpy took a dozen calls per field.
+ *
  *   replace_files(tmps, paths, bufs, fsync)
  *       a shard's objects on local disk (one file per field) each written to a temp file,
  *       synced and renamed over its object, in one call without the GIL: a writing thread
@@ -139,6 +144,114 @@ done:
     release(&pb);
     release(&rb);
     release(&st);
+    return result;
+}
+
+/* the row model's flags (expstore/rows.py) */
+#define ROW_FIRST 1
+#define ROW_LAST 2
+#define ROW_TERMINATED 4
+#define ROW_TRUNCATED 8
+
+/* step_rows(srcs, nexts, dsts, term, trunc, ends, ep, flags, open_step) -> next_open
+   T consecutive steps of one lane as rows, a final row after each step t with ends[t]:
+   field f's step rows come from srcs[f] (T rows), its final row after step t from row t of
+   nexts[f] (None: zeros), all into dsts[f] (T + finals rows, as many bytes per row). Episode
+   positions (int32) into ep and flags (uint8) into flags, counting from open_step; returns
+   the position of the lane's next row (0 after a final row). term, trunc, ends: T bools. */
+static PyObject *step_rows(PyObject *self, PyObject *args) {
+    PyObject *srcs_o, *nexts_o, *dsts_o, *term_o, *trunc_o, *ends_o, *ep_o, *flags_o;
+    long long open_step;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOL", &srcs_o, &nexts_o, &dsts_o, &term_o, &trunc_o,
+                          &ends_o, &ep_o, &flags_o, &open_step))
+        return NULL;
+    if (!PyTuple_Check(srcs_o) || !PyTuple_Check(nexts_o) || !PyTuple_Check(dsts_o) ||
+        PyTuple_GET_SIZE(nexts_o) != PyTuple_GET_SIZE(srcs_o) ||
+        PyTuple_GET_SIZE(dsts_o) != PyTuple_GET_SIZE(srcs_o)) {
+        PyErr_SetString(PyExc_TypeError, "step_rows: srcs, nexts and dsts must be tuples of "
+                                         "one item per field");
+        return NULL;
+    }
+    Py_ssize_t F = PyTuple_GET_SIZE(srcs_o);
+    if (F > 256) {
+        PyErr_SetString(PyExc_ValueError, "step_rows: at most 256 fields");
+        return NULL;
+    }
+    held_buffer tm = {0}, tr = {0}, en = {0}, ep = {0}, fl = {0};
+    held_buffer src[256], nxt[256], dst[256];
+    memset(src, 0, sizeof(src));
+    memset(nxt, 0, sizeof(nxt));
+    memset(dst, 0, sizeof(dst));
+    Py_ssize_t rb[256];
+    PyObject *result = NULL;
+    if (take(term_o, &tm, 1, 0, "term") || take(trunc_o, &tr, 1, 0, "trunc") ||
+        take(ends_o, &en, 1, 0, "ends") || take(ep_o, &ep, 4, 1, "ep") ||
+        take(flags_o, &fl, 1, 1, "flags"))
+        goto done;
+    Py_ssize_t T = tm.view.len, n_rows = fl.view.len;
+    const uint8_t *term = tm.view.buf, *trunc = tr.view.buf, *ends = en.view.buf;
+    Py_ssize_t finals = 0;
+    for (Py_ssize_t t = 0; t < T && tr.view.len == T && en.view.len == T; t++)
+        finals += ends[t] != 0;
+    if (tr.view.len != T || en.view.len != T || n_rows != T + finals ||
+        ep.view.len != 4 * n_rows) {
+        PyErr_SetString(PyExc_ValueError, "step_rows: term, trunc and ends must hold one "
+                                          "bool per step, ep and flags one item per row");
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < F; f++) {
+        if (take(PyTuple_GET_ITEM(srcs_o, f), &src[f], 0, 0, "src") ||
+            take(PyTuple_GET_ITEM(dsts_o, f), &dst[f], 0, 1, "dst"))
+            goto done;
+        rb[f] = T ? src[f].view.len / T : 0;
+        PyObject *n = PyTuple_GET_ITEM(nexts_o, f);
+        if ((T && src[f].view.len != rb[f] * T) || dst[f].view.len != rb[f] * n_rows ||
+            (n != Py_None && (take(n, &nxt[f], 0, 0, "next") || nxt[f].view.len != rb[f] * T))) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "step_rows: field %zd: src and next must hold "
+                             "T rows and dst T + finals rows of one size", f);
+            goto done;
+        }
+    }
+    int32_t *eps = ep.view.buf;
+    uint8_t *flags = fl.view.buf;
+    int64_t e = open_step;
+    Py_ssize_t r = 0, run = 0; /* next row; first step of the run not yet copied */
+    for (Py_ssize_t t = 0; t < T; t++) {
+        eps[r] = (int32_t)e;
+        flags[r] = (uint8_t)((e == 0 ? ROW_FIRST : 0) | (term[t] ? ROW_TERMINATED : 0) |
+                             (trunc[t] ? ROW_TRUNCATED : 0));
+        r++, e++;
+        if (!ends[t]) continue;
+        /* steps run..t go to rows r - 1 - (t - run) .. r - 1, then the final row r */
+        for (Py_ssize_t f = 0; f < F; f++) {
+            uint8_t *d = (uint8_t *)dst[f].view.buf;
+            const uint8_t *s = (const uint8_t *)src[f].view.buf;
+            memcpy(d + (r - 1 - (t - run)) * rb[f], s + run * rb[f], (size_t)((t + 1 - run) * rb[f]));
+            if (nxt[f].held)
+                memcpy(d + r * rb[f], (const uint8_t *)nxt[f].view.buf + t * rb[f], (size_t)rb[f]);
+            else
+                memset(d + r * rb[f], 0, (size_t)rb[f]);
+        }
+        eps[r] = (int32_t)e;
+        flags[r] = (uint8_t)(ROW_LAST | (e == 0 ? ROW_FIRST : 0));
+        r++, e = 0, run = t + 1;
+    }
+    for (Py_ssize_t f = 0; f < F && run < T; f++)
+        memcpy((uint8_t *)dst[f].view.buf + (r - (T - run)) * rb[f],
+               (const uint8_t *)src[f].view.buf + run * rb[f], (size_t)((T - run) * rb[f]));
+    result = PyLong_FromLongLong(e);
+done:
+    for (Py_ssize_t f = 0; f < F && f < 256; f++) {
+        release(&src[f]);
+        release(&nxt[f]);
+        release(&dst[f]);
+    }
+    release(&tm);
+    release(&tr);
+    release(&en);
+    release(&ep);
+    release(&fl);
     return result;
 }
 
@@ -341,6 +454,12 @@ PyMethodDef write_kernel_methods[] = {
      "frame each with blosc_compress_ctx at address fn (numcodecs' own), each followed by "
      "its crc32c when checksum: the frames concatenated, and their sizes (int64 bytes). "
      "Runs without the GIL."},
+    {"step_rows", step_rows, METH_VARARGS,
+     "step_rows(srcs, nexts, dsts, term, trunc, ends, ep, flags, open_step) -> int\n\n"
+     "The rows of T consecutive steps of one lane: srcs[f]'s T rows into dsts[f] with a "
+     "final row after each step t where ends[t] (row t of nexts[f], or zeros where it is "
+     "None); episode positions (int32) into ep and flags (uint8) into flags, counting from "
+     "open_step. Returns the position of the lane's next row."},
     {"replace_files", replace_files, METH_VARARGS,
      "replace_files(tmps, paths, bufs, fsync) -> None | (i, errno)\n\nWrite each bufs[i] "
      "to a new file tmps[i] (synced when fsync), then rename each over paths[i]: all "

@@ -5,7 +5,7 @@
 
 #include <Python.h>
 
-/* encode_rows, stage_lanes, replace_files (NULL-terminated) */
+/* encode_rows, stage_lanes, step_rows, replace_files (NULL-terminated) */
 extern PyMethodDef write_kernel_methods[];
 
 /* once, before any of them runs (the crc32c table) */
