@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import StoreCorruptError
 from .index.rows import RowIndex
+from .rows import FLAG_FIRST
 from .storage.backends import Backend
 from .storage.format import (
     LaneState,
@@ -193,13 +194,48 @@ class IndexLoader:
         return start, idx.episode_step[rows], idx.flags[rows]
 
     def reload_quarantine(self) -> None:
-        """Pick up rows ``repair`` marked lost since the quarantine was last read, at most
-        every :data:`QUARANTINE_RELOAD` seconds: they are marked lost in the index."""
+        """Pick up what ``repair`` changed in the quarantine since it was last read, at most
+        every :data:`QUARANTINE_RELOAD` seconds: rows it marked lost are marked lost in the
+        index, and rows it released (``repair --release-intact``) are read again
+        (:meth:`restore_released`)."""
         if time.monotonic() - self.quarantine_read < QUARANTINE_RELOAD:
             return
         q = read_quarantine(self.backend)
         self.quarantine_read = time.monotonic()
-        if q.lanes != self.quarantine.lanes:
-            self.quarantine = q
-            for lane, ranges in q.lanes.items():
-                self.index.mark_lost(lane, ranges, 0, int(self.index.count[lane]))
+        if q.lanes == self.quarantine.lanes:
+            return
+        old, self.quarantine = self.quarantine, q
+        for lane, ranges in q.lanes.items():
+            self.index.mark_lost(lane, ranges, 0, int(self.index.count[lane]))
+        for lane, ranges in old.lanes.items():
+            released = Quarantine({lane: list(ranges)})
+            for a, b in q.lanes.get(lane, []):
+                released.release(lane, a, b)
+            if released:
+                self.restore_released(lane, released.lanes[lane])
+
+    def restore_released(self, lane: int, released: list[tuple[int, int]]) -> None:
+        """Read the committed rows of ``lane`` from the first of the ``released`` step
+        ranges on again and give the index their stored metadata back: the released rows,
+        and the rows after a released range whose episode positions the loss renumbered
+        (up to the first block that holds the next episode start after the last range).
+        Rows still quarantined or damaged stay lost. Rows this process staged and did not
+        commit are not re-read: where a released range ends right before them, their
+        episode keeps starting after it."""
+        idx = self.index
+        st = read_state(self.backend, lane)  # (its valid_from rises if the writer drops rows)
+        stop = min(int(idx.committed[lane]), st.count)
+        a = max(int(released[0][0]), int(idx.lower_bound()[lane]), st.valid_from)
+        last = int(released[-1][1])
+        quarantined = self.quarantine.lanes.get(lane, [])
+        while a < stop:
+            b = min(stop, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
+            ep, fl, lost = self.read_block(st, a, b)
+            idx.restore(lane, a, ep, fl, ~lost)
+            damaged = lost_ranges(np.arange(a, b), lost & ~self.quarantine.mask(
+                lane, np.arange(a, b)))
+            idx.mark_lost(lane, quarantined + damaged, a, b)
+            starts = np.flatnonzero(fl & FLAG_FIRST) + a
+            if b >= last and np.any(starts >= last):
+                break  # (the episodes the ranges touched have ended)
+            a = max(b, st.valid_from)

@@ -119,7 +119,8 @@ def repair_store(url: str, storage_options: dict[str, Any] | None = None,
     ``release_intact``: also read the quarantined rows again and release those that pass
     every check (rows an earlier repair quarantined wrongly: before this release, verify
     took the final row closing a broken stream for corruption). A process that has the
-    store open sees the release when it opens the store again."""
+    store open samples the released rows after its next ``refresh()`` that re-reads the
+    quarantine (within a few seconds), as it drops newly quarantined ones."""
     backend = backend_for(url, storage_options, fsync=True)
     rep = RepairReport(backend.url, dry_run=dry_run)
     try:

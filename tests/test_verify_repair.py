@@ -547,3 +547,66 @@ def test_quarantine_release_cuts_ranges():
     assert q.lanes == {0: [(10, 15), (35, 40)]}
     q.release(0, 0, 100)
     assert q.lanes == {} and not q
+
+
+def test_a_live_reader_picks_up_released_rows_on_refresh(tmp_path, monkeypatch):
+    """A learner that opened the store while an earlier repair's quarantine stood samples
+    the released steps after ``repair --release-intact`` and a ``refresh()``, with the
+    index a fresh open gives; before the quarantine is re-read nothing changes."""
+    url = str(tmp_path / "s.zarr")
+    _broken_stream_store(url)
+    backend = backend_for(url)
+    q = Quarantine()
+    for step in range(1, 79, 2):  # what the old repair quarantined: each closing final row
+        q.add(0, step, step + 1)
+    write_quarantine(backend, q)
+    learner = es.open(url)
+    assert np.count_nonzero(learner.index.flags & FLAG_BAD) == 39
+    assert repair_store(url, release_intact=True).released_rows == 39
+    learner.refresh()  # (within QUARANTINE_RELOAD of the open: not re-read yet)
+    assert np.count_nonzero(learner.index.flags & FLAG_BAD) == 39
+    monkeypatch.setattr(index_loader, "QUARANTINE_RELOAD", 0.0)
+    learner.refresh()
+    fresh = es.open(url)
+    np.testing.assert_array_equal(learner.index.flags, fresh.index.flags)
+    np.testing.assert_array_equal(learner.index.episode_step, fresh.index.episode_step)
+    b = learner.sample(64)
+    assert np.array_equal(b["next_obs"], b["obs"] + 0.5)
+    learner.close()
+    fresh.close()
+
+
+def test_released_anchors_enter_a_live_prioritized_sampler(tmp_path, monkeypatch):
+    """Rows released while a learner runs enter its priority tree at the maximum priority;
+    the priorities it learned for the other rows stay; rows still quarantined stay out,
+    and a loss that renumbered the episode after it is undone."""
+    spec = es.Spec.create(obs=es.Field((3,), np.float32), action=es.Field((), np.int64))
+    url = str(tmp_path / "s.zarr")
+    store = es.create(url, spec, capacity=1024, shard_rows=64)
+    obs = np.repeat(np.arange(201, dtype=np.float32)[:, None], 3, axis=1)
+    store.extend(obs=obs[:-1], action=np.zeros(200, np.int64), reward=np.ones(200, np.float32),
+                 next_obs=obs[1:], terminated=np.zeros(200, bool),
+                 truncated=np.zeros(200, bool))
+    store.close()
+    backend = backend_for(url)
+    q = Quarantine()
+    q.add(0, 50, 60)
+    q.add(0, 120, 125)
+    write_quarantine(backend, q)
+    learner = es.open(url)
+    sampler = es.PrioritizedSampler(learner, persist=False)
+    tree = sampler.priorities
+    assert not tree.get(np.arange(50, 60)).any() and learner.index.episode_step[70] == 10
+    sampler.update_priorities(np.arange(0, 40), np.full(40, 0.01))
+    learned = tree.get(np.arange(0, 40))
+    q.release(0, 50, 60)  # (what repair --release-intact writes for rows found intact)
+    write_quarantine(backend, q)
+    monkeypatch.setattr(index_loader, "QUARANTINE_RELOAD", 0.0)
+    learner.refresh()
+    assert (tree.get(np.arange(50, 60)) > 0).all()
+    assert not tree.get(np.arange(120, 125)).any()
+    np.testing.assert_array_equal(tree.get(np.arange(0, 40)), learned)
+    assert learner.index.episode_step[70] == 70 and learner.index.episode_step[130] == 5
+    assert not (learner.index.flags[50:60] & FLAG_BAD).any()
+    assert (learner.index.flags[120:125] & FLAG_BAD).all()
+    learner.close()

@@ -140,6 +140,21 @@ class RowIndex:
             alive = steps >= self.lower_bound()[lane]
             self._emit("added", rows[((flags & FLAG_LAST) == 0) & alive])
 
+    def restore(self, lane: int, first_step: int, episode_step: np.ndarray,
+                flags: np.ndarray, keep: np.ndarray) -> None:
+        """Committed rows ``first_step ..`` of ``lane`` where ``keep`` get their stored
+        metadata back (after ``expstore repair --release-intact`` released lost rows);
+        rows that were lost are announced as added (final rows too, as ``put_row`` does:
+        listeners skip them as anchors). Rows outside the lane's visible window are left
+        alone."""
+        steps = np.arange(first_step, first_step + len(flags), dtype=np.int64)
+        keep = keep & (steps >= self.lower_bound()[lane]) & (steps < self.count[lane])
+        rows = self.lane_rows(lane, steps[keep])
+        was_lost = (self.flags[rows] & FLAG_BAD) != 0
+        self.episode_step[rows] = episode_step[keep]
+        self.flags[rows] = flags[keep]
+        self._emit("added", rows[was_lost])
+
     def put_row(self, lane: int, step: int, episode_step: int, flags: int) -> None:
         """One staged row, ``put`` without arrays (the per-step path of ``Store.add``).
 
