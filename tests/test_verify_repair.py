@@ -506,17 +506,24 @@ def _broken_stream_store(url: str) -> None:
     store.close()
 
 
+def _broken_stream_store_repaired_before(url: str):
+    """:func:`_broken_stream_store` with what the old repair quarantined (each final row
+    closing a step); returns its backend."""
+    _broken_stream_store(url)
+    backend = backend_for(url)
+    q = Quarantine()
+    for step in range(1, 79, 2):
+        q.add(0, step, step + 1)
+    write_quarantine(backend, q)
+    return backend
+
+
 def test_repair_release_intact_gives_back_rows_an_earlier_repair_quarantined(tmp_path):
     """Stores repaired before the fix above have those final rows quarantined (their steps
     never sampled again); ``repair --release-intact`` reads quarantined rows again and
     releases the ones that pass every check. Without the option repair leaves them."""
     url = str(tmp_path / "s.zarr")
-    _broken_stream_store(url)
-    backend = backend_for(url)
-    q = Quarantine()
-    for step in range(1, 79, 2):  # what the old repair quarantined: each closing final row
-        q.add(0, step, step + 1)
-    write_quarantine(backend, q)
+    backend = _broken_stream_store_repaired_before(url)
     assert verify_store(url).quarantined == 39 and repair_store(url).released_rows == 0
     assert cli.main(["repair", "-q", "--release-intact", "--dry-run", url]) == 0
     assert read_quarantine(backend).count(0, 0, 100) == 39  # (a dry run)
@@ -554,12 +561,7 @@ def test_a_live_reader_picks_up_released_rows_on_refresh(tmp_path, monkeypatch):
     the released steps after ``repair --release-intact`` and a ``refresh()``, with the
     index a fresh open gives; before the quarantine is re-read nothing changes."""
     url = str(tmp_path / "s.zarr")
-    _broken_stream_store(url)
-    backend = backend_for(url)
-    q = Quarantine()
-    for step in range(1, 79, 2):  # what the old repair quarantined: each closing final row
-        q.add(0, step, step + 1)
-    write_quarantine(backend, q)
+    _broken_stream_store_repaired_before(url)
     learner = es.open(url)
     assert np.count_nonzero(learner.index.flags & FLAG_BAD) == 39
     assert repair_store(url, release_intact=True).released_rows == 39
