@@ -230,10 +230,10 @@ class IndexLoader:
         quarantined = self.quarantine.lanes.get(lane, [])
         while a < stop:
             b = min(stop, (a // LOAD_BLOCK_ROWS + 1) * LOAD_BLOCK_ROWS)
+            steps = np.arange(a, b)
             ep, fl, lost = self.read_block(st, a, b)
             idx.restore(lane, a, ep, fl, ~lost)
-            damaged = lost_ranges(np.arange(a, b), lost & ~self.quarantine.mask(
-                lane, np.arange(a, b)))
+            damaged = lost_ranges(steps, lost & ~self.quarantine.mask(lane, steps))
             idx.mark_lost(lane, quarantined + damaged, a, b)
             starts = np.flatnonzero(fl & FLAG_FIRST) + a
             if b >= last and np.any(starts >= last):

@@ -43,8 +43,8 @@ def encode_steps(values: dict[str, np.ndarray], names: list[str], open_episode_s
     term, trunc = values["terminated"], values["truncated"]
     done = (term | trunc) if ends is None else ends
     n_final = int(np.count_nonzero(done))
-    if kernel is None or n_final == 0:
-        return encode_steps_numpy(values, names, open_episode_step, first_step, ends)
+    if kernel is None or n_final == 0:  # (``done`` as ``ends``: the same rows)
+        return encode_steps_numpy(values, names, open_episode_step, first_step, done)
     n_rows = len(done) + n_final
     srcs = tuple(np.ascontiguousarray(values[n]) for n in names)
     nexts = tuple(None if (v := values.get("next_" + n)) is None else np.ascontiguousarray(v)

@@ -167,7 +167,7 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
     _check_rows(backend.url, layout, lane, lo, st, meta, good, rep, flagged)
     bad = ~(good & ~flagged) & ~known
     if bad.any():  # runs of bad steps
-        rep.lost[lane] = _runs(lo, bad)
+        rep.lost[lane] = lost_ranges(np.arange(lo, st.count), bad)
 
 
 def _recheck_quarantined(backend: Any, layout: Layout, lane: int, st: Any,
@@ -184,13 +184,7 @@ def _recheck_quarantined(backend: Any, layout: Layout, lane: int, st: Any,
     found_bad = Quarantine({lane: scratch.lost.get(lane, [])}).mask(lane, steps)
     intact = held & ~found_bad
     if intact.any():
-        rep.intact_quarantined[lane] = _runs(lo, intact)
-
-
-def _runs(lo: int, mask: np.ndarray) -> list[tuple[int, int]]:
-    """``(start, stop)`` lane-step ranges of the runs of ``mask`` (step ``lo`` first)."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return [(lo + int(x), lo + int(y)) for x, y in zip(edges[::2], edges[1::2])]
+        rep.intact_quarantined[lane] = lost_ranges(steps, intact)
 
 
 def _derive_metadata(backend: Any, layout: Layout, lane: int, lo: int, hi: int,

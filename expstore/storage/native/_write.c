@@ -188,11 +188,10 @@ static PyObject *step_rows(PyObject *self, PyObject *args) {
         take(ends_o, &en, 1, 0, "ends") || take(ep_o, &ep, 4, 1, "ep") ||
         take(flags_o, &fl, 1, 1, "flags"))
         goto done;
-    Py_ssize_t T = tm.view.len, n_rows = fl.view.len;
+    Py_ssize_t T = tm.view.len, n_rows = fl.view.len, finals = 0;
     const uint8_t *term = tm.view.buf, *trunc = tr.view.buf, *ends = en.view.buf;
-    Py_ssize_t finals = 0;
-    for (Py_ssize_t t = 0; t < T && tr.view.len == T && en.view.len == T; t++)
-        finals += ends[t] != 0;
+    if (tr.view.len == T && en.view.len == T)
+        for (Py_ssize_t t = 0; t < T; t++) finals += ends[t] != 0;
     if (tr.view.len != T || en.view.len != T || n_rows != T + finals ||
         ep.view.len != 4 * n_rows) {
         PyErr_SetString(PyExc_ValueError, "step_rows: term, trunc and ends must hold one "
