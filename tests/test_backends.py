@@ -444,6 +444,29 @@ def test_local_put_many_that_fails_names_the_object_and_changes_nothing(tmp_path
     assert _no_temp_files(b.root)
 
 
+def test_a_sync_that_fails_on_its_own_thread_names_its_file_and_replaces_nothing(tmp_path):
+    """The kernel syncs a shard's files at once, one thread each: a sync that fails on any
+    of them (here the third file's: its temp name links to /dev/null, which refuses fsync
+    with EINVAL) is reported by its index, and no object is replaced, not even the ones
+    whose syncs succeeded; every temp name is removed (the link, not /dev/null)."""
+    kernel = native.write_kernel()
+    if kernel is None:
+        pytest.skip("the write kernel was not built")
+    objs = [str(tmp_path / f"obj{i}") for i in range(5)]
+    for i, path in enumerate(objs):
+        with open(path, "wb") as f:
+            f.write(b"old %d" % i)
+    tmps = [p + ".tmp" for p in objs]
+    os.symlink("/dev/null", tmps[2])
+    assert kernel.replace_files(tmps, objs, [b"new %d" % i for i in range(5)], True) == \
+        (2, errno.EINVAL)
+    assert [open(p, "rb").read() for p in objs] == [b"old %d" % i for i in range(5)]
+    assert not [p for p in tmps if os.path.lexists(p)] and os.path.exists("/dev/null")
+    # the same call with every file syncable replaces all five
+    assert kernel.replace_files(tmps, objs, [b"new %d" % i for i in range(5)], True) is None
+    assert [open(p, "rb").read() for p in objs] == [b"new %d" % i for i in range(5)]
+
+
 def test_local_put_many_without_the_kernel_puts_each_object(tmp_path, monkeypatch):
     monkeypatch.setattr(native.kernels, "write", None)
     b = LocalBackend(str(tmp_path / "root"), fsync=False)

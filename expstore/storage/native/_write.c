@@ -29,6 +29,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -345,12 +346,55 @@ static int make_parents(const char *path) {
     return mkdir(buf, 0777) == 0 || errno == EEXIST ? 0 : -1;
 }
 
+/* One fsync, run on a thread of its own by sync_all. */
+typedef struct {
+    int fd;
+    int err;     /* errno of a failed fsync, else 0 (written by the job's thread) */
+    int started; /* 1: a thread of its own runs it */
+} fsync_job;
+
+static void *run_fsync(void *arg) {
+    fsync_job *job = arg;
+    job->err = fsync(job->fd) != 0 ? errno : 0;
+    return NULL;
+}
+
+/* fsync fds[0..n) at once, a thread each (the caller's thread takes fds[0]; a file whose
+   thread cannot start is synced inline after): on a journaled file system a shard's files
+   then share journal commits and device flushes, where synced one after another each
+   waits for its own (docs/architecture.md §4). Returns the first i, in order, whose fsync
+   failed, its errno in *err, or -1. jobs and threads: room for n each. Needs no GIL. */
+static Py_ssize_t sync_all(const int *fds, Py_ssize_t n, fsync_job *jobs, pthread_t *threads,
+                           int *err) {
+    pthread_attr_t attr;
+    int attr_ok = pthread_attr_init(&attr) == 0;
+    if (attr_ok) pthread_attr_setstacksize(&attr, 64 * 1024);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        jobs[i].fd = fds[i], jobs[i].err = 0;
+        jobs[i].started =
+            i > 0 && pthread_create(&threads[i], attr_ok ? &attr : NULL, run_fsync, &jobs[i]) == 0;
+    }
+    if (attr_ok) pthread_attr_destroy(&attr);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (jobs[i].started)
+            pthread_join(threads[i], NULL);
+        else
+            run_fsync(&jobs[i]);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (jobs[i].err != 0) {
+            *err = jobs[i].err;
+            return i;
+        }
+    return -1;
+}
+
 /* replace_files(tmps, paths, bufs, fsync) -> None | (i, errno)
    For each i: write bufs[i] (bytes-like) to a new file tmps[i] and, when fsync, sync it;
    then rename every tmps[i] over paths[i], in order. All files are written (their
    writeback started together where the system has sync_file_range) before the first
-   fsync, and all synced before the first rename, so readers see each object's old or new
-   bytes and a crash before the renames leaves every object as it was. Missing folders
+   fsync, and all synced (at once: sync_all) before the first rename, so readers see each
+   object's old or new bytes and a crash before the renames leaves every object as it was. Missing folders
    (of a temp file or an object) are made. On a failure the
    temp files not renamed are removed and (i, errno) names the item that failed (objects
    before it in the rename order are replaced). Runs without the GIL. */
@@ -369,9 +413,12 @@ static PyObject *replace_files(PyObject *self, PyObject *args) {
     const char **paths = PyMem_Calloc((size_t)n + 1, sizeof(char *));
     Py_buffer *bufs = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
     int *fds = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    fsync_job *jobs = PyMem_Calloc((size_t)n + 1, sizeof(fsync_job));
+    pthread_t *threads = PyMem_Calloc((size_t)n + 1, sizeof(pthread_t));
     Py_ssize_t got = 0;
     PyObject *result = NULL;
-    if (tmps == NULL || paths == NULL || bufs == NULL || fds == NULL) {
+    if (tmps == NULL || paths == NULL || bufs == NULL || fds == NULL || jobs == NULL ||
+        threads == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -411,8 +458,7 @@ static PyObject *replace_files(PyObject *self, PyObject *args) {
             sync_file_range(fds[i], 0, 0, SYNC_FILE_RANGE_WRITE);  /* (a hint: start now) */
 #endif
     }
-    for (Py_ssize_t i = 0; i < n && failed < 0 && do_fsync; i++)
-        if (fsync(fds[i]) != 0) failed = i, err = errno;
+    if (failed < 0 && do_fsync) failed = sync_all(fds, n, jobs, threads, &err);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (fds[i] >= 0 && close(fds[i]) != 0 && failed < 0) failed = i, err = errno;
         fds[i] = -1;
@@ -437,6 +483,8 @@ done:
     PyMem_Free(paths);
     PyMem_Free(bufs);
     PyMem_Free(fds);
+    PyMem_Free(jobs);
+    PyMem_Free(threads);
     return result;
 }
 
