@@ -402,18 +402,24 @@ def test_sampled_batches_are_the_transitions_at_their_index(tmp_path):
         storage.close()
 
 
-def test_a_bridge_store_of_small_rows_takes_the_stores_default_shards(tmp_path):
+def test_a_bridge_store_of_small_rows_takes_4096_row_shards(tmp_path):
     """The integrations cap shards at 1024 rows for frames (staging RAM per lane), but a
-    store of small rows takes the store's own default (fewer files to write per row):
-    4096 rows at 1M transitions, where the cap gave 1024; small stores are unchanged."""
+    store of small rows takes up to 4096 (fewer files to write per row): at 1M transitions
+    and at 50k (the store's own default there: 1024), with 8 shards per lane at least;
+    rows of a few KB take what fits in 4 MiB."""
     from expstore.integrations.step_writer import default_shard_rows
 
     small = es.Spec.create(obs=es.Field((4,), np.float32), action=es.Field((), np.int64))
     frames = es.Spec.create(obs=es.Field((84, 84), np.uint8, stack=4),
                             action=es.Field((), np.int64))
     assert default_shard_rows(small, 1_000_000) == 4096
-    assert default_shard_rows(small, 1_000_000, lanes=8) == 2048
+    assert default_shard_rows(small, 1_000_000, lanes=8) == 4096
+    assert default_shard_rows(small, 50_000) == 4096
+    assert default_shard_rows(small, 50_000, lanes=8) == 512  # 8 shards of 6,250 rows
     assert default_shard_rows(frames, 1_000_000) == 1024
+    assert default_shard_rows(frames, 50_000) == 1024
+    two_kb = es.Spec.create(obs=es.Field((448,), np.float32), action=es.Field((), np.int64))
+    assert default_shard_rows(two_kb, 1_000_000) == 2048  # 2048 rows of ~1.8 KB: 4 MiB
     assert default_shard_rows(small, 1024) == 128  # at least 8 shards per lane, as before
     rb = replay_buffer(tmp_path / "big.zarr", spec=small, capacity=1_000_000)
     assert rb._storage.store.layout.shard_rows == 4096

@@ -114,24 +114,33 @@ class StepWriter:
         self.store.extend(batch, lane=lane)
 
 
-#: bytes of rows (all fields) in one shard up to which the integrations' stores take the
-#: store's own default shards (``auto_shard_rows``) instead of their 1024-row cap
+#: bytes of rows (all fields) in one shard up to which an integration's store takes shards
+#: of up to 4096 rows (frames: 1024)
 SMALL_SHARD_BYTES = 4 << 20
 
 
 def default_shard_rows(spec: Any, capacity: int, lanes: int = 1) -> int:
-    """Rows per shard of a store an integration creates: the largest power of two of at
-    most 1024 rows that leaves at least 8 shards per lane; for small rows, the store's own
-    default (``auto_shard_rows``: ~1/32 of a lane, 64..4096 rows, more past 4,096 shards)
-    where that is larger and its shard of rows, all fields, stays within
-    :data:`SMALL_SHARD_BYTES`. Every shard is a file per field to write (created, written,
-    fsynced, renamed): at 1M CartPole rows a TorchRL bridge taking steps as fast as it can
-    waited 2.0-2.9x longer for 1024-row shards than for 4096 (benchmarks/RESULTS.md,
-    "Issue 26: read path, status"). Frames keep the 1024-row cap: a 4096-row shard of
-    Atari frames (7 KB a row) is 28 MB per staging buffer."""
+    """Rows per shard of a store an integration creates: the largest power of two that
+    leaves at least 8 shards per lane, at most 4096 rows where such a shard of rows (all
+    fields) stays within :data:`SMALL_SHARD_BYTES`, else at most 1024 (frames: a 4096-row
+    shard of Atari frames, 7 KB a row, is 28 MB per staging buffer); the store's own default
+    (``auto_shard_rows``: more rows past 4,096 shards) where that is larger and within
+    :data:`SMALL_SHARD_BYTES`.
+
+    Every shard is a file per field to write (created, written, fsynced, renamed), so a
+    writer taking small rows as fast as it can is bound by shards per second: at 50k
+    CartPole transitions the TorchRL bridge's drained ``extend`` was 1.7-2.7x
+    ``LazyTensorStorage``'s with 1024-row shards and 1.1-1.4x with 4096 (benchmarks/
+    RESULTS.md, "Issue 26: read path, status"). What a larger shard costs: a lane stages a
+    shard's rows in RAM, and a partial flush (``flush()`` mid-shard) drops the old lap's
+    rows of the whole shard until the writer passes them; loaders keep a shard ahead of a
+    writer clear. At 8 shards per lane either is at most 1/8 of the ring; full shards
+    written behind the writer drop nothing early."""
     per_lane = max(-(-int(capacity) // lanes), 2)
-    rows = int(min(1024, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
     row_bytes = stored_row_bytes(spec)
+    fits = 1 << max(0, (SMALL_SHARD_BYTES // max(1, row_bytes)).bit_length() - 1)
+    cap = max(1024, min(4096, fits))
+    rows = int(min(cap, max(1, 2 ** int(np.log2(max(per_lane // 8, 1))))))
     auto = auto_shard_rows(int(capacity), int(lanes), row_bytes)
     return auto if auto > rows and auto * row_bytes <= SMALL_SHARD_BYTES else rows
 

@@ -378,8 +378,8 @@ def replay_buffer(store: Any, env: Any = None, capacity: int | None = None,
 
     ``store``: a :class:`~expstore.Store` or URL; created if absent from ``spec`` (or
     ``spec_from_env(env)``) with ``capacity`` rows and ``lanes`` (default: the env's batch
-    size, one lane per env), ``shard_rows`` per shard (default: at most 1024 for frames,
-    the store's own default for small rows, 4096 at 1M of them; see
+    size, one lane per env), ``shard_rows`` per shard (default: at least 8 per lane, of at
+    most 1024 rows for frames and 4096 for small rows; see
     :func:`~expstore.integrations.step_writer.default_shard_rows`). ``fsync=False``: shards and
     lane states are not synced to disk (about 9 syncs per full shard, written behind
     ``extend``: with small rows they bound how many steps per second the store takes;
