@@ -47,7 +47,8 @@ def main() -> None:
     ap.add_argument("after", type=Path)
     ap.add_argument("--repeats", type=int, default=3, help="runs per checkout (medians)")
     ap.add_argument("--json", required=True, help="the results/<file> the benchmark writes")
-    ap.add_argument("--key", default="case", help="the column naming a row")
+    ap.add_argument("--key", default="case",
+                    help="the column naming a row, or columns joined by commas (data,op)")
     ap.add_argument("--work", type=Path, default=None,
                     help="the folder both checkouts make their scratch stores in "
                          "(default: a new temp folder)")
@@ -77,15 +78,20 @@ def compare(a: argparse.Namespace, script: list[str], work: Path) -> None:
     print(f"`{' '.join(script)}`, {a.repeats} runs per checkout alternating, medians; "
           f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print("| case | column | before | after | after / before |\n|---|---|---|---|---|")
+    keys = a.key.split(",")
+
+    def name_of(row: dict) -> str:
+        return " ".join(str(row.get(k)) for k in keys)
+
     for row in runs["before"][0]:
-        name = row[a.key]
+        name = name_of(row)
         for col, v in row.items():
-            if col == a.key or not isinstance(v, (int, float)) or isinstance(v, bool):
+            if col in keys or not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
             med = {}
             for side in runs:
                 vals = [r[col] for rs in runs[side] for r in rs
-                        if r.get(a.key) == name and isinstance(r.get(col), (int, float))]
+                        if name_of(r) == name and isinstance(r.get(col), (int, float))]
                 med[side] = statistics.median(vals) if vals else float("nan")
             ratio = med["after"] / med["before"] if med["before"] else float("nan")
             print(f"| {name} | {col} | {med['before']:.4g} | {med['after']:.4g} | "
