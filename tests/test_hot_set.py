@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -121,6 +122,147 @@ def test_hot_batches_match_the_general_path_across_wraps_and_staged_rows(tmp_pat
             staged += int((batch["step_id"] >= store.writers[0].committed.count).sum())
     assert staged > 0  # rows still in the writer's RAM were sampled (not from the hot set)
     assert hot_calls[0] > 20 and hot_calls[1] > 0
+    store.close()
+
+
+def test_rows_the_learners_own_writers_staged_come_in_the_same_kernel_call(tmp_path,
+                                                                           monkeypatch):
+    """A learner sampling the lanes it writes: most batches hold rows of the shards being
+    filled. The hot set's kernel call copies them from the writers' RAM itself, for every
+    lane this process writes (not Python per field and part: ``_own_staged``), and the
+    batch is the general path's, across laps of both lanes' rings."""
+    store = make_store(tmp_path / "s.zarr", capacity=512, shard_rows=32, lanes=2)
+    python_merges = []
+    real = StoreRows._own_staged
+    monkeypatch.setattr(StoreRows, "_own_staged",
+                        lambda self, *a: python_merges.append(1) or real(self, *a))
+    sampler = es.UniformSampler(store, seed=3)
+    g = [0, 0]
+    staged = 0
+    for i in range(90):  # ~4 laps of each lane's 256 rows
+        for lane, n in ((0, 7), (1, 5)):
+            for t in range(g[lane], g[lane] + n):
+                k = key(t)
+                store.add(np.full(5, k, np.float32), np.array([k, -k], np.float32), float(k),
+                          np.full(5, k + 1, np.float32), t % EP_LEN == EP_LEN - 1, False,
+                          lane=lane)
+            g[lane] += n
+        if i % 10 == 9:
+            store.flush()
+        for w in store.writers.values():
+            w.wait()  # (no full shard queued: every staged row is in a shard being filled)
+        plan = sampler.plan(32)
+        batch = store.read_plan(plan)
+        check(batch)
+        same(batch, general(store, plan))
+        lanes = plan.rows // store.layout.lane_capacity
+        committed = np.array([store.writers[int(x)].committed.count for x in lanes])
+        staged += int((plan.steps >= committed).sum())
+    assert staged > 200  # rows of both lanes' open shards were sampled
+    assert not python_merges
+    store.close()
+
+
+def _refill_under(store, start: int) -> int:
+    """Another thread's adds, run inside a read: the lane's shard being filled is handed
+    off, written and its buffer refilled as a later shard, so every row it held is now on
+    storage only and its RAM holds other steps. Returns the next transition number."""
+    w = store.writers[0]
+    buf, first = w.cur, w.cur.first_step
+    g = start
+    while not (w.cur is buf and buf.first_step != first and buf.n >= 24):
+        write(store, g, 8)
+        g += 8
+        w.wait()  # (the written shard's buffer is recycled here)
+    return g
+
+
+@pytest.mark.parametrize("path", ["kernel", "python"])
+def test_staged_rows_refilled_during_a_read_are_read_from_storage(tmp_path, monkeypatch,
+                                                                  path):
+    """The race of a learner thread sampling while another adds, made deterministic: the
+    adds run between the moment a read takes a writer's staged rows and their copy. The
+    one-call kernel path sees the shard being filled change and reads again; the Python
+    merge finds the rows gone from RAM and reads them from storage. Either way every
+    sample is its own transition (before: a row of a later lap, or uninitialised memory)."""
+    from expstore.storage.write.writer import LaneWriter
+
+    store = make_store(tmp_path / "s.zarr", capacity=256, shard_rows=32, fsync=False)
+    write(store, 0, 100)
+    store.flush()
+    write(store, 100, 20)  # staged only
+    sampler = es.UniformSampler(store, seed=5)
+    w = store.writers[0]
+    plan = sampler.plan(64)
+    while not (plan.steps >= w.committed.count).any():
+        plan = sampler.plan(64)
+    g = [120]
+    if path == "kernel":
+        real = StoreRows._staged_sources
+
+        def late(self, *a):
+            got = real(self, *a)
+            monkeypatch.setattr(StoreRows, "_staged_sources", real)
+            g[0] = _refill_under(store, g[0])
+            return got
+
+        monkeypatch.setattr(StoreRows, "_staged_sources", late)
+    else:
+        monkeypatch.setattr(StoreRows, "_staged_sources", lambda self, *a: None, raising=False)
+        real = LaneWriter.staged
+
+        def late(self, *a):
+            monkeypatch.setattr(LaneWriter, "staged", real)
+            g[0] = _refill_under(store, g[0])
+            return real(self, *a)
+
+        monkeypatch.setattr(LaneWriter, "staged", late)
+    batch = store.read_plan(plan)
+    assert g[0] > 120  # the adds ran inside the read
+    check(batch)
+    assert np.array_equal(batch["step_id"], plan.steps[:64])
+    store.close()
+
+
+@pytest.mark.parametrize("seconds", [3.0, pytest.param(40.0, marks=pytest.mark.slow)])
+def test_a_learner_thread_samples_while_another_thread_adds_at_full_speed(tmp_path,
+                                                                          seconds):
+    """Staged rows are copied from a writer's RAM while another thread of the process may
+    fill, hand off, write and refill its buffers (SB3's and ``make_loader``'s prefetch
+    threads sample while the caller adds): every batch must still hold each sample's own
+    transition, across many laps of a small ring. Before rows were checked to be still
+    staged after their copy, about one run of this test in 15 got a row of another lap
+    or of uninitialised memory; the slow variant runs it for 40 s."""
+    import threading
+
+    store = make_store(tmp_path / "s.zarr", capacity=256, shard_rows=32, fsync=False)
+    write(store, 0, 64)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def adding() -> None:
+        g = 64
+        try:
+            while not done.is_set():
+                write(store, g, 5)
+                g += 5
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    sampler = es.UniformSampler(store, seed=4)
+    thread = threading.Thread(target=adding)
+    thread.start()
+    batches = 0
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            check(sampler.sample(32))
+            batches += 1
+    finally:
+        done.set()
+        thread.join()
+    assert not errors and batches > 100
+    assert store.writers[0].count > 8 * 256  # the ring was lapped many times
     store.close()
 
 

@@ -45,7 +45,11 @@ class StagingWriter(Protocol):
     committed: Any  # ``.count``: rows committed (lane steps)
     session: int  # its shared staging (0: none)
 
-    def staged(self, name: str, steps: np.ndarray) -> np.ndarray: ...
+    def staged(self, name: str, steps: np.ndarray, out: np.ndarray) -> np.ndarray: ...
+
+    def staged_rows(self, name: str) -> tuple[np.ndarray, int] | None: ...
+
+    def staging_token(self) -> tuple[Any, int]: ...
 
 
 def staged_snapshot(lanes: int, committed: np.ndarray, sessions: Mapping[int, int],
@@ -145,8 +149,11 @@ class StoreRows:
             if own is not None:  # this process's writer: its RAM
                 w, mine = own
                 if mine.any():
-                    out[sel[mine]] = w.staged(name, steps[sel[mine]])
-                    ok[sel[mine]] = True
+                    part = np.empty((int(mine.sum()), *out.shape[1:]), out.dtype)
+                    got = w.staged(name, steps[sel[mine]], part)
+                    out[sel[mine][got]] = part[got]
+                    ok[sel[mine][got]] = True
+                    mine[mine] = got  # (not found: committed meanwhile, on shards)
                 stored[sel[~mine]] = True
             elif session is not None:  # another process's writer: shared memory
                 part = np.empty((len(sel), *out.shape[1:]), out.dtype)
@@ -210,6 +217,14 @@ class StoreRows:
         if all(m is None for m in masks):
             return reader.gather_held(locs, jobs)
         split = [loc if m is None else (*loc, m) for loc, m in zip(locs, masks)]
+        tokens = [(w, *w.staging_token()) for w in self.writers.values()]
+        staged = self._staged_sources(jobs, len(committed))
+        if staged is not None and reader.gather_held(split, jobs, staged=staged) and \
+                all(w.staging_token()[0] is buf and w.staging_token()[1] == first
+                    for w, buf, first in tokens):
+            return True  # (one kernel call: the hot set and this process's staging)
+        # (else the rows are read again below: another thread's adds may have refilled
+        # a staging buffer between the arrays taken and the call)
         if not reader.gather_held(split, jobs):
             return False
         if self._own_staged(locs, masks, jobs):
@@ -232,14 +247,33 @@ class StoreRows:
                 at += len(sel)
         return True
 
+    def _staged_sources(self, jobs: list[tuple[int, str, np.ndarray]], lanes: int
+                        ) -> dict[str, tuple[tuple, np.ndarray]] | None:
+        """Per field of ``jobs``, this process's writers' staged rows as the hot set's
+        kernel takes them (per lane, the rows of the shard being filled or ``None``; per
+        lane, the step of its row 0); ``None`` where other processes' staging is known or
+        a writer holds a full shard not yet written (:meth:`_own_staged` reads those)."""
+        if self.sessions:
+            return None
+        firsts = np.zeros(lanes, np.int64)
+        views: dict[str, list] = {name: [None] * lanes for _, name, _ in jobs}
+        for lane, w in self.writers.items():
+            for name, per_lane in views.items():
+                got = w.staged_rows(name)
+                if got is None:
+                    return None
+                per_lane[lane], firsts[lane] = got
+        return {name: (tuple(per_lane), firsts) for name, per_lane in views.items()}
+
     def _own_staged(self, locs: list[tuple[np.ndarray, np.ndarray]],
                     masks: list[np.ndarray | None], jobs: list[tuple[int, str, np.ndarray]]
                     ) -> bool:
         """The staged rows of a batch copied from this process's writers' RAM straight
         into the jobs' outputs (a learner sampling the lanes it writes: most batches hold
         a row of the shard being filled), where every one of them is in a writer's
-        staging (``committed <= step < count``); False (nothing written) otherwise, for
-        the general merge of :meth:`gather_held`."""
+        staging (``committed <= step < count``) and still there when copied; False
+        otherwise (staged outputs may be partly written: the general merge of
+        :meth:`gather_held` writes every one of them again)."""
         if self.sessions:
             return False
         picks: list[tuple[np.ndarray, Any, np.ndarray] | None] = []
@@ -258,7 +292,10 @@ class StoreRows:
             pick = picks[loc]
             if pick is not None:
                 sel, w, steps = pick
-                out[sel] = w.staged(name, steps)
+                part = np.empty((len(sel), *out.shape[1:]), out.dtype)
+                if not w.staged(name, steps, part).all():
+                    return False  # (committed meanwhile by another thread's adds)
+                out[sel] = part
         return True
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray

@@ -14,9 +14,26 @@
  *       each ``out[i]`` is written (one memcpy per row, without the GIL) and ``known[lane]``
  *       raised to ``step + 1`` for every row's lane (``spl`` shards per lane): True. Else
  *       False and nothing written (``copy`` false: only the check).
+ *       A job may carry two more items, ``(..., out, staged, staged_first)``: per lane, the
+ *       field's rows a writer of this process staged (``staged[lane]``: C-contiguous, one
+ *       row per staged step from ``staged_first[lane]`` on, int64 per lane; ``None`` for a
+ *       lane without one); the job's skipped rows are then copied from there, each of them
+ *       staged or the call returns False (a learner sampling the lanes it writes: most
+ *       batches hold a row of the shard being filled).
  */
 
 #define GATHER_JOB 7
+
+/* The staged row of step ``step`` in lane ``lane`` of a job's staging (``sb``: one
+   buffer per lane, ``firsts``: their first steps), or NULL where it holds none. */
+static inline const uint8_t *staged_row(const held_buffer *sb, const int64_t *firsts,
+                                        Py_ssize_t lanes, int64_t lane, int64_t step,
+                                        size_t row_bytes) {
+    if (lane < 0 || lane >= lanes || !sb[lane].held) return NULL;
+    int64_t at = step - firsts[lane];
+    if (at < 0 || (size_t)(at + 1) * row_bytes > (size_t)sb[lane].view.len) return NULL;
+    return (const uint8_t *)sb[lane].view.buf + (size_t)at * row_bytes;
+}
 
 static PyObject *gather_held(PyObject *self, PyObject *args) {
     Py_ssize_t shard_rows, spl;
@@ -35,8 +52,11 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
     held_buffer *lb = PyMem_Calloc((size_t)(3 * n_locs + 1), sizeof *lb);
     held_buffer *jb = PyMem_Calloc((size_t)(GATHER_JOB * n_jobs + 1), sizeof *jb);
     Py_ssize_t *job_loc = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *job_loc);
+    held_buffer **staged = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *staged);
+    held_buffer *firsts = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *firsts);
+    Py_ssize_t lanes = 0;
     PyObject *result = NULL;
-    if (!lb || !jb || !job_loc) {
+    if (!lb || !jb || !job_loc || !staged || !firsts) {
         PyErr_NoMemory();
         goto done;
     }
@@ -60,11 +80,12 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
         }
     }
     static const char *names[] = {"first", "n_rows", "trusted", "slot", "values", "out"};
-    Py_ssize_t lanes = known.view.len / 8;
+    lanes = known.view.len / 8;
     for (Py_ssize_t j = 0; j < n_jobs; j++) {
         PyObject *job = PyTuple_GET_ITEM(jobs, j);
-        if (!PyTuple_Check(job) || PyTuple_GET_SIZE(job) != GATHER_JOB) {
-            PyErr_SetString(PyExc_TypeError, "gather_held: jobs holds tuples of 7");
+        if (!PyTuple_Check(job) ||
+            (PyTuple_GET_SIZE(job) != GATHER_JOB && PyTuple_GET_SIZE(job) != GATHER_JOB + 2)) {
+            PyErr_SetString(PyExc_TypeError, "gather_held: jobs holds tuples of 7 or 9");
             goto done;
         }
         Py_ssize_t loc = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 0));
@@ -86,6 +107,28 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
                                               "shard, out of one entry per row");
             goto done;
         }
+        if (PyTuple_GET_SIZE(job) == GATHER_JOB + 2) {  /* this process's staged rows */
+            PyObject *sb_o = PyTuple_GET_ITEM(job, GATHER_JOB);
+            if (!PyTuple_Check(sb_o) || PyTuple_GET_SIZE(sb_o) != lanes) {
+                PyErr_SetString(PyExc_TypeError, "gather_held: staged holds one entry per lane");
+                goto done;
+            }
+            staged[j] = PyMem_Calloc((size_t)lanes + 1, sizeof(held_buffer));
+            if (staged[j] == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (take(PyTuple_GET_ITEM(job, GATHER_JOB + 1), &firsts[j], 8, 0, "staged_first"))
+                goto done;
+            if (firsts[j].view.len != lanes * 8) {
+                PyErr_SetString(PyExc_ValueError, "gather_held: staged_first: one per lane");
+                goto done;
+            }
+            for (Py_ssize_t k = 0; k < lanes; k++)
+                if (PyTuple_GET_ITEM(sb_o, k) != Py_None &&
+                    take(PyTuple_GET_ITEM(sb_o, k), &staged[j][k], 0, 0, "staged"))
+                    goto done;
+        }
         if (n == 0) continue;
         const int64_t *rows = lb[3 * loc].view.buf, *steps = lb[3 * loc + 1].view.buf;
         const uint8_t *skip = lb[3 * loc + 2].held ? lb[3 * loc + 2].view.buf : NULL;
@@ -94,7 +137,15 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
         Py_ssize_t row_bytes = b[5].view.len / n, per_slot = shard_rows * row_bytes;
         Py_ssize_t pool = per_slot ? b[4].view.len / per_slot : 0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            if (skip && skip[i]) continue;
+            if (skip && skip[i]) {
+                if (staged[j] && !staged_row(staged[j], firsts[j].view.buf, lanes,
+                                             rows[i] / shard_rows / spl, steps[i],
+                                             (size_t)row_bytes)) {
+                    result = Py_False; /* (not staged here: the caller's path) */
+                    goto done;
+                }
+                continue;
+            }
             int64_t r = rows[i], s = r / shard_rows, at = r - s * shard_rows;
             if (r < 0 || s >= n_shards || first[s] < 0 || first[s] + at != steps[i] ||
                 at >= n_rows[s] || steps[i] >= trusted[s] || slot[s] < 0 || slot[s] >= pool) {
@@ -105,6 +156,22 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
     }
     if (copy) {
         int64_t *kn = known.view.buf;
+        /* staged rows first, with the GIL held: a writer of this process stages rows and
+           recycles its buffers under the GIL, so none changes while they are copied */
+        for (Py_ssize_t j = 0; j < n_jobs; j++) {
+            Py_ssize_t loc = job_loc[j], n = lb[3 * loc].view.len / 8;
+            if (!staged[j] || n == 0 || !lb[3 * loc + 2].held) continue;
+            const int64_t *rows = lb[3 * loc].view.buf, *steps = lb[3 * loc + 1].view.buf;
+            const uint8_t *skip = lb[3 * loc + 2].view.buf;
+            uint8_t *out = jb[GATHER_JOB * j + 5].view.buf;
+            size_t row_bytes = (size_t)(jb[GATHER_JOB * j + 5].view.len / n);
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (skip[i])
+                    memcpy(out + i * row_bytes,
+                           staged_row(staged[j], firsts[j].view.buf, lanes,
+                                      rows[i] / shard_rows / spl, steps[i], row_bytes),
+                           row_bytes);
+        }
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t j = 0; j < n_jobs; j++) {
             held_buffer *b = jb + GATHER_JOB * j;
@@ -145,9 +212,16 @@ done:
     release(&known);
     for (Py_ssize_t l = 0; lb && l < 3 * n_locs; l++) release(&lb[l]);
     for (Py_ssize_t j = 0; jb && j < GATHER_JOB * n_jobs; j++) release(&jb[j]);
+    for (Py_ssize_t j = 0; staged && j < n_jobs; j++) {
+        for (Py_ssize_t k = 0; staged[j] && k < lanes; k++) release(&staged[j][k]);
+        PyMem_Free(staged[j]);
+        if (firsts) release(&firsts[j]);
+    }
     PyMem_Free(lb);
     PyMem_Free(jb);
     PyMem_Free(job_loc);
+    PyMem_Free(staged);
+    PyMem_Free(firsts);
     Py_XINCREF(result);
     return result;
 }

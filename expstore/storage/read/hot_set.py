@@ -25,7 +25,8 @@ from ..native import native
 
 
 def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
-                jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
+                jobs: list[tuple[int, str, np.ndarray]], copy: bool = True,
+                staged: dict[str, tuple[tuple, np.ndarray]] | None = None) -> bool:
     """For each job ``(loc, name, out)``, field ``name`` of ``reader`` (a
     ``ShardReader``) at the rows and lane steps of ``locs[loc]`` (int64 arrays; a third
     array, bool, marks rows to skip: neither checked nor written) into ``out``
@@ -33,7 +34,11 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     held decoded by a trusted version (and, with ``copy``, is written; the reader's known
     committed counts are raised to the steps read); False, nothing written, otherwise
     (read them with ``read_fields``, which fills the hot set). ``copy=False``: only the
-    check."""
+    check. ``staged``: field -> (per lane, its rows a writer of this process staged, or
+    ``None``; per lane, the step of their first), and the skipped rows are written from
+    there (False where one is not staged there). Needs the kernel (else False)."""
+    if staged is not None and native is None:
+        return False
     tables = reader.tables
     sizes = [len(x[0]) if len(x) == 2 else len(x[0]) - int(x[2].sum()) for x in locs]
     args = []
@@ -42,7 +47,9 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
         t = tables.get(name)
         if t is None or t.per_row or not len(t.values):
             return False
-        args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out))
+        args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out)
+                    if staged is None else
+                    (loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out, *staged[name]))
         n += sizes[loc]
     layout = reader.layout
     S = layout.shard_rows

@@ -415,10 +415,11 @@ class ShardReader(GeneralReads):
         return out
 
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
-                    jobs: list[tuple[int, str, np.ndarray]], copy: bool = True) -> bool:
-        """A batch's small fields out of the hot set in one kernel call (see
-        :func:`~expstore.storage.read.hot_set.gather_held`)."""
-        return gather_held(self, locs, jobs, copy)
+                    jobs: list[tuple[int, str, np.ndarray]], copy: bool = True,
+                    staged: dict[str, tuple[tuple, np.ndarray]] | None = None) -> bool:
+        """A batch's small fields out of the hot set (and ``staged`` rows) in one kernel
+        call (see :func:`~expstore.storage.read.hot_set.gather_held`)."""
+        return gather_held(self, locs, jobs, copy, staged)
 
     def read_held(self, name: str, rows: np.ndarray, steps: np.ndarray,
                   staged: tuple[np.ndarray, StagedRead] | None = None

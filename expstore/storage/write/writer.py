@@ -168,18 +168,43 @@ class LaneWriter:
         if self.cur.slot >= 0:
             self.shared.publish(self.cur.slot, self.cur.n)
 
-    def staged(self, name: str, steps: np.ndarray) -> np.ndarray:
-        """Values of rows still only in RAM (``committed.count <= steps < count``)."""
+    def staged(self, name: str, steps: np.ndarray, out: np.ndarray
+               ) -> np.ndarray:
+        """Values of rows still only in RAM (``committed.count <= steps < count``) into
+        ``out``; which were found there (the others: committed meanwhile and their buffer
+        refilled, by another thread of this process adding: read them from storage).
+
+        A buffer's rows count as found only if it still holds them after the copy: a
+        buffer is emptied (``n = 0``) when its shard is written and refilled only as a
+        later shard (another ``first_step``), so an unchanged first step and enough rows
+        after the copy mean no row of it changed during the copy."""
         steps = np.asarray(steps, np.int64)
+        found = np.zeros(len(steps), bool)
+        for sh in (*self.pending, *self.queued, self.cur):
+            first, n = sh.first_step, sh.n
+            at = steps - first
+            sel = (at >= 0) & (at < n)
+            if not sel.any():
+                continue
+            out[sel] = sh.staging[name][at[sel]]
+            if sh.first_step == first and sh.n >= n:
+                found |= sel
+        return found
+
+    def staged_rows(self, name: str) -> tuple[np.ndarray, int] | None:
+        """Field ``name``'s rows in the shard being filled and the lane step of its row 0,
+        ``(rows, first_step)``, where that shard holds every row only in RAM (no full shard
+        queued or pending); else ``None`` (:meth:`staged` reads them)."""
+        if self.pending or self.queued:
+            return None
         cur = self.cur
-        if not self.pending and not self.queued:
-            return cur.staging[name][steps - cur.first_step]
-        out = np.empty((len(steps), *self.layout.fields[name].shape),
-                       self.layout.fields[name].dtype)
-        for sh in (*self.pending, *self.queued, cur):
-            sel = (steps >= sh.first_step) & (steps < sh.first_step + sh.n)
-            out[sel] = sh.staging[name][steps[sel] - sh.first_step]
-        return out
+        return cur.staging[name][: cur.n], cur.first_step
+
+    def staging_token(self) -> tuple[ShardBuffer, int]:
+        """The shard being filled and its first step: equal (``is``, ``==``) before and
+        after a read of :meth:`staged_rows`' arrays, no row they held was replaced (a
+        buffer is refilled only as a later shard, of another first step)."""
+        return self.cur, self.cur.first_step
 
     @property
     def inherited(self) -> bool:
