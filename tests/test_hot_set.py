@@ -228,8 +228,8 @@ def test_staged_rows_refilled_during_a_read_are_read_from_storage(tmp_path, monk
 def test_a_learner_thread_samples_while_another_thread_adds_at_full_speed(tmp_path,
                                                                           seconds):
     """Staged rows are copied from a writer's RAM while another thread of the process may
-    fill, hand off, write and refill its buffers (SB3's and ``make_loader``'s prefetch
-    threads sample while the caller adds): every batch must still hold each sample's own
+    fill, hand off, write and refill its buffers (a user's actor and learner threads on one
+    store; the integrations lock instead): every batch must still hold each sample's own
     transition, across many laps of a small ring. Before rows were checked to be still
     staged after their copy, about one run of this test in 15 got a row of another lap
     or of uninitialised memory; the slow variant runs it for 40 s."""
