@@ -415,7 +415,7 @@ def test_a_bridge_store_of_small_rows_takes_4096_row_shards(tmp_path):
     assert default_shard_rows(small, 1_000_000) == 4096
     assert default_shard_rows(small, 1_000_000, lanes=8) == 4096
     assert default_shard_rows(small, 50_000) == 4096
-    assert default_shard_rows(small, 50_000, lanes=8) == 512  # 8 shards of 6,250 rows
+    assert default_shard_rows(small, 50_000, lanes=8) == 512  # lanes of 6,250 rows: 8+ shards
     assert default_shard_rows(frames, 1_000_000) == 1024
     assert default_shard_rows(frames, 50_000) == 1024
     two_kb = es.Spec.create(obs=es.Field((448,), np.float32), action=es.Field((), np.int64))
