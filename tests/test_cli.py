@@ -348,7 +348,8 @@ def test_a_terminal_gets_a_tqdm_bar_with_total_and_eta(tmp_path):
         rc, out, term = cli_tty(*args)
         assert rc == 0, (out, term)
         assert "100%" in term and "702/702" in term.replace(".0", ""), (args, term)
-        assert "00:00<00:00" in term and "\r" in term  # elapsed<ETA, redrawn in place
+        # elapsed<ETA (a loaded machine takes a second or more), redrawn in place
+        assert re.search(r"\d\d:\d\d<\d\d:\d\d", term) and "\r" in term, term
     rc, out, term = cli_tty("verify", url, "-q")
     assert rc == 0 and term == "" and ": OK: 702 rows" in out
 

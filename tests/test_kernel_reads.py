@@ -235,20 +235,29 @@ def test_scalar_shards_decoded_by_the_kernel_are_kept_within_the_budget(tmp_path
 def test_rows_of_multi_block_chunks_are_decoded_alone(tmp_path) -> None:
     """Scalars and small vectors read row by row: only the blosc blocks holding the row
     are decoded, bytes gathered from the shuffled planes; rows crossing a block boundary
-    (24-byte rows in 32 KiB blocks) and the last, partial block included."""
+    (24-byte rows in 32 KiB blocks) and the last, partial block included. Values that
+    repeat with periods of 1, 5 and 23 rows give LZ4 matches that overlap their own output
+    at every distance the decoder copies differently (1, under 16, at least 16 bytes)."""
     spec = es.Spec.create(obs=es.Field((4, 4), np.uint8),
                           action=es.Field((), np.int64),
                           extras={"vec": es.Field((3,), np.float64),
-                                  "small": es.Field((), np.int16)})
+                                  "small": es.Field((), np.int16),
+                                  "few": es.Field((3,), np.uint8),
+                                  **{f"period{p}": es.Field((), np.int32)
+                                     for p in (1, 5, 23)}})
     store = es.create(tmp_path / "v.zarr", spec, capacity=8192, shard_rows=4096)
     n = 6000
     rng = np.random.default_rng(3)
     vec = rng.normal(size=(n, 3))
     small = rng.integers(-3000, 3000, n).astype(np.int16)
     obs = rng.integers(0, 255, (n + 1, 4, 4)).astype(np.uint8)
+    few = rng.integers(0, 4, (n, 3)).astype(np.uint8)  # literals and short matches
+    periodic = {"period1": np.repeat(rng.integers(-9, 9, n // 7 + 1), 7)[:n].astype(np.int32),
+                **{f"period{p}": np.tile(rng.integers(-2**31, 2**31 - 1, p), n // p + 1)[:n]
+                   .astype(np.int32) for p in (5, 23)}}  # (period1: runs of 7 equal values)
     store.extend(dict(obs=obs[:-1], action=np.arange(n), reward=np.zeros(n, np.float32),
                       terminated=np.zeros(n, bool), truncated=np.zeros(n, bool),
-                      next_obs=obs[1:], vec=vec, small=small))
+                      next_obs=obs[1:], vec=vec, small=small, few=few, **periodic))
     store.flush()
     rows = np.arange(n)
     steps = store.index.steps(rows)
@@ -256,10 +265,14 @@ def test_rows_of_multi_block_chunks_are_decoded_alone(tmp_path) -> None:
                          values_budget=0)
     assert not reader.tables["vec"].fills
     pick = rng.permutation(n)
-    for name, want in (("vec", vec), ("small", small), ("action", np.arange(n))):
+    for name, want in (("vec", vec), ("small", small), ("action", np.arange(n)),
+                       ("few", few), *periodic.items()):
         got = reader.read_fields([name], rows[pick], steps[pick])[name]
         assert got[1].all()
         assert np.array_equal(got[0], want[pick]), name
+    for i in pick[:300]:  # a row per call: its block decoded after another block's
+        got = reader.read_fields(["few"], rows[i:i + 1], steps[i:i + 1])["few"]
+        assert got[1].all() and np.array_equal(got[0][0], few[i]), i
     assert not reader.heads
     store.close()
 

@@ -44,9 +44,12 @@ def test_crc32c_matches_reference() -> None:
 def test_decodes_what_numcodecs_encodes(cname: str, shuffle: int, dtype: type) -> None:
     rng = np.random.default_rng(1)
     for n in (1, 100, 7056, 40_000):  # one block, several blocks and a leftover block
-        for kind in ("runs", "noise", "small"):
+        for kind in ("runs", "noise", "small", "period3", "period11", "period37"):
             if kind == "runs":
                 a = np.repeat(rng.integers(0, 9, n // 40 + 1), 40)[:n].astype(dtype)
+            elif kind.startswith("period"):  # matches at distances of 1 to 296 bytes
+                p = int(kind[6:])
+                a = np.tile(rng.integers(0, 255, p), n // p + 1)[:n].astype(dtype)
             elif kind == "noise":  # incompressible: stored raw (memcpyed)
                 a = rng.integers(0, 255, n).astype(dtype)
             else:

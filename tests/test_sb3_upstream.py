@@ -39,7 +39,9 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = sdist.unpack_tests(tmp_path_factory.mktemp("sb3-upstream"))
     report = root / "report.json"
     here = Path(__file__).resolve().parent
-    env = {**os.environ, "EXPSTORE_SB3_UPSTREAM_REPORT": str(report),
+    scratch = root / "tmp"  # SB3's logger makes a folder in the temp folder per model built
+    scratch.mkdir()
+    env = {**os.environ, "EXPSTORE_SB3_UPSTREAM_REPORT": str(report), "TMPDIR": str(scratch),
            "PYTHONPATH": os.pathsep.join([str(here), str(sdist.REPO),
                                           os.environ.get("PYTHONPATH", "")]),
            "MPLBACKEND": "Agg"}

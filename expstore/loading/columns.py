@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import StaleBatchError
 from ..storage.format import Layout
 from ..storage.native import copy_rows, unique_first
+from . import scratch
 
 
 class RowSource(Protocol):
@@ -37,7 +38,10 @@ Allocator = Callable[[list[Specs]], list[dict[str, np.ndarray]]]
 
 
 def numpy_alloc(specs: list[Specs]) -> list[dict[str, np.ndarray]]:
-    return [{k: np.empty(shape, dtype) for k, (shape, dtype) in d.items()} for d in specs]
+    """Batches' arrays; large ones in buffers that earlier batches no longer hold
+    (``scratch.empty``: fresh megabytes per batch cost page faults)."""
+    return [{k: scratch.empty(shape, dtype) for k, (shape, dtype) in d.items()}
+            for d in specs]
 
 
 @dataclass
@@ -87,8 +91,8 @@ def read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     if got is not None:  # frames left where the reader's cache holds them
         buf, pos, good = got
         good, inv = good[inv], pos[inv]
-    else:
-        buf = np.empty((len(first), *f.shape), f.dtype)
+    else:  # (a pooled buffer: only copies of it leave this module, see scratch.py)
+        buf = scratch.empty((len(first), *f.shape), f.dtype)
         good = source.read(name, flat_r[first], flat_s[first], buf)[inv]
     good = good.reshape(rows.shape)
     inv = inv.reshape(rows.shape)

@@ -83,7 +83,14 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
             } while (s == 255);
         }
         if ((size_t)(iend - ip) < lit || (size_t)(oend - op) < lit) return -1;
-        memcpy(op, ip, lit);
+        if (want < dstlen && lit >= (size_t)(owant - op)) { /* the prefix ends in these */
+            memcpy(op, ip, (size_t)(owant - op));
+            return 0;
+        }
+        if (lit <= 16 && iend - ip >= 16 && oend - op >= 16)
+            memcpy(op, ip, 16); /* one 16-byte move; the bytes past `lit` are written over */
+        else
+            memcpy(op, ip, lit);
         op += lit;
         ip += lit;
         if (ip == iend) break; /* the last sequence holds literals only */
@@ -104,7 +111,25 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
         mlen += 4;
         if ((size_t)(oend - op) < mlen) return -1;
         /* The match may overlap its own output (a repeating pattern of period `off`):
-           copy whole periods, doubling, so each memcpy reads bytes already written. */
+           a run of one byte is a memset; at least 16 bytes back, 16-byte moves (each reads
+           bytes already written; the last may write up to 15 bytes past the match, which
+           later sequences write over, when that stays within `dst`); a short one byte by
+           byte; else whole periods, doubling, so each memcpy reads bytes already written. */
+        if (off == 1) {
+            memset(op, op[-1], mlen);
+            op += mlen;
+            continue;
+        }
+        if (off >= 16 && (size_t)(oend - op) >= mlen + 15) {
+            for (size_t k = 0; k < mlen; k += 16) memcpy(op + k, op + k - off, 16);
+            op += mlen;
+            continue;
+        }
+        if (mlen <= 64) { /* a short pattern (Atari frames: mostly 2 bytes back) */
+            for (size_t k = 0; k < mlen; k++) op[k] = op[k - off];
+            op += mlen;
+            continue;
+        }
         size_t done = 0;
         while (done < mlen) {
             size_t c = done + off;

@@ -1,0 +1,75 @@
+"""Buffers for a batch's distinct rows, used again by the next batch once nothing holds them.
+
+A batch of stacked frames reads its distinct frames into one buffer (~9 MB for 256 Atari
+samples) and copies stacks out of it. A fresh buffer per batch is fresh memory per batch:
+the allocator hands such sizes back to the system when they are freed, so every batch
+page-faulted and zeroed its buffer again, and on a 100k-frame MsPacman store that took
+about half of `sample(256)` (benchmarks/RESULTS.md, "Issue 26: read path, status").
+
+A buffer here is taken again only when no array refers to it any more (its reference
+count: the pool's own reference alone), so a batch still holding a view of it, such as a
+``Gathered`` column not yet written out, keeps it. Each thread has its own pool (a
+DataLoader worker is a process, the prefetch thread a thread of its own).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+
+#: buffers below this many bytes are allocated as usual (below glibc's default mmap threshold,
+#: 128 KiB, the allocator reuses freed memory itself)
+MIN_BYTES = 128 << 10
+#: at most this many bytes of buffers kept per thread, besides those in use (checked at
+#: each call)
+MAX_KEPT_BYTES = 64 << 20
+
+
+class _Pool(threading.local):
+    def __init__(self) -> None:
+        self.buffers: list[np.ndarray] = []  # uint8, each owned by this pool alone when free
+
+
+_pool = _Pool()
+#: reference counts tell "nothing refers to it" only with the GIL (a free-threaded build
+#: defers some counts): without it, every call allocates
+_COUNTS_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+def _unused(buffers: list[np.ndarray], i: int) -> bool:
+    # references: the list's and getrefcount's argument; any view of it adds one
+    return sys.getrefcount(buffers[i]) == 2
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array like ``np.empty(shape, dtype)``, in a buffer of this thread's
+    pool that nothing refers to any more where there is one large enough."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < MIN_BYTES or not _COUNTS_EXACT:
+        return np.empty(shape, dtype)
+    buffers = _pool.buffers
+    best = -1
+    for i in range(len(buffers)):
+        if buffers[i].nbytes >= nbytes and _unused(buffers, i) and (
+                best < 0 or buffers[i].nbytes < buffers[best].nbytes):
+            best = i
+    if best >= 0:
+        buf = buffers[best]
+    else:
+        buf = np.empty(nbytes + (nbytes >> 3), np.uint8)  # (room for a larger batch)
+        buffers.append(buf)
+    _trim(buffers)  # (``buf`` is referred to here: not dropped)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def _trim(buffers: list[np.ndarray]) -> None:
+    """Drop unused buffers, smallest first, while the pool holds more than
+    :data:`MAX_KEPT_BYTES` (buffers in use are kept)."""
+    while sum(b.nbytes for b in buffers) > MAX_KEPT_BYTES:
+        free = [i for i in range(len(buffers)) if _unused(buffers, i)]
+        if not free:
+            return
+        buffers.pop(min(free, key=lambda i: buffers[i].nbytes))
