@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
 # the conformance suites' asserts say what they compared, as in test modules
 pytest.register_assert_rewrite("expstore.testing.backend", "expstore.testing.sampler")
+
+# SB3's logger makes an empty folder in the system's temp folder for every model built
+# without a log folder (SB3-<date>): this test process's models share one, removed at exit
+_SB3_LOGS = tempfile.mkdtemp(prefix="expstore-tests-sb3-logs-")
+os.environ.setdefault("SB3_LOGDIR", _SB3_LOGS)
+atexit.register(shutil.rmtree, _SB3_LOGS, True)
 
 # --- S3: a real S3-protocol server (moto's server mode) on loopback -------------------------
 

@@ -45,6 +45,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
            "PYTHONPATH": os.pathsep.join([str(here), str(sdist.REPO),
                                           os.environ.get("PYTHONPATH", "")]),
            "MPLBACKEND": "Agg"}
+    env.pop("SB3_LOGDIR", None)  # (conftest's, for this process's models: SB3's own default)
     files = [f"tests/{name}" for name in plugin.FILES]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
            "_sb3_upstream_plugin", "--rootdir", str(root), "-W", "ignore::DeprecationWarning",

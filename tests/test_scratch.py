@@ -19,6 +19,7 @@ def _addr(a: np.ndarray) -> int:
 
 
 def test_a_buffer_is_used_again_only_once_nothing_refers_to_it() -> None:
+    assert scratch._ALONE is not None  # (CPython with its GIL: reference counts are exact)
     a = scratch.empty((N,), np.uint8)
     first = _addr(a)
     b = scratch.empty((N,), np.uint8)
@@ -82,3 +83,12 @@ def test_batches_the_caller_keeps_keep_their_values(tmp_path) -> None:
     assert np.array_equal(view, view_copy)
     assert torch.equal(tensor, tensor_copy)
     store.close()
+
+
+def test_a_caller_keeping_many_batches_does_not_grow_the_pool_past_its_bound() -> None:
+    held = [scratch.empty((9 << 20,), np.uint8) for _ in range(40)]  # (pages never touched)
+    assert sum(b.nbytes for b in scratch._pool.buffers) <= scratch.MAX_POOL_BYTES
+    assert len({_addr(a) for a in held}) == 40  # every one its own memory
+    del held
+    scratch.empty((N,), np.uint8)
+    assert sum(b.nbytes for b in scratch._pool.buffers) <= scratch.MAX_KEPT_BYTES

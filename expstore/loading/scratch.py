@@ -1,15 +1,18 @@
-"""Buffers for a batch's distinct rows, used again by the next batch once nothing holds them.
+"""Batch buffers used again by later batches once nothing refers to them.
 
 A batch of stacked frames reads its distinct frames into one buffer (~9 MB for 256 Atari
-samples) and copies stacks out of it. A fresh buffer per batch is fresh memory per batch:
-the allocator hands such sizes back to the system when they are freed, so every batch
-page-faulted and zeroed its buffer again, and on a 100k-frame MsPacman store that took
-about half of `sample(256)` (benchmarks/RESULTS.md, "Issue 26: read path, status").
+samples) and copies stacks out of it into the batch's arrays (7.2 MB per stacked column).
+Fresh arrays of that size are fresh memory: the allocator hands them back to the system
+when they are freed, so every batch page-faulted and zeroed its memory again, and on a
+100k-frame MsPacman store that took about half of `sample(256)` (benchmarks/RESULTS.md,
+"Issue 26: read path, status").
 
 A buffer here is taken again only when no array refers to it any more (its reference
-count: the pool's own reference alone), so a batch still holding a view of it, such as a
-``Gathered`` column not yet written out, keeps it. Each thread has its own pool (a
-DataLoader worker is a process, the prefetch thread a thread of its own).
+count: the pool's own reference alone), so a batch the caller keeps, a view of it, a
+tensor made from it or a ``Gathered`` column not yet written out keeps it. Each thread has
+its own pool (a DataLoader worker is a process, the prefetch thread a thread of its own).
+Where reference counts do not say that (checked at import: a free-threaded Python, or an
+interpreter that skips counts), every call allocates.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ MIN_BYTES = 128 << 10
 #: at most this many bytes of buffers kept per thread, besides those in use (checked at
 #: each call)
 MAX_KEPT_BYTES = 64 << 20
+#: at most this many bytes in a thread's pool, buffers in use included: past it, arrays are
+#: allocated outside the pool (a caller keeping many batches)
+MAX_POOL_BYTES = 4 * MAX_KEPT_BYTES
 
 
 class _Pool(threading.local):
@@ -33,14 +39,30 @@ class _Pool(threading.local):
 
 
 _pool = _Pool()
-#: reference counts tell "nothing refers to it" only with the GIL (a free-threaded build
-#: defers some counts): without it, every call allocates
-_COUNTS_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+def _count(buffers: list[np.ndarray], i: int) -> int:
+    return sys.getrefcount(buffers[i])
+
+
+def _alone_count() -> int | None:
+    """What :func:`_count` says of a buffer only the pool refers to, if a view of it
+    raises that by one and dropping the view lowers it again; else None."""
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None  # (a free-threaded build defers some counts)
+    probe = [np.empty(1, np.uint8)]
+    alone = _count(probe, 0)
+    view = probe[0][:]
+    held = _count(probe, 0)
+    del view
+    return alone if held == alone + 1 and _count(probe, 0) == alone else None
+
+
+_ALONE = _alone_count()
 
 
 def _unused(buffers: list[np.ndarray], i: int) -> bool:
-    # references: the list's and getrefcount's argument; any view of it adds one
-    return sys.getrefcount(buffers[i]) == 2
+    return _count(buffers, i) == _ALONE
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -48,7 +70,7 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     pool that nothing refers to any more where there is one large enough."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < MIN_BYTES or not _COUNTS_EXACT:
+    if nbytes < MIN_BYTES or _ALONE is None:
         return np.empty(shape, dtype)
     buffers = _pool.buffers
     best = -1
@@ -60,6 +82,10 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         buf = buffers[best]
     else:
         buf = np.empty(nbytes + (nbytes >> 3), np.uint8)  # (room for a larger batch)
+        if sum(b.nbytes for b in buffers) + buf.nbytes > MAX_POOL_BYTES:
+            _trim(buffers)
+            if sum(b.nbytes for b in buffers) + buf.nbytes > MAX_POOL_BYTES:
+                return buf[:nbytes].view(dtype).reshape(shape)  # (not kept)
         buffers.append(buf)
     _trim(buffers)  # (``buf`` is referred to here: not dropped)
     return buf[:nbytes].view(dtype).reshape(shape)
