@@ -9,6 +9,7 @@ Nothing stale is returned.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,8 +40,11 @@ Allocator = Callable[[list[Specs]], list[dict[str, np.ndarray]]]
 
 def numpy_alloc(specs: list[Specs]) -> list[dict[str, np.ndarray]]:
     """Batches' arrays; large ones in buffers that earlier batches no longer hold
-    (``scratch.empty``: fresh megabytes per batch cost page faults)."""
-    return [{k: scratch.empty(shape, dtype) for k, (shape, dtype) in d.items()}
+    (``scratch.empty``: fresh megabytes per batch cost page faults; small ones are not
+    worth its call, a few µs a batch)."""
+    big = scratch.MIN_BYTES
+    return [{k: (scratch.empty if math.prod(shape) * np.dtype(dtype).itemsize >= big
+                 else np.empty)(shape, dtype) for k, (shape, dtype) in d.items()}
             for d in specs]
 
 

@@ -17,6 +17,7 @@ interpreter that skips counts), every call allocates.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -68,8 +69,9 @@ def _unused(buffers: list[np.ndarray], i: int) -> bool:
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array like ``np.empty(shape, dtype)``, in a buffer of this thread's
     pool that nothing refers to any more where there is one large enough."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not isinstance(dtype, np.dtype):
+        dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize  # (np.prod of a tuple costs microseconds)
     if nbytes < MIN_BYTES or _ALONE is None:
         return np.empty(shape, dtype)
     buffers = _pool.buffers
