@@ -95,7 +95,7 @@ def read_unique(source: RowSource, layout: Layout, name: str, rows: np.ndarray,
     if got is not None:  # frames left where the reader's cache holds them
         buf, pos, good = got
         good, inv = good[inv], pos[inv]
-    else:  # (a pooled buffer: only copies of it leave this module, see scratch.py)
+    else:  # (pooled: not taken again while a Gathered column or a view holds it)
         buf = scratch.empty((len(first), *f.shape), f.dtype)
         good = source.read(name, flat_r[first], flat_s[first], buf)[inv]
     good = good.reshape(rows.shape)
