@@ -25,6 +25,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import expstore as es  # noqa: E402
+from benchmarks.baselines import timed_loop  # noqa: E402
 from benchmarks.report import markdown_table, save_json  # noqa: E402
 
 
@@ -44,11 +45,8 @@ def main() -> None:
     per: dict[int, list[float]] = {B: [] for B in sizes}
     for r in range(a.repeats):
         for B in (sizes if r % 2 == 0 else sizes[::-1]):
-            n, t = 0, time.perf_counter()
-            while time.perf_counter() - t < 1.0:
-                store.sample(B)
-                n += 1
-            per[B].append((time.perf_counter() - t) / n * 1e6)
+            rate = timed_loop(lambda B=B: store.sample(B), B, 1.0, warmup=0)
+            per[B].append(B / rate * 1e6)
     store.close()
     row: dict[str, object] = {"case": "expstore"}
     for B in sizes:
