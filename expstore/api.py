@@ -37,7 +37,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
            shard_rows: int | None = None, overwrite: bool = False,
            storage_options: dict[str, Any] | None = None, fsync: bool = True,
            lease_ttl: float | None = DEFAULT_TTL, checksum: bool = True,
-           strict: bool = False, mode: str = "r+", hot_bytes: int | None = None) -> Store:
+           strict: bool = False, mode: str = "r+", hot_bytes: int | None = None,
+           headroom_rows: int = 0) -> Store:
     """Create a store of ``capacity`` rows (split into ``lanes`` rings) at a path or URL.
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
@@ -52,9 +53,16 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     a crc32c, checked on every read, so a corrupted byte is an error naming the shard,
     never a wrong value (``expstore verify``). ``mode="r"``: the new store is returned
     read-only (no lane opened for writing, no lease, nothing staged in RAM).
-    ``hot_bytes``: see :func:`open`.
+    ``hot_bytes``: see :func:`open`. ``headroom_rows``: rows per lane added to ``capacity``
+    before rounding. A lane's writer drops the old lap's rows of a whole shard when it
+    enters it, so a ring holds ``capacity - shard_rows`` rows per lane at the least;
+    ``headroom_rows=shard_rows`` keeps ``capacity`` rows held at every moment (the
+    integrations do; ``layout.requested_capacity`` still records ``capacity``).
     """
     check_bytes("hot_bytes", hot_bytes)
+    if isinstance(headroom_rows, bool) or not isinstance(headroom_rows, (int, np.integer)) \
+            or headroom_rows < 0:
+        raise ValueError(f"headroom_rows: expected an int >= 0, got {headroom_rows!r}")
     url = os.fspath(url)
     if mode not in ("r", "r+"):
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
@@ -64,7 +72,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     shard_rows = int(shard_rows or auto_shard_rows(int(capacity), int(lanes),
                                                    stored_row_bytes(spec)))
     asked = int(capacity)
-    capacity = round_capacity(asked, int(lanes), shard_rows)
+    capacity = round_capacity(asked + int(lanes) * int(headroom_rows), int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,
                     new_store_id(), VECTOR_CHUNK_BYTES)
     backend = backend_for(url, storage_options, fsync)

@@ -94,6 +94,15 @@ def test_capacity_rounding_is_stated(tmp_path):
     again = es.open(tmp_path / "r.zarr")
     assert "100000 requested" in repr(again) and again.layout.requested_capacity == 100_000
     again.close()
+    # headroom: a shard per lane more than asked, so that a wrapped ring holds what was asked
+    h = es.create(tmp_path / "h.zarr", spec, capacity=1000, lanes=2, shard_rows=128,
+                  headroom_rows=128)
+    assert h.capacity == 1280 and h.layout.requested_capacity == 1000  # 1000 + 256 -> 5 x 256
+    h.close()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="headroom_rows: expected an int >= 0"):
+            es.create(tmp_path / "bad.zarr", spec, capacity=1000, headroom_rows=bad)
+    assert not (tmp_path / "bad.zarr").exists()  # refused before anything was written
 
 
 def test_read_names_the_fields_that_exist(store):

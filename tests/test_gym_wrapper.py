@@ -193,3 +193,23 @@ def test_reopen_appends_and_rejects_other_spaces(tmp_path):
     assert len(store) == 60 + store.episodes_written
     with pytest.raises(es.SpecError, match="differs"):
         es.RecordToStore(gym.make("MountainCar-v0"), url)
+
+
+def test_a_wrapped_ring_always_holds_the_capacity_asked(tmp_path):
+    """A lane's writer drops a whole shard's old rows when it enters it: the store an
+    integration makes has a shard per lane more, so ``capacity`` rows stay held."""
+    venv = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)])
+    env = es.RecordToStore(venv, tmp_path / "ring.zarr", capacity=5000, shard_rows=512)
+    store = env.store
+    assert store.layout.requested_capacity == 5000
+    assert store.capacity == 6144  # 5000 + 2 x 512, rounded up to 2 lanes x 512
+    env.reset(seed=0)
+    fewest = store.capacity
+    for _ in range(10_000):  # over 3 laps of each lane's 3072 rows
+        env.step(venv.action_space.sample())
+        if store.index.count.min() > 2500:
+            per_lane = store.index.held().reshape(2, -1).sum(axis=1)
+            fewest = min(fewest, int(per_lane.min()))
+    assert store.index.count.min() > 3 * store.layout.lane_capacity  # wrapped
+    assert 2500 <= fewest < 3072  # (a shard was dropped on entering it)
+    env.close()

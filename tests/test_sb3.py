@@ -188,8 +188,9 @@ def test_two_envs_one_lane_each_with_wraparound(tmp_path):
     buf = model.replay_buffer
     buf.flush()  # steps staged in RAM reach the store
     assert buf.store.lanes == 2 and buf.n_envs == 2
-    # 1.5 x buffer_size rows (+16 per lane), rounded up to whole shards: 1536 + 32 -> 1664
-    assert buf.store.capacity == 1664 and buf.full
+    # 1.5 x buffer_size rows (+16 per lane) and a shard per lane, rounded up to whole
+    # shards: 1536 + 32 + 128 -> 1792
+    assert buf.store.capacity == 1792 and buf.full
     rows_by_lane = {}
     for lane in (0, 1):
         rows_by_lane[lane] = expected_rows(buf.calls, lane, written(buf, lane))

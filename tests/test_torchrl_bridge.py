@@ -230,7 +230,8 @@ def test_len_counts_transitions_as_torchrl_own_buffer_does(tmp_path):
     for k in range(10):
         rb3.extend(_steps(60, 60 * k, (60 * k + 17,)))
         store = rb3._storage.store
-        assert len(rb3) == store.num_transitions + 1 <= 256
+        assert len(rb3) == store.num_transitions + 1 <= rb3._storage.max_size
+    assert rb3._storage.max_size == store.capacity >= 256 + store.layout.shard_rows
     store.index.mark_lost(0, [(int(store.index.count[0]) - 30, int(store.index.count[0]) - 20)],
                           0, int(store.index.count[0]))  # (what a repair's quarantine does)
     assert len(rb3) == store.num_transitions + 1

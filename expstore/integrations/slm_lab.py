@@ -27,7 +27,6 @@ from ..field import Field
 from ..sampling.prioritized import PrioritizedSampler
 from ..sampling.uniform import UniformSampler
 from ..spec import Spec
-from ..storage.format import round_capacity
 
 __all__ = ["OnPolicyBatchReplay", "OnPolicyReplay", "PrioritizedReplay", "Replay", "make_memory"]
 
@@ -105,9 +104,8 @@ class Replay:
         if self._url is None:
             self._tmpdir = tempfile.mkdtemp(prefix="expstore-memory-")
             self._url = os.path.join(self._tmpdir, "memory.zarr")
-        cap = round_capacity(self.max_size + self._shard_rows, 1, self._shard_rows)
-        self.store = create(self._url, spec, cap, shard_rows=self._shard_rows,
-                               overwrite=self._overwrite)
+        self.store = create(self._url, spec, self.max_size, shard_rows=self._shard_rows,
+                            overwrite=self._overwrite, headroom_rows=self._shard_rows)
         self.sampler = self._make_sampler()
 
     def _make_sampler(self) -> Any:

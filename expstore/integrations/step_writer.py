@@ -20,7 +20,7 @@ import numpy as np
 from ..api import create
 from ..api import open as open_store
 from ..errors import SpecError, ValidationError
-from ..storage.format import auto_shard_rows, round_capacity, stored_row_bytes
+from ..storage.format import auto_shard_rows, stored_row_bytes
 from ..store import Store
 from ..validate import coerce
 
@@ -150,8 +150,12 @@ def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
                    storage_options: dict[str, Any] | None = None, fsync: bool = True) -> Any:
     """A writable store at ``url``: opened (spec checked) if one is there, else created.
 
-    ``url`` may also be an open :class:`~expstore.Store`. ``capacity`` (rows) is rounded up
-    to a valid one; ``shard_rows`` defaults to :func:`default_shard_rows`.
+    ``url`` may also be an open :class:`~expstore.Store`. A new store holds at least
+    ``capacity`` rows at every moment: a lane's writer drops the old lap's rows of a whole
+    shard when it enters it, so the ring gets one shard per lane more than ``capacity``,
+    rounded up to whole shards (50,000 rows in 4096-row shards: 57,344 made, 53,248 to
+    57,344 held once it wraps; ``store.layout.requested_capacity`` records ``capacity``).
+    ``shard_rows`` defaults to :func:`default_shard_rows`.
     """
     if isinstance(url, Store):
         store = url
@@ -168,9 +172,9 @@ def open_or_create(url: Any, spec: Any, capacity: int, lanes: int = 1,
             store = None
     if store is None:
         rows = shard_rows or default_shard_rows(spec, capacity, lanes)
-        store = create(url, spec, round_capacity(int(capacity), lanes, rows), lanes=lanes,
-                       shard_rows=rows, overwrite=overwrite, storage_options=storage_options,
-                       fsync=fsync)
+        store = create(url, spec, int(capacity), lanes=lanes, shard_rows=rows,
+                       overwrite=overwrite, storage_options=storage_options, fsync=fsync,
+                       headroom_rows=rows)
     if store.lanes != lanes:
         raise SpecError(f"{store.url}: store has {store.lanes} lane(s) but {lanes} env(s) write "
                         "to it (one lane per env); use another url or overwrite=True")

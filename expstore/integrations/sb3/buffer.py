@@ -61,8 +61,9 @@ class ExpstoreReplayBuffer(SB3Conversions, SB3ArrayViews, StoreLifecycle, Replay
     at ``url`` with an empty one here, in the constructor, once: reopening, pickling,
     copying and SB3's ``load()`` (which rebuilds the buffer from the saved kwargs) keep
     its rows (:meth:`reset` empties it on purpose). The store's capacity is 1.5 x
-    ``buffer_size`` rows (rounded up), so that final rows of episodes and whole-shard
-    eviction still leave ``buffer_size`` transitions in it.
+    ``buffer_size`` rows and a shard per env (rounded up), so that final rows of episodes
+    (one per episode of 2 steps or more) and whole-shard eviction still leave
+    ``buffer_size`` transitions in it.
     ``mirror``: keep the newest ``buffer_size`` steps per env in RAM in SB3's layout and
     sample from there (``add``/``sample`` cost about what SB3's do); the store is written
     behind it by a background thread, ``chunk`` steps at a time, and is complete after
