@@ -9,7 +9,6 @@ Nothing stale is returned.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,12 +39,8 @@ Allocator = Callable[[list[Specs]], list[dict[str, np.ndarray]]]
 
 def numpy_alloc(specs: list[Specs]) -> list[dict[str, np.ndarray]]:
     """Batches' arrays; large ones in buffers that earlier batches no longer hold
-    (``scratch.empty``: fresh megabytes per batch cost page faults; small ones are not
-    worth its call, a few µs a batch)."""
-    big = scratch.MIN_BYTES
-    return [{k: (scratch.empty if math.prod(shape) * np.dtype(dtype).itemsize >= big
-                 else np.empty)(shape, dtype) for k, (shape, dtype) in d.items()}
-            for d in specs]
+    (``scratch.arrays``: fresh megabytes per batch cost page faults)."""
+    return [scratch.arrays(d) for d in specs]
 
 
 @dataclass
