@@ -44,10 +44,21 @@ def test_crc32c_matches_reference() -> None:
 def test_decodes_what_numcodecs_encodes(cname: str, shuffle: int, dtype: type) -> None:
     rng = np.random.default_rng(1)
     for n in (1, 100, 7056, 40_000):  # one block, several blocks and a leftover block
-        for kind in ("runs", "noise", "small", "period3", "period11", "period37"):
+        for kind in ("runs", "noise", "small", "mixed", "period2", "period3", "period4",
+                     "period5", "period7", "period11", "period16", "period17", "period37"):
             if kind == "runs":
                 a = np.repeat(rng.integers(0, 9, n // 40 + 1), 40)[:n].astype(dtype)
-            elif kind.startswith("period"):  # matches at distances of 1 to 296 bytes
+            elif kind == "mixed":  # pieces of periods 1-20 bytes: every LZ4 copy path
+                pieces, size = [], 0
+                while size < n:
+                    p, k = int(rng.integers(1, 21)), int(rng.integers(3, 60))
+                    piece = np.tile(rng.integers(0, 255, p), k)
+                    pieces.append(piece[: int(rng.integers(1, p * k + 1))])
+                    size += len(pieces[-1])
+                raw = np.concatenate(pieces).astype(np.uint8)
+                raw = np.resize(raw, n * np.dtype(dtype).itemsize)
+                a = raw.view(dtype)  # (as bytes: float32 NaNs among them)
+            elif kind.startswith("period"):  # matches at distances of 2 to 296 bytes
                 p = int(kind[6:])
                 a = np.tile(rng.integers(0, 255, p), n // p + 1)[:n].astype(dtype)
             elif kind == "noise":  # incompressible: stored raw (memcpyed)
@@ -58,7 +69,7 @@ def test_decodes_what_numcodecs_encodes(cname: str, shuffle: int, dtype: type) -
                 enc = blosc.compress(a, cname.encode(), 5, shuffle, blocksize)
                 status, out = _decode(enc, a.nbytes)
                 assert status == K.STATUS_OK, (cname, shuffle, dtype, n, kind, blocksize)
-                assert np.array_equal(out.view(a.dtype), a)
+                assert out.tobytes() == a.tobytes(), (cname, shuffle, dtype, n, kind, blocksize)
 
 
 def test_other_codecs_are_refused_not_misread() -> None:

@@ -74,6 +74,27 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
         if (ip >= iend) return -1;
         unsigned token = *ip++;
         size_t lit = token >> 4;
+        /* The common sequence first (as LZ4's own decoder does): under 15 literals and a
+           match of at most 18 bytes at least 16 back, away from both ends: one 16-byte
+           move of literals, one of the match (two bytes more for a 17- or 18-byte one).
+           Writes stay below op + 32 <= oend; reads below ip + 18 <= iend. Any other
+           match goes on below with its literals already out. */
+        if (lit < 15 && (token & 15) < 15 && iend - ip >= 18 && oend - op >= 32 &&
+            (size_t)(owant - op) > lit) {
+            memcpy(op, ip, 16);
+            op += lit;
+            ip += lit;
+            size_t off = (size_t)ip[0] | ((size_t)ip[1] << 8);
+            if (off >= 16 && off <= (size_t)(op - dst)) {
+                size_t mlen = (token & 15) + 4;
+                ip += 2;
+                memcpy(op, op - off, 16);
+                if (mlen > 16) memcpy(op + 16, op + 16 - off, 2);
+                op += mlen;
+                continue;
+            }
+            goto match;
+        }
         if (lit == 15) {
             unsigned s;
             do {
@@ -95,6 +116,7 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
         ip += lit;
         if (ip == iend) break; /* the last sequence holds literals only */
         if (want < dstlen && op >= owant) return 0;
+    match:
         if (iend - ip < 2) return -1;
         size_t off = (size_t)ip[0] | ((size_t)ip[1] << 8);
         ip += 2;
@@ -113,8 +135,11 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
         /* The match may overlap its own output (a repeating pattern of period `off`):
            a run of one byte is a memset; at least 16 bytes back, 16-byte moves (each reads
            bytes already written; the last may write up to 15 bytes past the match, which
-           later sequences write over, when that stays within `dst`); a short one byte by
-           byte; else whole periods, doubling, so each memcpy reads bytes already written. */
+           later sequences write over, when that stays within `dst`); 2 to 15 bytes back,
+           8-byte moves once the first 8 bytes are out (as LZ4's own decoder does: after
+           them the source is a multiple of the period and at least 8 bytes back; up to 7
+           bytes written past the match); without that room, a short one byte by byte and
+           a long one in whole periods, doubling, so each memcpy reads bytes written. */
         if (off == 1) {
             memset(op, op[-1], mlen);
             op += mlen;
@@ -125,7 +150,43 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
             op += mlen;
             continue;
         }
-        if (mlen <= 64) { /* a short pattern (Atari frames: mostly 2 bytes back) */
+        if ((size_t)(oend - op) >= mlen + 8) {
+            static const unsigned inc32[8] = {0, 1, 2, 1, 0, 4, 4, 4};
+            static const int dec64[8] = {0, 0, 0, -1, -4, 1, 2, 3};
+            uint8_t *d = op, *e = op + mlen;
+            const uint8_t *s = op - off;
+            if (off == 2 || off == 4) { /* (Atari frames: mostly 2 bytes back) */
+                uint64_t pat; /* the period in a register: no load of bytes just stored */
+                if (off == 2) {
+                    uint16_t v;
+                    memcpy(&v, s, 2);
+                    pat = v * 0x0001000100010001ULL;
+                } else {
+                    uint32_t v;
+                    memcpy(&v, s, 4);
+                    pat = v * 0x0000000100000001ULL;
+                }
+                for (; d < e; d += 8) memcpy(d, &pat, 8);
+                op = e;
+                continue;
+            }
+            if (off < 8) {
+                d[0] = s[0];
+                d[1] = s[1];
+                d[2] = s[2];
+                d[3] = s[3];
+                s += inc32[off];
+                memcpy(d + 4, s, 4);
+                s -= dec64[off];
+            } else {
+                memcpy(d, s, 8);
+                s += 8;
+            }
+            for (d += 8; d < e; d += 8, s += 8) memcpy(d, s, 8);
+            op = e;
+            continue;
+        }
+        if (mlen <= 64) { /* a short pattern near the block's end */
             for (size_t k = 0; k < mlen; k++) op[k] = op[k - off];
             op += mlen;
             continue;
