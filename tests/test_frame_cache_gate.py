@@ -3,8 +3,9 @@
 Direct-mapped by row, a cache much smaller than the rows a sampler draws from serves
 few lookups (slots / rows for uniform draws) while every miss still costs its placement.
 It judges itself by the lookups that found their slot taken (an empty slot is a cache
-still filling, not a useless one), is passed by below ``BYPASS_BELOW`` except one read in
-``PROBE_EVERY``, and the batches read either way are the same.
+still filling, not a useless one), is passed by below its line (``BYPASS_BELOW``;
+``FRAME_BYPASS_BELOW`` for image frames) except one read in ``PROBE_EVERY``, and the
+batches read either way are the same.
 """
 
 from __future__ import annotations
@@ -78,6 +79,23 @@ def test_a_judged_cache_follows_the_draws_back_to_rows_it_holds():
     for _ in range(20):
         _read(cache, rng.integers(0, cache.n // 2, 64))
         assert cache.engaged()
+
+
+def test_image_frames_keep_a_cache_that_small_rows_pass_by():
+    """A hit saves an image frame's decode: a cache of 1 KiB rows serving ~a third of its
+    lookups stays engaged (``FRAME_BYPASS_BELOW``); one of 4-byte rows serving as many is
+    passed by (``BYPASS_BELOW``)."""
+    for row_bytes, engaged in ((1024, True), (4, False)):
+        rng = np.random.default_rng(3)
+        cache = RowCache(row_bytes=row_bytes, budget=(row_bytes + SLOT_KEY_BYTES) * 1088)
+        for _ in range(400):  # uniform draws from ~2.9x its slots
+            if not cache.engaged():
+                cache.skip()
+                continue
+            _read(cache, rng.integers(0, 3000, 64))
+        assert 0.25 < cache.hit_rate < 0.45, cache.hit_rate
+        assert cache.engaged() == engaged, row_bytes
+    assert read_cache.BYPASS_BELOW > 0.45 > 0.25 > read_cache.FRAME_BYPASS_BELOW
 
 
 def test_a_store_passes_a_useless_frame_cache_by_and_reads_the_same_batches(tmp_path):

@@ -32,8 +32,15 @@ SLOT_KEY_BYTES = 16
 #: a frame cache whose held rows serve fewer of the lookups that find their slot taken is
 #: passed by (reads go as without one): below ~0.6 its misses cost more than its hits save
 #: (small frames, warm page cache: at a 0.53 hit rate a cached 10M-row store sampled 11%
-#: slower than with no cache, at 1.0 3x faster; ``benchmarks/RESULTS.md``, "Issue 26")
+#: slower than with no cache, at 0.2 6-8% slower, at 1.0 3x faster; ``benchmarks/
+#: RESULTS.md``, "Issue 26: read path, status")
 BYPASS_BELOW = 0.6
+#: the same line for rows of at least :data:`FRAME_ROW_BYTES` (image frames): a hit saves
+#: a frame's decode (84x84 Atari frames: ~1.3-7 µs). At a 0.35 hit rate such a cache made
+#: `sample` 3-22% faster (Pong, MsPacman; ten A/Bs), at 0.09 from 16% faster to 26% slower
+FRAME_BYPASS_BELOW = 0.2
+#: rows of at least this many bytes are judged by :data:`FRAME_BYPASS_BELOW`
+FRAME_ROW_BYTES = 1024
 #: a passed-by cache is still used by one read in this many, to judge it again
 PROBE_EVERY = 64
 #: an engaged cache is judged on one read in this many (the judging costs a gather)
@@ -55,7 +62,8 @@ class RowCache:
     found their slot taken (of the last ~:data:`JUDGE_ROWS`). An empty slot is a cache
     still filling, so this is the hit rate it will have once full, from its first reads:
     ~1 where it has a slot per row, slots / rows for uniform draws from a larger store. Below
-    :data:`BYPASS_BELOW` it is not :meth:`engaged`: readers pass it by (and call
+    ``line`` (:data:`BYPASS_BELOW`; :data:`FRAME_BYPASS_BELOW` for rows of at least
+    :data:`FRAME_ROW_BYTES`) it is not :meth:`engaged`: readers pass it by (and call
     :meth:`skip`) except on one read in :data:`PROBE_EVERY`, which judges it again.
     """
 
@@ -68,6 +76,8 @@ class RowCache:
         self.row = np.full(self.n, -1, np.int64)
         self.step = np.full(self.n, -1, np.int64)
         self.data = np.zeros((total, row_bytes), np.uint8) if self.n else None
+        #: the hit rate below which the cache is passed by
+        self.line = FRAME_BYPASS_BELOW if row_bytes >= FRAME_ROW_BYTES else BYPASS_BELOW
         self.reads = 0  # reads that used the cache (lookups or placements)
         self._skipped = 0  # reads that passed it by since it was last used
         self._reset_judgement()
@@ -81,7 +91,7 @@ class RowCache:
 
     def engaged(self) -> bool:
         """Whether the next read should use this cache (see the class's notes)."""
-        return self.hit_rate >= BYPASS_BELOW or self._skipped >= PROBE_EVERY - 1
+        return self.hit_rate >= self.line or self._skipped >= PROBE_EVERY - 1
 
     def skip(self) -> None:
         """Record a read that passed this cache by."""
