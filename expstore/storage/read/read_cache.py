@@ -32,12 +32,12 @@ SLOT_KEY_BYTES = 16
 #: a frame cache whose held rows serve fewer of the lookups that find their slot taken is
 #: passed by (reads go as without one): below ~0.6 its misses cost more than its hits save
 #: (small frames, warm page cache: at a 0.53 hit rate a cached 10M-row store sampled 11%
-#: slower than with no cache, at 0.2 6-8% slower, at 1.0 3x faster; ``benchmarks/
+#: slower than with no cache, at 0.2 0.94-1.35x its time, at 1.0 3x faster; ``benchmarks/
 #: RESULTS.md``, "Issue 26: read path, status")
 BYPASS_BELOW = 0.6
 #: the same line for rows of at least :data:`FRAME_ROW_BYTES` (image frames): a hit saves
 #: a frame's decode (84x84 Atari frames: ~1.3-7 µs). At a 0.35 hit rate such a cache made
-#: `sample` 3-22% faster (Pong, MsPacman; ten A/Bs), at 0.09 from 16% faster to 26% slower
+#: `sample` 1-22% faster (Pong, MsPacman; twelve A/Bs), at 0.09 from 16% faster to 26% slower
 FRAME_BYPASS_BELOW = 0.2
 #: rows of at least this many bytes are judged by :data:`FRAME_BYPASS_BELOW`
 FRAME_ROW_BYTES = 1024
