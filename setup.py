@@ -20,6 +20,7 @@ ext_modules = [
         ["expstore/storage/native/_kernels.c"],
         depends=["expstore/storage/native/batch_lookup.h", "expstore/storage/native/hot_gather.h",
                  "expstore/storage/native/shard_reads.h", "expstore/storage/native/read_pool.h",
+                 "expstore/storage/native/lz4_block.h",
                  *SHARED_HEADERS],
         include_dirs=[SHARED],
         extra_compile_args=["-O3", "-std=c99"],
