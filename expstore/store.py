@@ -48,6 +48,7 @@ from .storage.format import (
     Layout,
     read_quarantine,
     read_states,
+    round_capacity,
 )
 from .storage.ownership import DEFAULT_TTL, LeasedBackend
 from .storage.read import ShardReader, StagedRows, shared_root
@@ -198,13 +199,17 @@ class Store:
     @property
     def capacity_note(self) -> str:
         """How ``capacity`` came about: rows per lane in whole shards, and the capacity
-        ``create`` was asked for when it was rounded up."""
+        ``create`` was asked for when it was rounded up (or given headroom)."""
         lay = self.layout
         asked = lay.requested_capacity
         shards = f"{lay.lanes * lay.shards_per_lane} shards of {lay.shard_rows} rows"
-        if asked is not None and asked != lay.capacity:
-            return f"{asked} requested, rounded up to whole shards: {shards}"
-        return shards
+        if asked is None or asked == lay.capacity:
+            return shards
+        rounded = round_capacity(asked, lay.lanes, lay.shard_rows)
+        if lay.capacity > rounded:  # (create(headroom_rows=...): the integrations' stores)
+            return (f"{asked} requested, rounded up to whole shards with "
+                    f"{lay.capacity - rounded} rows of headroom: {shards}")
+        return f"{asked} requested, rounded up to whole shards: {shards}"
 
     #: in-process sampling (``sample``, every sampler's ``sample``) skips the samples whose
     #: reads touch a chunk that fails its checks: that chunk's rows (of the lap read) are

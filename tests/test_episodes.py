@@ -98,6 +98,7 @@ def test_capacity_rounding_is_stated(tmp_path):
     h = es.create(tmp_path / "h.zarr", spec, capacity=1000, lanes=2, shard_rows=128,
                   headroom_rows=128)
     assert h.capacity == 1280 and h.layout.requested_capacity == 1000  # 1000 + 256 -> 5 x 256
+    assert "(1000 requested, rounded up to whole shards with 256 rows of headroom" in repr(h)
     h.close()
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="headroom_rows: expected an int >= 0"):
