@@ -31,17 +31,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import expstore as es  # noqa: E402
+from benchmarks.baselines import timed_loop  # noqa: E402
 from benchmarks.report import markdown_table, save_json  # noqa: E402
 
 BUILDS = {"pong": (100_000, 1), "small": (10_000_000, 21)}  # rows, pixel subsample
 
 
 def us_per_batch(store: es.Store, B: int, seconds: float) -> float:
-    n, t = 0, time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        store.sample(B)
-        n += 1
-    return (time.perf_counter() - t) / n * 1e6
+    return 1e6 * B / timed_loop(lambda: store.sample(B), B, seconds, warmup=0)
 
 
 def main() -> None:

@@ -102,44 +102,44 @@ def test_a_store_passes_a_useless_frame_cache_by_and_reads_the_same_batches(tmp_
     """A 4,096-row store of 1 KiB frames and a cache of 64 of them: sampled uniformly,
     the cache is passed by on most reads, and each batch equals the one a reader without
     a cache reads for the same draws."""
-    store = make_store(tmp_path / "s.zarr", capacity=4096, shard_rows=256)
-    write(store, 0, 0, 4096 + 300)  # wrapped once
-    store.close()
-    cached = es.open(tmp_path / "s.zarr", cache_bytes=(1024 + SLOT_KEY_BYTES) * 68)
-    plain = es.open(tmp_path / "s.zarr", cache_bytes=0)
-    cache = cached.reader.row_caches["obs"]
-    assert cache.n == 64
-    for i in range(200):
-        a = cached.sample(32, rng=np.random.default_rng(i))
-        b = plain.sample(32, rng=np.random.default_rng(i))
-        _check_sampled(a)
-        for k in a:
-            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
-    st = cached.reader.stats
-    assert not cache.engaged() and cache.hit_rate < 0.2
-    assert st.row_cache_bypassed > 100  # most reads of obs and next_obs passed it by
-    assert st.row_cache_hits + st.row_cache_misses > 0  # the probes still used it
-    cached.close()
-    plain.close()
+    def check(cache, st):
+        assert cache.n == 64
+        assert not cache.engaged() and cache.hit_rate < 0.2
+        assert st.row_cache_bypassed > 100  # most reads of obs and next_obs passed it by
+        assert st.row_cache_hits + st.row_cache_misses > 0  # the probes still used it
+
+    _same_batches_as_no_cache(tmp_path, slots=68, batches=200, check=check)
 
 
 def test_a_frame_cache_kept_at_a_third_of_hits_reads_the_same_batches(tmp_path):
     """1 KiB frames and a cache of ~1/3 of the store: kept (image frames' line), its slots
     replaced read after read, every batch equals the one a reader without a cache reads
     for the same draws."""
+    def check(cache, st):
+        assert read_cache.FRAME_BYPASS_BELOW < cache.hit_rate < read_cache.BYPASS_BELOW
+        assert cache.engaged() and st.row_cache_hits > 1000 and st.row_cache_bypassed < 50
+
+    _same_batches_as_no_cache(tmp_path, slots=1400, batches=150, check=check)
+
+
+def _same_batches_as_no_cache(tmp_path, slots: int, batches: int, check) -> None:
+    """A 4,096-row store of 1 KiB frames, wrapped once, opened with a frame cache of
+    ``slots`` frames (keys included) and without one: ``batches`` seeded batches of 32
+    from each are equal; then ``check(frame cache, counters)`` of the cached reader,
+    before it is closed (closing clears the cache)."""
     store = make_store(tmp_path / "s.zarr", capacity=4096, shard_rows=256)
-    write(store, 0, 0, 4096 + 300)  # wrapped once
+    write(store, 0, 0, 4096 + 300)
     store.close()
-    cached = es.open(tmp_path / "s.zarr", cache_bytes=(1024 + SLOT_KEY_BYTES) * 1400)
+    cached = es.open(tmp_path / "s.zarr", cache_bytes=(1024 + SLOT_KEY_BYTES) * slots)
     plain = es.open(tmp_path / "s.zarr", cache_bytes=0)
-    for i in range(150):
-        a = cached.sample(32, rng=np.random.default_rng(i))
-        b = plain.sample(32, rng=np.random.default_rng(i))
-        _check_sampled(a)
-        for k in a:
-            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
-    cache, st = cached.reader.row_caches["obs"], cached.reader.stats
-    assert read_cache.FRAME_BYPASS_BELOW < cache.hit_rate < read_cache.BYPASS_BELOW
-    assert cache.engaged() and st.row_cache_hits > 1000 and st.row_cache_bypassed < 50
-    cached.close()
-    plain.close()
+    try:
+        for i in range(batches):
+            a = cached.sample(32, rng=np.random.default_rng(i))
+            b = plain.sample(32, rng=np.random.default_rng(i))
+            _check_sampled(a)
+            for k in a:
+                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+        check(cached.reader.row_caches["obs"], cached.reader.stats)
+    finally:
+        cached.close()
+        plain.close()

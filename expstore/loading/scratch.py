@@ -67,24 +67,20 @@ def _unused(buffers: list[np.ndarray], i: int) -> bool:
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array like ``np.empty(shape, dtype)``; one of at least
-    :data:`MIN_BYTES` in a buffer of this thread's pool that nothing refers to any more,
-    where there is one large enough."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize  # (np.prod of a tuple costs microseconds)
-    if nbytes < MIN_BYTES or _ALONE is None:
-        return np.empty(shape, dtype)
-    return _pooled(shape, dtype, nbytes)
+    """An uninitialised array like ``np.empty(shape, dtype)``, by :func:`arrays`' rule."""
+    return arrays({"": (shape, dtype)})[""]
 
 
 def arrays(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
-    """``{name: empty(shape, dtype)}`` for a batch's ``{name: (shape, dtype)}``, the rule of
-    :func:`empty` inline (a batch has ~10 arrays, most of them small: a call each cost
-    ~3 µs a batch array on a slow machine)."""
+    """Uninitialised arrays like ``np.empty(shape, dtype)`` for a batch's ``{name: (shape,
+    dtype)}``: those of at least :data:`MIN_BYTES` in buffers of this thread's pool that
+    nothing refers to any more, where there is one large enough. (One call per batch, the
+    rule inline: a batch has ~10 arrays, most of them small, and a call per array cost
+    ~3 µs each on a slow machine.)"""
     out = {}
     for name, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (np.prod of a tuple costs microseconds)
         out[name] = (np.empty(shape, dtype) if nbytes < MIN_BYTES or _ALONE is None
                      else _pooled(shape, dtype, nbytes))
     return out

@@ -15,6 +15,18 @@
 #include <stdint.h>
 #include <string.h>
 
+/* A literal or match length of 15 goes on in the bytes after it: each is added, until
+   one under 255. 0, or -1 where they run past `iend`. */
+static int add_length(const uint8_t **ip, const uint8_t *iend, size_t *len) {
+    unsigned s;
+    do {
+        if (*ip >= iend) return -1;
+        s = *(*ip)++;
+        *len += s;
+    } while (s == 255);
+    return 0;
+}
+
 /* Decode one LZ4 block of exactly `dstlen` bytes, or (want < dstlen) only until its first
    `want` bytes are out; 0 on success, -1 if corrupt. */
 static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dstlen,
@@ -47,14 +59,7 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
             }
             goto match;
         }
-        if (lit == 15) {
-            unsigned s;
-            do {
-                if (ip >= iend) return -1;
-                s = *ip++;
-                lit += s;
-            } while (s == 255);
-        }
+        if (lit == 15 && add_length(&ip, iend, &lit) != 0) return -1;
         if ((size_t)(iend - ip) < lit || (size_t)(oend - op) < lit) return -1;
         if (want < dstlen && lit >= (size_t)(owant - op)) { /* the prefix ends in these */
             memcpy(op, ip, (size_t)(owant - op));
@@ -74,14 +79,7 @@ static int lz4_prefix(const uint8_t *ip, size_t srclen, uint8_t *dst, size_t dst
         ip += 2;
         if (off == 0 || off > (size_t)(op - dst)) return -1;
         size_t mlen = token & 15;
-        if (mlen == 15) {
-            unsigned s;
-            do {
-                if (ip >= iend) return -1;
-                s = *ip++;
-                mlen += s;
-            } while (s == 255);
-        }
+        if (mlen == 15 && add_length(&ip, iend, &mlen) != 0) return -1;
         mlen += 4;
         if ((size_t)(oend - op) < mlen) return -1;
         /* The match may overlap its own output (a repeating pattern of period `off`):
