@@ -183,8 +183,12 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
     the source's ``gather_held``: each field's values straight from the reader's hot set
     into the batch's arrays (obs and next_obs from the same field), no sample stale, so
     the first ``batch_size`` samples of each batch are taken, as :func:`finish_many` does.
-    ``None`` where that does not apply (n-step, frame stacks, a row neither held decoded
-    nor staged, no ``gather_held``): the caller reads the plan the general way."""
+    Fields whose hot set holds only part of their shards (or none: a store past its
+    ``hot_bytes``) are read per batch instead, one ``read_fields`` call for all of them,
+    straight into the same arrays (:func:`_read_rest`).
+    ``None`` where that does not apply (n-step, frame stacks, frames, a row of a field
+    the hot set holds whole that is neither held decoded yet nor staged, a row
+    overwritten, no ``gather_held``): the caller reads the plan the general way."""
     gather = getattr(source, "gather_held", None)
     if gather is None or plan.n_step != 1 or plan.history != 0:
         return None
@@ -220,7 +224,13 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
             np.copyto(batch["index"], plan.rows[take])
             np.copyto(batch["step_id"], plan.steps[take])
             np.copyto(batch["weight"], plan.weight[take])
-    if not gather(locs, jobs):
+    split = _split_jobs(source, jobs)
+    if split is None:
+        return None
+    held, rest = split
+    if held and not gather(locs, held):
+        return None
+    if rest and not _read_rest(source, layout, locs, rest):
         return None
     if not direct:
         arrays = alloc([specs[False]] * plan.batches)
@@ -229,3 +239,48 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
                 np.copyto(dst[k], v)
         batches = arrays
     return [(b, 0) for b in batches]
+
+
+def _split_jobs(source: RowSource, jobs: list[tuple[int, str, np.ndarray]]
+                ) -> tuple[list, list] | None:
+    """``jobs`` as ``(held, rest)``: those of fields the source's hot set may hold whole
+    (one ``gather_held`` call) and those of fields in multi-row chunks it holds only part
+    of (:func:`_read_rest`); ``None`` where a field is neither (frames)."""
+    whole = getattr(source, "held_whole", None)
+    if whole is None:
+        return jobs, []
+    kinds: dict[str, bool | None] = {}
+    held, rest = [], []
+    for job in jobs:
+        name = job[1]
+        if name not in kinds:
+            kinds[name] = whole(name)
+        if kinds[name] is None:
+            return None
+        (held if kinds[name] else rest).append(job)
+    return held, rest
+
+
+def _read_rest(source: RowSource, layout: Layout, locs: list[tuple[np.ndarray, np.ndarray]],
+               jobs: list[tuple[int, str, np.ndarray]]) -> bool:
+    """Each job ``(loc, name, out)``: field ``name`` at the rows and steps of
+    ``locs[loc]`` into ``out``, the fields read at the same locs with one ``read_fields``
+    call (a hot set's part served from RAM, the rest by the kernel). False where a row
+    was overwritten (outputs partly written)."""
+    outs: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for loc, name, out in jobs:
+        outs.setdefault(name, []).append((loc, out))
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, parts in outs.items():
+        groups.setdefault(tuple(loc for loc, _ in parts), []).append(name)
+    for at, names in groups.items():
+        rows = np.concatenate([locs[i][0] for i in at])
+        steps = np.concatenate([locs[i][1] for i in at])
+        for name, (vals, ok) in read_at(source, layout, names, rows, steps).items():
+            if not ok.all():
+                return False
+            start = 0
+            for _, out in outs[name]:
+                out[...] = vals[start : start + len(out)]
+                start += len(out)
+    return True

@@ -414,6 +414,17 @@ class ShardReader(GeneralReads):
             out[name] = (vals, ready)
         return out
 
+    def held_whole(self, name: str) -> bool | None:
+        """How a batch reads field ``name``: True where its hot set may hold every shard
+        decoded (:meth:`gather_held` serves it once filled), False where its rows come in
+        multi-row chunks its hot set holds only part of (or none: held compressed), read
+        per batch by :meth:`read_fields`; None for frames (one row per chunk) and fields
+        without the batch path."""
+        table = self.tables.get(name)
+        if table is None or table.per_row:
+            return None
+        return table.max_slots >= len(table.slot)
+
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
                     jobs: list[tuple[int, str, np.ndarray]], copy: bool = True,
                     staged: dict[str, tuple[tuple, np.ndarray]] | None = None) -> bool:

@@ -1,0 +1,126 @@
+"""A low-dim batch of a store past its hot set: the fields the hot set holds whole come in
+one ``gather_held`` call, the others with one ``read_fields`` call (part from RAM, the rest
+by the kernel), straight into the batch's arrays, without the general path's per-field
+reads, de-duplication and final copy (``transition_batch.gather_from_hot_set``).
+
+Each batch must equal, seed for seed, the batch of a store whose hot set holds it all, and
+a plan whose rows were overwritten after it was drawn must come back as the general path
+returns it (stale samples replaced by spares).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_hot_set import check, make_store, same, write
+
+import expstore as es
+from expstore.loading import execute
+from expstore.loading.columns import numpy_alloc
+from expstore.loading.transition_batch import finish_many, read_columns
+
+
+@pytest.fixture
+def general_reads(monkeypatch):
+    """Plans read the general way (``read_columns`` in ``assemble_batches``)."""
+    calls = [0]
+    real = execute.read_columns
+
+    def counting(*args, **kw):
+        calls[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(execute, "read_columns", counting)
+    return calls
+
+
+#: hot_bytes -> the fields its hot set holds whole (a 1024-row store of 16 shards of 64
+#: rows: 5 + 2 float32 vectors, a float32 reward, two flags)
+BUDGETS = {
+    0: set(),  # nothing decoded: every field from held compressed chunks or its shards
+    8192: set(),  # 3 of 16 shards of each vector decoded, the scalars held compressed
+    16384: {"terminated", "truncated"},  # and half of reward's shards decoded
+    24000: {"action", "reward", "terminated", "truncated"},  # obs: 7 of 16 shards
+}
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+def test_a_store_past_its_hot_set_samples_without_the_general_path(tmp_path, general_reads,
+                                                                   budget):
+    path = tmp_path / "s.zarr"
+    store = make_store(path, capacity=1024, shard_rows=64)
+    write(store, 0, 1000)
+    store.close()
+    whole = es.open(path)
+    part = es.open(path, hot_bytes=budget)
+    fields = whole.layout.spec.fields
+    assert {n for n in fields if part.source.held_whole(n)} == BUDGETS[budget]
+    assert all(whole.source.held_whole(n) for n in fields)
+    for seed in range(40):  # (shards are decoded into hot sets as the first batches read them)
+        whole.sample(32, rng=np.random.default_rng(1000 + seed))
+        part.sample(32, rng=np.random.default_rng(1000 + seed))
+    general_reads[0] = 0
+    for seed in range(40):
+        a = whole.sample(32, rng=np.random.default_rng(seed))
+        b = part.sample(32, rng=np.random.default_rng(seed))
+        check(b)
+        same(a, b)
+    assert general_reads[0] == 0
+    whole.close()
+    part.close()
+
+
+def test_rows_overwritten_after_the_plan_come_back_as_the_general_path_gives_them(
+        tmp_path, general_reads):
+    """A writer laps part of the ring between a plan and its read: the batch path finds
+    rows that no longer hold their steps and hands the plan to the general path, which
+    replaces those samples (spares, or repeats of intact ones)."""
+    store = make_store(tmp_path / "s.zarr", hot_bytes=0)
+    write(store, 0, 250)
+    store.flush()
+    sampler = es.UniformSampler(store, seed=3)
+    stale_seen = 0
+    for lap in range(6):
+        plan = sampler.plan(32)
+        write(store, 250 + 60 * lap, 60)  # overwrites the oldest 60 rows
+        store.flush()
+        before = general_reads[0]
+        batch = store.read_plan(plan)
+        assert general_reads[0] == before + 1
+        check(batch)
+        (expect, stale), = finish_many(plan, *read_columns(plan, store.layout, store.source,
+                                                           lazy=True), numpy_alloc)
+        same(batch, expect)
+        stale_seen += stale
+    assert stale_seen > 0
+    store.close()
+
+
+def test_a_writer_sampling_its_own_store_past_its_hot_set(tmp_path, general_reads):
+    """A learner that writes the store it samples, its hot set a fraction of the store:
+    batches holding rows still staged in the writer's RAM, across laps of the ring, equal
+    the general path's, and most come without it."""
+    store = make_store(tmp_path / "s.zarr", hot_bytes=2048)
+    assert not any(store.source.held_whole(n) for n in store.layout.spec.fields)
+    sampler = es.UniformSampler(store, seed=0)
+    write(store, 0, 100)
+    store.flush()
+    g, staged, batches = 100, 0, 0
+    for i in range(60):  # ~2 laps of the 256-row ring
+        write(store, g, 9)
+        g += 9
+        if i % 4:
+            store.flush()
+        for _ in range(3):
+            plan = sampler.plan(32)
+            batch = store.read_plan(plan)
+            batches += 1
+            check(batch)
+            (expect, stale), = finish_many(plan, *read_columns(
+                plan, store.layout, store.source, lazy=True), numpy_alloc)
+            assert stale == 0
+            same(batch, expect)
+            staged += int((batch["step_id"] >= store.writers[0].committed.count).sum())
+    assert staged > 0
+    assert general_reads[0] < batches // 4
+    store.close()
