@@ -54,8 +54,8 @@ def test_a_store_past_its_hot_set_samples_without_the_general_path(tmp_path, gen
     whole = es.open(path)
     part = es.open(path, hot_bytes=budget)
     fields = whole.layout.spec.fields
-    assert {n for n in fields if part.source.held_whole(n)} == BUDGETS[budget]
-    assert all(whole.source.held_whole(n) for n in fields)
+    assert {n for n in fields if part.source.held_whole[n]} == BUDGETS[budget]
+    assert all(whole.source.held_whole[n] for n in fields)
     for seed in range(40):  # (shards are decoded into hot sets as the first batches read them)
         whole.sample(32, rng=np.random.default_rng(1000 + seed))
         part.sample(32, rng=np.random.default_rng(1000 + seed))
@@ -101,7 +101,7 @@ def test_a_writer_sampling_its_own_store_past_its_hot_set(tmp_path, general_read
     batches holding rows still staged in the writer's RAM, across laps of the ring, equal
     the general path's, and most come without it."""
     store = make_store(tmp_path / "s.zarr", hot_bytes=2048)
-    assert not any(store.source.held_whole(n) for n in store.layout.spec.fields)
+    assert not any(store.source.held_whole[n] for n in store.layout.spec.fields)
     sampler = es.UniformSampler(store, seed=0)
     write(store, 0, 100)
     store.flush()

@@ -202,9 +202,10 @@ class StoreRows:
             out[name] = (vals, self._read(name, rows, steps, vals, mask))
         return out
 
-    def held_whole(self, name: str) -> bool | None:
-        """The reader's :meth:`~expstore.storage.read.ShardReader.held_whole`."""
-        return self.reader.held_whole(name)
+    @property
+    def held_whole(self) -> dict[str, bool | None]:
+        """The reader's :attr:`~expstore.storage.read.ShardReader.held_whole`."""
+        return self.reader.held_whole
 
     def gather_held(self, locs: list[tuple[np.ndarray, np.ndarray]],
                     jobs: list[tuple[int, str, np.ndarray]]) -> bool:

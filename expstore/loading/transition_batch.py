@@ -249,15 +249,12 @@ def _split_jobs(source: RowSource, jobs: list[tuple[int, str, np.ndarray]]
     whole = getattr(source, "held_whole", None)
     if whole is None:
         return jobs, []
-    kinds: dict[str, bool | None] = {}
     held, rest = [], []
     for job in jobs:
-        name = job[1]
-        if name not in kinds:
-            kinds[name] = whole(name)
-        if kinds[name] is None:
+        kind = whole.get(job[1])
+        if kind is None:
             return None
-        (held if kinds[name] else rest).append(job)
+        (held if kind else rest).append(job)
     return held, rest
 
 

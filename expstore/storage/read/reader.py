@@ -118,6 +118,13 @@ class ShardReader(GeneralReads):
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
                                             f.shape, f.dtype, values, fdt)
+        #: how a batch reads each field: True where its hot set may hold every shard
+        #: decoded (:meth:`gather_held` serves it once filled), False where its rows come
+        #: in multi-row chunks its hot set holds only part of (or none: held compressed),
+        #: read per batch by :meth:`read_fields`; None (or absent) for frames (one row
+        #: per chunk) and fields without the batch path
+        self.held_whole: dict[str, bool | None] = {
+            n: None if t.per_row else t.max_slots >= len(t.slot) for n, t in self.tables.items()}
         self.stats = ReadStats()
         # ``_opened[(name, shard)] = (version token, trusted count)`` (see ``known``)
         self._kernel_read = KernelRead(self.stats)
@@ -413,17 +420,6 @@ class ShardReader(GeneralReads):
             self.stats.rows += len(rows)
             out[name] = (vals, ready)
         return out
-
-    def held_whole(self, name: str) -> bool | None:
-        """How a batch reads field ``name``: True where its hot set may hold every shard
-        decoded (:meth:`gather_held` serves it once filled), False where its rows come in
-        multi-row chunks its hot set holds only part of (or none: held compressed), read
-        per batch by :meth:`read_fields`; None for frames (one row per chunk) and fields
-        without the batch path."""
-        table = self.tables.get(name)
-        if table is None or table.per_row:
-            return None
-        return table.max_slots >= len(table.slot)
 
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
                     jobs: list[tuple[int, str, np.ndarray]], copy: bool = True,
