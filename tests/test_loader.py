@@ -278,3 +278,48 @@ def test_skip_corrupt_workers_feed_corrupt_shards_back_to_the_sampler(tmp_path, 
     store.close()
     with es.open(url) as again:  # the quarantine is in RAM: reopening starts afresh
         assert again.num_transitions == held
+
+
+EXIT_SCRIPT = """
+import sys, time
+import numpy as np
+import expstore as es
+path = sys.argv[1]
+spec = es.Spec.create(obs=es.Field((17,), np.float32), action=es.Field((6,), np.float32))
+store = es.create(path, spec, capacity=20_000)
+for lo in range(0, 20_000, 1000):
+    t = np.arange(lo, lo + 1000, dtype=np.float32)
+    store.extend({"obs": np.repeat(t[:, None], 17, 1), "action": np.zeros((1000, 6), np.float32),
+                  "reward": t, "terminated": t % 100 == 99, "truncated": np.zeros(1000, bool),
+                  "next_obs": np.repeat(t[:, None], 17, 1) + 1})
+store.close()
+store = es.open(path, hot_bytes=1 << 20)
+def rate(it, seconds=0.3):
+    k, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        float(next(it)["obs"][0, 0]); k += 1
+    return k
+loaders = {t: es.make_loader(store, batch_size=256, num_workers=2, threads=t, hot_bytes=1 << 20)
+           for t in (False, True)}
+its = {t: iter(loader) for t, loader in loaders.items()}
+for _ in range(3):
+    for t in (False, True):
+        assert rate(its[t]) > 0
+for loader in loaders.values():
+    loader.close()
+print("done")
+"""
+
+
+def test_loaders_closed_with_their_iterators_alive_exit_cleanly(tmp_path):
+    """A script that closes its loaders and exits with their iterators still referenced:
+    the prefetch thread's iterator is finalized while Python shuts down, and must not
+    import anything then ("Exception ignored ... sys.meta_path is None")."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / "s.zarr")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done"
+    assert "Exception ignored" not in out.stderr, out.stderr

@@ -13,6 +13,7 @@ store's read lock, so the reader is never used by two threads at once.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -96,8 +97,6 @@ class Prefetch:
     _END = object()
 
     def __init__(self, it: Iterator[Any], depth: int = 2) -> None:
-        import queue
-
         self._q: Any = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._it = it
@@ -106,8 +105,6 @@ class Prefetch:
         self._thread.start()
 
     def _put(self, item: Any) -> bool:
-        import queue
-
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.1)
@@ -139,8 +136,6 @@ class Prefetch:
             yield item
 
     def close(self) -> None:
-        import queue
-
         self._stop.set()
         try:
             while True:
