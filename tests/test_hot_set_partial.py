@@ -1,7 +1,7 @@
 """A low-dim batch of a store past its hot set: the fields the hot set holds whole come in
 one ``gather_held`` call, the others with one ``read_fields`` call (part from RAM, the rest
 by the kernel), straight into the batch's arrays, without the general path's per-field
-reads, de-duplication and final copy (``transition_batch.gather_from_hot_set``).
+reads, de-duplication and final copy (``hot_batch.gather_from_hot_set``).
 
 Each batch must equal, seed for seed, the batch of a store whose hot set holds it all, and
 a plan whose rows were overwritten after it was drawn must come back as the general path
@@ -172,4 +172,45 @@ def test_a_reader_past_its_hot_set_samples_while_another_process_laps_the_ring(
     for _ in range(20):
         check(sampler.sample(64))
     assert batches > 10 and general_reads[0] < batches
+    reader.close()
+
+
+@pytest.mark.parametrize("budget", [None, 16384, 0])
+@pytest.mark.parametrize("batches", [1, 3])
+def test_n_step_batches_come_from_the_hot_set_as_the_general_path_reads_them(
+        tmp_path, general_reads, budget, batches):
+    """3-step returns (rewards over the horizon, the done flags of its last step, horizons
+    cut by episode ends) of a store that laps its ring, read straight into the batch arrays
+    (its hot set whole, in part, or none of it), equal the general path's batches, key for
+    key and in the same order; after the warm-up none takes the general path."""
+    path = tmp_path / "s.zarr"
+    store = make_store(path, capacity=1024, shard_rows=64)
+    write(store, 0, 1500)  # laps the 1024-row ring
+    store.close()
+    reader = es.open(path, hot_bytes=budget)
+    sampler = es.UniformSampler(reader, n_step=3, gamma=0.9, seed=4)
+    for _ in range(40):
+        sampler.sample(32)
+    general_reads[0] = 0
+    cut = 0
+    for _ in range(30):
+        plan = sampler.plan(32, batches=batches)
+        mine = execute.assemble_batches(plan, reader.layout, reader.source)
+        expect = finish_many(plan, *read_columns(plan, reader.layout, reader.source, lazy=True),
+                             numpy_alloc)
+        assert len(mine) == len(expect) == batches
+        for (a, stale_a), (b, stale_b) in zip(mine, expect):
+            assert stale_a == stale_b == 0
+            same(a, b)
+            k = a["obs"][:, 0]
+            assert (a["action"][:, 0] == k).all()
+            h = a["horizon"]
+            assert ((h >= 1) & (h <= 3)).all()
+            want = sum(np.where(j < h, 0.9 ** j * (k + j), 0.0) for j in range(3))
+            assert np.allclose(a["reward"], want, rtol=1e-5)  # rewards key(g + j)
+            assert (a["discount"] == np.where(a["terminated"], 0, 0.9 ** h).astype(
+                np.float32)).all()
+            cut += int((h < 3).sum())
+    assert cut > 0  # some horizons were cut by an episode's end
+    assert general_reads[0] == 0
     reader.close()

@@ -17,8 +17,9 @@ from ..sampling.plans import HERPlan, MixturePlan, ReadPlan, SequencePlan
 from ..storage.format import Layout
 from .columns import Allocator, RowSource, numpy_alloc
 from .her_batch import assemble_her
+from .hot_batch import gather_from_hot_set
 from .sequence_batch import assemble_sequences
-from .transition_batch import finish_many, gather_from_hot_set, read_columns
+from .transition_batch import finish_many, read_columns
 
 #: plan type -> ``read(plan, layout, source) -> (batch, stale)`` for one-batch plans
 ONE_BATCH_READERS: dict[type, Callable[[Any, Layout, RowSource], tuple[dict, int]]] = {

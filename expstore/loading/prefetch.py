@@ -2,7 +2,7 @@
 importers' blocks too) and ``make_loader``'s in-process path on it.
 
 Where every field of a store is small (no frames) and its hot set holds every shard, a
-batch is one C gather out of RAM without the GIL (``transition_batch.gather_from_hot_set``):
+batch is one C gather out of RAM without the GIL (``hot_batch.gather_from_hot_set``):
 DataLoader worker processes would only add a copy through shared memory and a message
 per item. Instead one daemon thread of this process plans and reads ``depth`` items
 ahead with the store's own row source (its reader, staged rows included) into fresh
@@ -58,7 +58,7 @@ def pinned_alloc(pin: bool):  # noqa: ANN201 - an Allocator
 def carving_alloc(buffer: Any):  # noqa: ANN201 - an Allocator
     """An allocator whose every call carves its arrays, each 64-byte aligned, out of one
     ``buffer(nbytes)`` (uint8); ``retryable``: it may be called again after a try that
-    failed (``transition_batch.gather_from_hot_set`` writes into it directly)."""
+    failed (``hot_batch.gather_from_hot_set`` writes into it directly)."""
 
     def alloc(specs: list) -> list[dict[str, np.ndarray]]:
         sizes = [[(k, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)

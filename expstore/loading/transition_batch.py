@@ -9,14 +9,12 @@ chosen, then are gathered once, straight into the batch's memory.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..sampling.plans import ReadPlan
 from ..storage.format import Layout
 from ..storage.native import copy_rows
-from .columns import Allocator, Gathered, RowSource, choose, numpy_alloc, read_unique
+from .columns import Allocator, Gathered, RowSource, choose, read_unique
 
 
 def read_columns(plan: ReadPlan, layout: Layout, source: RowSource,
@@ -76,28 +74,47 @@ def _rewards(plan: ReadPlan, layout: Layout, source: RowSource, out: dict,
              ok: np.ndarray) -> None:
     """Reward (n-step discounted sum) and done flags of the last step in the horizon
     (``n_step > 1``; one step reads them at the anchors with the other fields)."""
-    L = layout.lane_capacity
-    n = plan.n_step
-    j = np.arange(n, dtype=np.int64)
+    rows, steps, mask, last = horizon_rows(plan, layout.lane_capacity)
+    r, good = read_unique(source, layout, "reward", rows, steps)
+    ok &= good.all(axis=1)
+    take = np.arange(len(plan.rows))
+    for name in ("terminated", "truncated"):
+        v, g = read_unique(source, layout, name, rows[take, last], steps[take, last])
+        ok &= g
+        out[name] = v
+    out["reward"], out["horizon"], out["discount"] = n_step_returns(
+        r, mask, plan.horizon, out["terminated"], plan.gamma)
+
+
+def horizon_rows(plan: ReadPlan, lane_capacity: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows and lane steps whose rewards make each sample's n-step return, ``(n,
+    n_step)`` each (past the horizon: the anchor again, masked out), the mask of those
+    inside the horizon, and per sample the column of its last step (where its done flags
+    are read)."""
+    L = lane_capacity
+    j = np.arange(plan.n_step, dtype=np.int64)
     lane, slot = np.divmod(plan.rows, L)
     rows = lane[:, None] * L + (slot[:, None] + j[None, :]) % L
     steps = plan.steps[:, None] + j[None, :]
     mask = j[None, :] < plan.horizon[:, None]
     rows = np.where(mask, rows, plan.rows[:, None])
     steps = np.where(mask, steps, plan.steps[:, None])
-    r, good = read_unique(source, layout, "reward", rows, steps)
-    ok &= good.all(axis=1)
-    last = np.maximum(plan.horizon - 1, 0)
-    take = np.arange(len(plan.rows))
-    for name in ("terminated", "truncated"):
-        v, g = read_unique(source, layout, name, rows[take, last], steps[take, last])
-        ok &= g
-        out[name] = v
-    disc = plan.gamma ** j.astype(np.float64)
-    out["reward"] = (r.astype(np.float64) * disc * mask).sum(axis=1).astype(r.dtype)
-    out["horizon"] = plan.horizon.astype(np.int64)
-    out["discount"] = np.where(out["terminated"], 0.0,
-                               plan.gamma ** plan.horizon.astype(np.float64)).astype(np.float32)
+    return rows, steps, mask, np.maximum(plan.horizon - 1, 0)
+
+
+def n_step_returns(rewards: np.ndarray, mask: np.ndarray, horizon: np.ndarray,
+                   terminated: np.ndarray, gamma: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(reward, horizon, discount)`` of each sample: its rewards over the horizon
+    (``rewards``, ``mask``: ``(n, n_step)`` from :func:`horizon_rows`) discounted by
+    ``gamma`` and summed, in the reward's dtype; the horizon (steps, int64); and
+    ``gamma ** horizon`` (float32; 0 where the episode terminated inside it)."""
+    disc = gamma ** np.arange(rewards.shape[1], dtype=np.float64)
+    reward = (rewards.astype(np.float64) * disc * mask).sum(axis=1).astype(rewards.dtype)
+    discount = np.where(terminated, 0.0,
+                        gamma ** horizon.astype(np.float64)).astype(np.float32)
+    return reward, horizon.astype(np.int64), discount
 
 
 def finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
@@ -126,158 +143,3 @@ def finish_many(plan: ReadPlan, out: dict, ok: np.ndarray,
                 copy_rows(v, sel, batch[k])
         results.append((batch, stale))
     return results
-
-
-#: id(spec) -> (spec, its hot-set batch shape or None): see :func:`_hot_fields`
-_HOT_FIELDS: dict[int, tuple[Any, Any]] = {}
-
-
-def _hot_fields(spec: Any) -> tuple[list, list] | None:
-    """For a spec whose obs fields are not stacked: ``(obs, others)``, per obs field
-    ``(name, obs key, next_obs key, shape, dtype)`` and per other field ``(name, shape,
-    dtype)``, in the order :func:`read_columns` returns them; else None. Kept per spec."""
-    hit = _HOT_FIELDS.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    names = spec.obs_names
-    info = None
-    if not any(spec.fields[n].stack for n in names):
-        obs = [(n, "obs" + n[3:], "next_obs" + n[3:], spec.fields[n].shape,
-                spec.fields[n].dtype) for n in names]
-        others = [(n, f.shape, f.dtype) for n, f in spec.fields.items() if n not in names]
-        info = (obs, others)
-    if len(_HOT_FIELDS) > 64:
-        _HOT_FIELDS.clear()
-    _HOT_FIELDS[id(spec)] = (spec, info)
-    return info
-
-
-def _batch_specs(fields: tuple[list, list], B: int) -> dict[bool, dict]:
-    """A hot-set batch's array specs for ``B`` samples: ``{True: without index, step_id and
-    weight (taken from the plan), False: with them}``, kept per ``fields`` and ``B``."""
-    cache = _BATCH_SPECS.setdefault(id(fields), (fields, {}))
-    if cache[0] is not fields:
-        _BATCH_SPECS.clear()
-        cache = _BATCH_SPECS.setdefault(id(fields), (fields, {}))
-    got = cache[1].get(B)
-    if got is None:
-        obs_fields, others = fields
-        mine: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for _, key_o, key_n, shape, dtype in obs_fields:
-            mine[key_o] = mine[key_n] = ((B, *shape), dtype)
-        for name, shape, dtype in others:
-            mine[name] = ((B, *shape), dtype)
-        full = {**mine, "index": ((B,), np.dtype(np.int64)),
-                "step_id": ((B,), np.dtype(np.int64)), "weight": ((B,), np.dtype(np.float32))}
-        got = cache[1][B] = {True: mine, False: full}
-    return got
-
-
-#: id(hot fields) -> (those fields, {batch size: specs}): see :func:`_batch_specs`
-_BATCH_SPECS: dict[int, tuple[Any, dict]] = {}
-
-
-def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
-                        alloc: Allocator) -> list[tuple[dict | None, int]] | None:
-    """Every batch of a one-step plan without frame stacks (low-dim stores) in one call of
-    the source's ``gather_held``: each field's values straight from the reader's hot set
-    into the batch's arrays (obs and next_obs from the same field), no sample stale, so
-    the first ``batch_size`` samples of each batch are taken, as :func:`finish_many` does.
-    Fields whose hot set holds only part of their shards (or none: a store past its
-    ``hot_bytes``) are read per batch instead, one ``read_fields`` call for all of them,
-    straight into the same arrays (:func:`_read_rest`).
-    ``None`` where that does not apply (n-step, frame stacks, frames, a row of a field
-    the hot set holds whole that is neither held decoded yet nor staged, a row
-    overwritten, no ``gather_held``): the caller reads the plan the general way."""
-    gather = getattr(source, "gather_held", None)
-    if gather is None or plan.n_step != 1 or plan.history != 0:
-        return None
-    fields = _hot_fields(layout.spec)
-    if fields is None:
-        return None
-    obs_fields, others = fields
-    per = len(plan.rows) // plan.batches
-    B = per - plan.spare
-    specs = _batch_specs(fields, B)
-    # allocators that may be called again after a try that failed write in place; a
-    # worker's shared slot is taken once: gathered into numpy first, then copied there.
-    # In numpy, index, step_id and weight are the plan's own (a plan is read once)
-    own = alloc is numpy_alloc
-    direct = own or getattr(alloc, "retryable", False)
-    batches = (alloc if direct else numpy_alloc)([specs[own]] * plan.batches)
-    obs_rows, next_rows = plan.obs_rows.reshape(-1), plan.next_rows.reshape(-1)
-    obs_steps, next_steps = plan.obs_steps.reshape(-1), plan.next_steps.reshape(-1)
-    locs: list[tuple[np.ndarray, np.ndarray]] = []
-    jobs: list[tuple[int, str, np.ndarray]] = []
-    for i, batch in enumerate(batches):
-        take = slice(i * per, i * per + B)
-        locs += [(obs_rows[take], obs_steps[take]), (next_rows[take], next_steps[take]),
-                 (plan.rows[take], plan.steps[take])]
-        at = 3 * i
-        for name, key_o, key_n, _, _ in obs_fields:
-            jobs += [(at, name, batch[key_o]), (at + 1, name, batch[key_n])]
-        jobs += [(at + 2, name, batch[name]) for name, _, _ in others]
-        if own:
-            batch["index"], batch["step_id"] = plan.rows[take], plan.steps[take]
-            batch["weight"] = plan.weight[take]
-        else:
-            np.copyto(batch["index"], plan.rows[take])
-            np.copyto(batch["step_id"], plan.steps[take])
-            np.copyto(batch["weight"], plan.weight[take])
-    split = _split_jobs(source, jobs)
-    if split is None:
-        return None
-    held, rest = split
-    if held and not gather(locs, held):
-        return None
-    if rest and not _read_rest(source, layout, locs, rest):
-        return None
-    if not direct:
-        arrays = alloc([specs[False]] * plan.batches)
-        for src, dst in zip(batches, arrays):
-            for k, v in src.items():
-                np.copyto(dst[k], v)
-        batches = arrays
-    return [(b, 0) for b in batches]
-
-
-def _split_jobs(source: RowSource, jobs: list[tuple[int, str, np.ndarray]]
-                ) -> tuple[list, list] | None:
-    """``jobs`` as ``(held, rest)``: those of fields the source's hot set may hold whole
-    (one ``gather_held`` call) and those of fields in multi-row chunks it holds only part
-    of (:func:`_read_rest`); ``None`` where a field is neither (frames)."""
-    whole = getattr(source, "held_whole", None)
-    if whole is None:
-        return jobs, []
-    held, rest = [], []
-    for job in jobs:
-        kind = whole.get(job[1])
-        if kind is None:
-            return None
-        (held if kind else rest).append(job)
-    return held, rest
-
-
-def _read_rest(source: RowSource, layout: Layout, locs: list[tuple[np.ndarray, np.ndarray]],
-               jobs: list[tuple[int, str, np.ndarray]]) -> bool:
-    """Each job ``(loc, name, out)``: field ``name`` at the rows and steps of
-    ``locs[loc]`` into ``out``, the fields read at the same locs with one ``read_fields``
-    call (a hot set's part served from RAM, the rest by the kernel). False where a row
-    was overwritten (outputs partly written)."""
-    outs: dict[str, list[tuple[int, np.ndarray]]] = {}
-    for loc, name, out in jobs:
-        outs.setdefault(name, []).append((loc, out))
-    groups: dict[tuple[int, ...], list[str]] = {}
-    for name, parts in outs.items():
-        groups.setdefault(tuple(loc for loc, _ in parts), []).append(name)
-    for at, names in groups.items():
-        rows = np.concatenate([locs[i][0] for i in at])
-        steps = np.concatenate([locs[i][1] for i in at])
-        for name, (vals, ok) in read_at(source, layout, names, rows, steps).items():
-            if not ok.all():
-                return False
-            start = 0
-            for _, out in outs[name]:
-                out[...] = vals[start : start + len(out)]
-                start += len(out)
-    return True
