@@ -266,8 +266,9 @@ def test_a_learner_thread_samples_while_another_thread_adds_at_full_speed(tmp_pa
     store.close()
 
 
-def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, hot_calls):
-    path = tmp_path / "s.zarr"
+def lapping_writer(path) -> subprocess.Popen:
+    """A 512-row store of 64-row shards holding rows 0-599 at ``path``, and a process
+    lapping its ring three times (a flush every 40 rows) that prints the rows it reached."""
     store = make_store(path, capacity=512, shard_rows=64)
     write(store, 0, 600)
     store.close()
@@ -285,9 +286,21 @@ def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, h
         store.close()
         print(g)
     """)
-    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                              text=True)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+
+def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, hot_calls):
+    path = tmp_path / "s.zarr"
+    writer = lapping_writer(path)
     reader = es.open(path)
+    batches = sample_while_lapping(reader, writer)
+    assert batches > 10 and hot_calls[0] > 5  # after the last lap: from the hot set again
+    reader.close()
+
+
+def sample_while_lapping(reader, writer: subprocess.Popen) -> int:
+    """Batches of 64 checked while ``writer`` (:func:`lapping_writer`) runs, then 20 more
+    after it lapped the ring at least twice: the batches sampled while it ran."""
     sampler = es.UniformSampler(reader, seed=1, refresh_every=0)
     batches = 0
     try:
@@ -298,10 +311,9 @@ def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, h
         out, _ = writer.communicate(timeout=60)
     assert writer.returncode == 0
     assert int(out) > 600 + 2 * 512  # the writer lapped the ring at least twice
-    for _ in range(20):  # after the last lap: every batch from the hot set again
+    for _ in range(20):
         check(sampler.sample(64))
-    assert batches > 10 and hot_calls[0] > 5
-    reader.close()
+    return batches
 
 
 @pytest.mark.parametrize("held", [10.5, 3.5])

@@ -10,14 +10,9 @@ returns it (stale samples replaced by spares).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
-from test_hot_set import check, make_store, same, write
+from test_hot_set import check, lapping_writer, make_store, same, sample_while_lapping, write
 
 import expstore as es
 from expstore.loading import execute
@@ -138,39 +133,10 @@ def test_a_reader_past_its_hot_set_samples_while_another_process_laps_the_ring(
     another process laps the ring three times under a reader whose hot set holds part of
     the store (or none of it)."""
     path = tmp_path / "s.zarr"
-    store = make_store(path, capacity=512, shard_rows=64)
-    write(store, 0, 600)
-    store.close()
-    script = textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = {[os.path.dirname(__file__), *sys.path]!r}
-        import expstore as es
-        from test_hot_set import write
-        store = es.open({str(path)!r}, "r+", fsync=False)
-        g = 600
-        while g < 600 + 3 * 512:  # three laps, a flush every 40 rows
-            write(store, g, 40)
-            g += 40
-            store.flush()
-        store.close()
-        print(g)
-    """)
-    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                              text=True)
+    writer = lapping_writer(path)
     reader = es.open(path, hot_bytes=budget)
     assert not all(reader.source.held_whole[n] for n in reader.layout.spec.fields)
-    sampler = es.UniformSampler(reader, seed=1, refresh_every=0)
-    batches = 0
-    try:
-        while writer.poll() is None:
-            check(sampler.sample(64))
-            batches += 1
-    finally:
-        out, _ = writer.communicate(timeout=60)
-    assert writer.returncode == 0
-    assert int(out) > 600 + 2 * 512  # the writer lapped the ring at least twice
-    for _ in range(20):
-        check(sampler.sample(64))
+    batches = sample_while_lapping(reader, writer)
     assert batches > 10 and general_reads[0] < batches
     reader.close()
 
