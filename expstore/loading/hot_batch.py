@@ -17,8 +17,9 @@ from ..storage.format import Layout
 from .columns import Allocator, RowSource, numpy_alloc
 from .transition_batch import horizon_rows, n_step_returns, read_at
 
-#: fields an n-step plan reads over the horizon (the reward) or at its last step (the flags)
-END_FIELDS = ("reward", "terminated", "truncated")
+#: fields an n-step plan reads at its horizon's last step (the flags) or over it (the
+#: reward), in the order the general path puts them in a batch (after the other fields)
+END_FIELDS = ("terminated", "truncated", "reward")
 
 #: id(spec) -> (spec, its hot-set batch shape or None): see :func:`_hot_fields`
 _HOT_FIELDS: dict[int, tuple[Any, Any]] = {}
@@ -145,14 +146,11 @@ def _batch_specs(fields: tuple[list, list], B: int, n_step: bool) -> dict[bool, 
         mine: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         for _, key_o, key_n, shape, dtype in obs_fields:
             mine[key_o] = mine[key_n] = ((B, *shape), dtype)
-        ends = {name: ((B, *shape), dtype) for name, shape, dtype in others
-                if n_step and name in END_FIELDS}
-        for name, shape, dtype in others:
-            if name not in ends:
-                mine[name] = ((B, *shape), dtype)
+        last = END_FIELDS if n_step else ()
+        rest = {name: ((B, *shape), dtype) for name, shape, dtype in others}
+        mine.update((name, v) for name, v in rest.items() if name not in last)
+        mine.update((name, rest[name]) for name in last)
         if n_step:
-            mine["terminated"], mine["truncated"] = ends["terminated"], ends["truncated"]
-            mine["reward"] = ends["reward"]
             mine["horizon"] = ((B,), np.dtype(np.int64))
             mine["discount"] = ((B,), np.dtype(np.float32))
         full = {**mine, "index": ((B,), np.dtype(np.int64)),

@@ -36,13 +36,8 @@ def thread_path_fits(store: Any, sampler: Any) -> bool:
         return False
     if type(sampler).update_priorities is not Sampler.update_priorities:
         return False
-    layout = store.layout
-    if any(layout.chunk_rows(n) == 1 for n in layout.spec.fields):
-        return False
-    tables = store.reader.tables
-    n_shards = layout.capacity // layout.shard_rows
-    return all(n in tables and tables[n].max_slots == n_shards and tables[n].fills
-               for n in layout.spec.fields)
+    whole = store.reader.held_whole  # (None for frames: one row per chunk)
+    return all(whole.get(n) for n in store.layout.spec.fields)
 
 
 def pinned_alloc(pin: bool):  # noqa: ANN201 - an Allocator
