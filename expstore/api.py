@@ -176,6 +176,8 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     held in RAM for ``sample`` / ``read_plan`` (bytes; default :attr:`Store.hot_bytes`,
     512 MiB, which holds every row of a ~5M-row store of 17-dim float32 obs and 6-dim
     actions; 0: none, every row decoded from its shard). Taken as shards are first read;
+    where the small fields do not fit at their own widths, scalars are held as 1-8 bit
+    codes (a flag 1 bit a row, a bounded discrete action 1-8, a reward of few values 8);
     past it, shards are admitted while there is room and never evicted.
 
     ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a

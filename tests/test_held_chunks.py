@@ -68,9 +68,13 @@ def test_held_chunks_serve_rows_without_reads(tmp_path) -> None:
         _same_as_general(reader, general, rows[pick], steps[pick])
     _same_as_general(reader, general, rows, steps)  # every shard read once at least
     n_shards = len(np.unique(rows // 256))
-    # `step` and `action` compress well (4-10x): all their chunks fit; `reward` (a float
-    # per step) does not compress, and its arena holds only the newest of its chunks
-    fit = ["step", "action"]
+    # `action` (5 values) and the flags are held as codes (``scalar_codes.py``), decoded
+    # whole in a few bytes; `step` compresses well (4-10x): all its chunks fit; `reward`
+    # (a float per step) does not compress, and its arena holds only the newest chunks
+    coded = ["action", "terminated", "truncated"]
+    assert all(reader.tables[n].code is not None and reader.tables[n].fds.held is None
+               for n in coded)
+    fit = ["step"]
     for name in fit:
         fds = reader.tables[name].fds
         assert (fds.held_tab[:, fds.H_POS] >= 0).sum() == n_shards, name
@@ -82,8 +86,8 @@ def test_held_chunks_serve_rows_without_reads(tmp_path) -> None:
     _same_as_general(reader, general, rows, steps)
     assert [reader.tables[n].fds.opened for n in fit] == opened
     requests = reader.stats.requests
-    got = reader.read_fields(fit, rows, steps)
-    assert all(got[n][1].all() for n in fit)
+    got = reader.read_fields(fit + coded, rows, steps)
+    assert all(got[n][1].all() for n in fit + coded)
     assert reader.stats.requests == requests  # no byte read
     assert not reader.heads  # nothing went through the general path
     store.close()
@@ -142,7 +146,8 @@ def test_budgets_favour_frames_with_descriptors_and_scalars_with_bytes(tmp_path)
     store = make_store(tmp_path / "s.zarr", capacity=8192, shard_rows=256)
     L = store.layout
     meta = [n for n in L.fields if n not in L.spec.fields]
-    # room for every shard decoded: values; for a few: held chunks, same bytes
+    # room for every shard decoded: values; for a few: held chunks, same bytes, but for
+    # the flags, decoded as 1-bit codes (a few bytes a shard)
     for budget, decoded in ((1 << 20, True), (40_000, False)):
         shares = kernel_shares(L, 1000, budget)
         assert sum(s.fds for s in shares.values()) <= 1000
@@ -150,8 +155,10 @@ def test_budgets_favour_frames_with_descriptors_and_scalars_with_bytes(tmp_path)
         assert all(shares[n].fds == FDS_ONE_CHUNK for n in SCALARS)
         assert shares["obs"].fds == 1000 - FDS_METADATA * len(meta) - FDS_ONE_CHUNK * 5
         for n in SCALARS:
-            s = shares[n]
-            assert (s.values_bytes > 0, s.held_bytes > 0) == (decoded, not decoded)
+            s, flag = shares[n], n in ("terminated", "truncated")
+            assert (s.values_bytes > 0, s.held_bytes > 0) == (decoded or flag,
+                                                              not (decoded or flag)), n
+            assert s.code_bits == (None if decoded or not flag else 1), n
         assert sum(s.values_bytes + s.held_bytes for s in shares.values()) <= budget
     # a budget too small for 64 each: every field of the spec gets an even share
     shares = kernel_shares(L, 8 * len(L.spec.fields) + FDS_METADATA * len(meta), 1 << 20)
@@ -198,6 +205,7 @@ def test_held_arenas_sized_to_their_chunks_leave_the_rest_to_decoded_vectors(tmp
     whole = {n: L.capacity * L.fields[n].row_nbytes for n in ("terminated", "truncated", "obs")}
     budget = sum(whole.values()) + needs["reward"] + needs["action"]
     plain, sized = kernel_shares(L, 1000, budget), kernel_shares(L, 1000, budget, needs.get)
+    whole.update(terminated=L.capacity // 8, truncated=L.capacity // 8)  # (1-bit codes)
     for n, values in whole.items():
         assert (sized[n].values_bytes, sized[n].held_bytes) == (values, 0), n
     for n in ("reward", "action"):

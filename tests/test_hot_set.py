@@ -335,7 +335,7 @@ def test_a_budget_past_the_store_admits_shards_and_never_churns(tmp_path, hot_ca
     check(sampler.sample(32))
     tables = reader.reader.tables
     slots = {n: tables[n].max_slots for n in L.spec.fields}
-    taken = sum(s * 64 * L.fields[n].row_nbytes for n, s in slots.items())
+    taken = sum(s * tables[n].slot_bytes for n, s in slots.items())  # (flags: 1 bit a row)
     assert taken <= per_row * 64 * held
     if held > 8:  # fewest bytes per row read decoded first (obs is read twice: 10 B)
         assert [slots[n] for n in ("terminated", "truncated", "reward", "action")] == [16] * 4

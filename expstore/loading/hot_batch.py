@@ -36,9 +36,10 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
     An n-step plan's rewards over each horizon are gathered the same way and summed, its
     done flags read at the horizon's last step. No sample is stale, so the first
     ``batch_size`` samples of each batch are taken, as ``finish_many`` does.
-    ``None`` where that does not apply (frame stacks, frames, a row of a field the hot set
-    holds whole that is neither held decoded yet nor staged, a row overwritten, no
-    ``gather_held``): the caller reads the plan the general way."""
+    Where a row of a field the hot set holds whole is neither held yet nor staged, those
+    fields are read with the rest (which fills the hot set). ``None`` where that does not
+    apply (frame stacks, frames, a row overwritten, no ``gather_held``): the caller reads
+    the plan the general way."""
     gather = getattr(source, "gather_held", None)
     if gather is None or plan.history != 0:
         return None
@@ -92,7 +93,7 @@ def gather_from_hot_set(plan: ReadPlan, layout: Layout, source: RowSource,
         return None
     held, rest = split
     if held and not gather(locs, held):
-        return None
+        rest = held + rest  # (a row not held yet: read with the rest, filling the hot set)
     if rest and not _read_rest(source, layout, locs, rest):
         return None
     if n_step:

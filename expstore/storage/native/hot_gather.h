@@ -6,15 +6,18 @@
  *       ``locs``: a tuple of ``(rows, steps)`` pairs (int64, one entry per row each) or
  *       ``(rows, steps, skip)`` triples (``skip``: bool per row, rows neither checked,
  *       written nor counted: the caller's, e.g. rows still staged);
- *       ``jobs``: a tuple of ``(loc, first, n_rows, trusted, slot, values, out)``: the rows
- *       of ``locs[loc]`` of one field, out of its ``ShardTable`` arrays (``first``,
- *       ``n_rows``, ``trusted``, ``slot``: int64 per shard; ``values``: the value slots,
- *       ``shard_rows`` rows each) into ``out`` (one row per entry). When every row of every
+ *       ``jobs``: a tuple of ``(loc, first, n_rows, trusted, slot, values, out, code)``:
+ *       the rows of ``locs[loc]`` of one field, out of its ``ShardTable`` arrays
+ *       (``first``, ``n_rows``, ``trusted``, ``slot``: int64 per shard; ``values``: the
+ *       value slots, ``shard_rows`` rows each) into ``out`` (one row per entry). ``code``:
+ *       ``None``, or ``(bits, table)`` where the slots hold each row's code in ``bits``
+ *       bits (1, 2, 4 or 8, low bits first in each byte; ``scalar_codes.py``) and
+ *       ``table`` its value (``2 ** bits`` entries of ``out``'s row size). When every row of every
  *       job is held by a cached, trusted version (as ``table_rows`` checks), and ``copy``,
  *       each ``out[i]`` is written (one memcpy per row, without the GIL) and ``known[lane]``
  *       raised to ``step + 1`` for every row's lane (``spl`` shards per lane): True. Else
  *       False and nothing written (``copy`` false: only the check).
- *       A job may carry two more items, ``(..., out, staged, staged_first)``: per lane, the
+ *       A job may carry two more items, ``(..., code, staged, staged_first)``: per lane, the
  *       field's rows a writer of this process staged (``staged[lane]``: C-contiguous, one
  *       row per staged step from ``staged_first[lane]`` on, int64 per lane; ``None`` for a
  *       lane without one); the job's skipped rows are then copied from there, each of them
@@ -22,7 +25,7 @@
  *       batches hold a row of the shard being filled).
  */
 
-#define GATHER_JOB 7
+#define GATHER_JOB 8
 
 /* The staged row of step ``step`` in lane ``lane`` of a job's staging (``sb``: one
    buffer per lane, ``firsts``: their first steps), or NULL where it holds none. */
@@ -33,6 +36,28 @@ static inline const uint8_t *staged_row(const held_buffer *sb, const int64_t *fi
     int64_t at = step - firsts[lane];
     if (at < 0 || (size_t)(at + 1) * row_bytes > (size_t)sb[lane].view.len) return NULL;
     return (const uint8_t *)sb[lane].view.buf + (size_t)at * row_bytes;
+}
+
+/* Rows of one coded field (``bits`` a row in each slot of ``per_slot`` bytes) into
+   ``out``: each row's code looked up in ``table`` (``row_bytes`` a value). */
+static void gather_codes(const uint8_t *values, const uint8_t *table, int bits,
+                         Py_ssize_t shard_rows, const int64_t *rows, const int64_t *slot,
+                         const uint8_t *skip, Py_ssize_t n, uint8_t *out, size_t row_bytes) {
+    size_t per_slot = ((size_t)shard_rows * (size_t)bits + 7) / 8;
+    unsigned mask = (1u << bits) - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        int64_t s = rows[i] / shard_rows, at = rows[i] - s * shard_rows;
+        size_t bit = (size_t)at * (size_t)bits;
+        unsigned code = (values[(size_t)slot[s] * per_slot + (bit >> 3)] >> (bit & 7)) & mask;
+        const uint8_t *src = table + (size_t)code * row_bytes;
+        switch (row_bytes) { /* (fixed sizes: the compiler inlines the copy) */
+        case 1: out[i] = *src; break;
+        case 4: memcpy(out + 4 * i, src, 4); break;
+        case 8: memcpy(out + 8 * i, src, 8); break;
+        default: memcpy(out + i * row_bytes, src, row_bytes);
+        }
+    }
 }
 
 static PyObject *gather_held(PyObject *self, PyObject *args) {
@@ -54,9 +79,10 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
     Py_ssize_t *job_loc = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *job_loc);
     held_buffer **staged = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *staged);
     held_buffer *firsts = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *firsts);
+    int *code_bits = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *code_bits);
     Py_ssize_t lanes = 0;
     PyObject *result = NULL;
-    if (!lb || !jb || !job_loc || !staged || !firsts) {
+    if (!lb || !jb || !job_loc || !staged || !firsts || !code_bits) {
         PyErr_NoMemory();
         goto done;
     }
@@ -85,7 +111,7 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
         PyObject *job = PyTuple_GET_ITEM(jobs, j);
         if (!PyTuple_Check(job) ||
             (PyTuple_GET_SIZE(job) != GATHER_JOB && PyTuple_GET_SIZE(job) != GATHER_JOB + 2)) {
-            PyErr_SetString(PyExc_TypeError, "gather_held: jobs holds tuples of 7 or 9");
+            PyErr_SetString(PyExc_TypeError, "gather_held: jobs holds tuples of 8 or 10");
             goto done;
         }
         Py_ssize_t loc = PyLong_AsSsize_t(PyTuple_GET_ITEM(job, 0));
@@ -106,6 +132,24 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "gather_held: first/n_rows/trusted/slot per "
                                               "shard, out of one entry per row");
             goto done;
+        }
+        PyObject *code = PyTuple_GET_ITEM(job, GATHER_JOB - 1);
+        if (code != Py_None) { /* (bits, table): the slots hold codes */
+            long bits_l;
+            if (!PyTuple_Check(code) || PyTuple_GET_SIZE(code) != 2 ||
+                (bits_l = PyLong_AsLong(PyTuple_GET_ITEM(code, 0))) < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "gather_held: code is (bits, table)");
+                goto done;
+            }
+            if (take(PyTuple_GET_ITEM(code, 1), &b[6], 0, 0, "table")) goto done;
+            code_bits[j] = (int)bits_l;
+            if ((bits_l != 1 && bits_l != 2 && bits_l != 4 && bits_l != 8) ||
+                (n && b[6].view.len != (b[5].view.len / n) << bits_l)) {
+                PyErr_SetString(PyExc_ValueError, "gather_held: code bits 1, 2, 4 or 8, its "
+                                                  "table 2**bits rows of out's row size");
+                goto done;
+            }
         }
         if (PyTuple_GET_SIZE(job) == GATHER_JOB + 2) {  /* this process's staged rows */
             PyObject *sb_o = PyTuple_GET_ITEM(job, GATHER_JOB);
@@ -134,7 +178,9 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
         const uint8_t *skip = lb[3 * loc + 2].held ? lb[3 * loc + 2].view.buf : NULL;
         const int64_t *first = b[0].view.buf, *n_rows = b[1].view.buf;
         const int64_t *trusted = b[2].view.buf, *slot = b[3].view.buf;
-        Py_ssize_t row_bytes = b[5].view.len / n, per_slot = shard_rows * row_bytes;
+        Py_ssize_t row_bytes = b[5].view.len / n;
+        Py_ssize_t per_slot = code_bits[j] ? (shard_rows * code_bits[j] + 7) / 8
+                                           : shard_rows * row_bytes;
         Py_ssize_t pool = per_slot ? b[4].view.len / per_slot : 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             if (skip && skip[i]) {
@@ -183,6 +229,11 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
             const uint8_t *values = b[4].view.buf;
             uint8_t *out = b[5].view.buf;
             size_t row_bytes = (size_t)(b[5].view.len / n);
+            if (code_bits[j]) {
+                gather_codes(values, b[6].view.buf, code_bits[j], shard_rows, rows, slot,
+                             skip, n, out, row_bytes);
+                continue;
+            }
             size_t per_slot = (size_t)shard_rows * row_bytes;
             for (Py_ssize_t i = 0; i < n; i++) {
                 if (skip && skip[i]) continue;
@@ -222,6 +273,7 @@ done:
     PyMem_Free(job_loc);
     PyMem_Free(staged);
     PyMem_Free(firsts);
+    PyMem_Free(code_bits);
     Py_XINCREF(result);
     return result;
 }

@@ -12,7 +12,8 @@ churn. A slot is keyed by the shard version it holds (first lane step, rows, the
 committed count it is trusted for): a row a lap rewrote never comes from it.
 
 :func:`gather_held` serves every small field of a batch from there in one kernel call,
-straight into the batch's arrays, without the GIL.
+straight into the batch's arrays, without the GIL. A scalar held as codes
+(``scalar_codes.py``) is decoded there, each row's code looked up in its field's book.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
         t = tables.get(name)
         if t is None or t.per_row or not len(t.values):
             return False
-        args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out)
+        code = None if t.code is None else (t.code.bits, t.code.table)
+        args.append((loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out, code)
                     if staged is None else
-                    (loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out, *staged[name]))
+                    (loc, t.first, t.n_rows, t.trusted, t.slot, t.values, out, code,
+                     *staged[name]))
         n += sizes[loc]
     layout = reader.layout
     S = layout.shard_rows
@@ -83,8 +86,7 @@ def _gather_numpy(reader: Any, locs: list[tuple[np.ndarray, ...]],
     if copy:
         for loc, name, out in jobs:
             take, shards, slots, _ = where[loc]
-            t = tables[name]
-            out[take] = t.values[t.slot[shards], slots]
+            out[take] = tables[name].take(shards, slots)
         for _, shards, _, steps in where:
             if len(shards):
                 reader._bump(shards, steps)

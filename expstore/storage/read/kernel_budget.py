@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format import Layout
+from .scalar_codes import code_bits, learned, packed_bytes
 
 #: descriptors the kernel may hold for the readers of this process that are alive
 _fds_taken = [0]
@@ -61,6 +62,9 @@ class KernelShare:
     fds: int
     values_bytes: int
     held_bytes: int
+    #: bits a row its values are held in as codes (``scalar_codes.py``); ``None``: at
+    #: the field's own width
+    code_bits: int | None = None
 
 
 def decoded_slots(n_shards: int, shard_bytes: int, budget: int) -> int:
@@ -105,7 +109,8 @@ def held_need(root: str, layout: Layout, name: str) -> int | None:
 
 
 def kernel_shares(layout: Layout, fds: int, values_budget: int,
-                  held_need_of: Callable[[str], int | None] | None = None
+                  held_need_of: Callable[[str], int | None] | None = None,
+                  few_values_of: Callable[[str], bool] | None = None
                   ) -> dict[str, KernelShare]:
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
@@ -121,21 +126,28 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
     light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
     per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
-    values, held = split_value_bytes(layout, values_budget, held_need_of)
+    values, held, codes = split_value_bytes(layout, values_budget, held_need_of,
+                                            few_values_of)
     return {n: KernelShare(FDS_METADATA if n not in spec else light_fds if n in light
-                           else per_field, values.get(n, 0), held.get(n, 0))
+                           else per_field, values.get(n, 0), held.get(n, 0), codes.get(n))
             for n in layout.fields}
 
 
 def split_value_bytes(layout: Layout, budget: int,
-                      held_need_of: Callable[[str], int | None] | None = None
-                      ) -> tuple[dict[str, int], dict[str, int]]:
+                      held_need_of: Callable[[str], int | None] | None = None,
+                      few_values_of: Callable[[str], bool] | None = None
+                      ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """``budget`` bytes over the fields batches read in multi-row chunks: ``(decoded,
-    held)``, bytes of decoded values (``ShardTable``) and of held compressed chunks
-    (``FdTable``) per field.
+    held, codes)``, bytes of decoded values (``ShardTable``) and of held compressed
+    chunks (``FdTable``) per field, and the bits a row of the decoded scalars held as
+    codes.
 
-    Where every such field's shards fit decoded, each gets what they take. Otherwise the
-    fields are decoded fewest bytes per row read first (an observation's row is read
+    Where every such field's shards fit decoded, each gets what they take. Otherwise
+    scalars of one chunk per shard count at the width of their codes
+    (:func:`~expstore.storage.read.scalar_codes.code_bits`: a flag 1 bit, a discrete
+    action 4 or 8; a float or an unbounded int 8 where ``few_values_of(name)`` says its
+    shards hold few values, :func:`~expstore.storage.read.scalar_codes.few_values`),
+    and the fields are decoded fewest bytes per row read first (an observation's row is read
     twice per transition, as obs and next_obs), so each byte serves the most reads (a
     100M-row frame store's two flags decoded whole where an even split by row bytes
     decoded none; a 100M-row store of 2-byte observations has all of them decoded).
@@ -150,14 +162,23 @@ def split_value_bytes(layout: Layout, budget: int,
     row = {n: f.row_nbytes for n, f in spec.items() if layout.chunk_rows(n) > 1}
     whole = {n: n_shards * layout.shard_rows * b for n, b in row.items()}
     if sum(whole.values()) <= budget:
-        return whole, {}
+        return whole, {}, {}
     total = max(1, sum(row.values()))
+    held_share = {n: budget * b // total for n, b in row.items()}  # (by the bytes stored)
+    bits = {n: code_bits(f.shape, f.dtype, f.low, f.high) for n, f in spec.items()
+            if n in row and layout.chunk_rows(n) == layout.shard_rows}
+    bits = {n: b for n, b in bits.items() if b is not None and b < 8 * row[n]
+            and not (learned(spec[n].dtype, spec[n].low, spec[n].high)
+                     and (few_values_of is None or not few_values_of(n)))}
+    for n, b in bits.items():
+        row[n] = b / 8
+        whole[n] = n_shards * packed_bytes(layout.shard_rows, b)
     need = {}  # arenas: every shard's chunk (None: not known)
     held = {}  # set aside first, given back to a field decoded after all
     for n in row:
         if layout.chunk_rows(n) == layout.shard_rows:
             need[n] = None if held_need_of is None else held_need_of(n)
-            share = budget * row[n] // total
+            share = held_share[n]
             held[n] = share if need[n] is None else min(share, need[n])
     left = budget - sum(held.values())
     decoded = {}
@@ -165,7 +186,7 @@ def split_value_bytes(layout: Layout, budget: int,
     for n in sorted(row, key=lambda n: row[n] / (2 if n in obs else 1)):  # (stable)
         avail = left + held.get(n, 0)
         give = min(whole[n], avail)
-        slots = decoded_slots(n_shards, layout.shard_rows * row[n], give)
+        slots = decoded_slots(n_shards, whole[n] // n_shards, give)
         values_per_row = int(np.prod(spec[n].shape, dtype=np.int64))
         if slots and (n not in held or worth_filling(slots, n_shards, values_per_row)):
             decoded[n] = give
@@ -176,4 +197,4 @@ def split_value_bytes(layout: Layout, budget: int,
             more = left if need[n] is None else min(left, need[n] - held[n])
             held[n] += more
             left -= more
-    return decoded, held
+    return decoded, held, {n: b for n, b in bits.items() if n in decoded}

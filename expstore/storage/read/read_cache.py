@@ -229,7 +229,7 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
         done = ready
         n = int(ready.sum())
         if n:
-            out[ready] = table.values[table.slot[shards[ready]], slots[ready]]
+            out[ready] = table.take(shards[ready], slots[ready])
         stats.chunk_cache_hits += n
     else:
         done = np.zeros(len(rows), bool)
@@ -281,6 +281,8 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
     held = claimed >= 0
     if not held.any():  # the hot set is full: rows decoded alone
         return table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
+    if table.code is not None:
+        return _fill_codes(table, ctx, uniq, inv, claimed, shards, slots, steps, dst, flat)
     per_slot = table.values[0].nbytes
     chunks = table.values.reshape(len(table.values), -1).view(np.uint8)
     if table.chunk_rows < table.shard_rows:
@@ -291,6 +293,41 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
     failed = np.zeros(len(uniq), bool)
     failed[inv[~got]] = True  # a row of the shard failed: its slot may hold anything
     table.commit(uniq[held & ~failed], table.fds)
+    table.release(uniq[held & failed])
+    return got, kernel
+
+
+def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.ndarray,
+                claimed: np.ndarray, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray,
+                dst: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, bool]:
+    """:func:`_read_filling` for a scalar held as codes (one chunk per shard): the kernel
+    decodes each claimed shard's chunk into a scratch row while it reads the batch's rows,
+    then each is coded into its slot (its rows the version trusts). Where the code book
+    cannot hold a shard's values, none of this call's shards is kept (the table's
+    :meth:`~ShardTable.spill`)."""
+    held = claimed >= 0
+    fds = table.fds
+    raw = table.shard_rows * table.dtype.itemsize
+    scratch = np.empty((int(held.sum()), raw), np.uint8)
+    at = np.full(len(uniq), -1, np.int64)
+    at[held] = np.arange(len(scratch), dtype=np.int64) * raw
+    got, kernel = fds.read(shards, slots, steps, dst, flat, ctx.stats,
+                           scratch.reshape(-1), at[inv])
+    failed = np.zeros(len(uniq), bool)
+    failed[inv[~got]] = True  # a row of the shard failed: its scratch may hold anything
+    keep = np.flatnonzero(held & ~failed)
+    e = fds.tab[uniq[keep]]
+    rows = np.clip(np.minimum(e[:, fds.NROWS], e[:, fds.TRUSTED] - e[:, fds.FIRST]), 0,
+                   table.shard_rows)
+    values = scratch.reshape(-1).view(table.dtype)
+    per = table.shard_rows
+    for j, n in zip(keep.tolist(), rows.tolist(), strict=True):
+        i = int(at[j]) // raw
+        if not table.keep(int(claimed[j]), values[i * per: i * per + n], n):
+            table.release(uniq[held])
+            table.spill()
+            return got, kernel
+    table.hold(uniq[keep], e[:, fds.FIRST], rows, e[:, fds.TRUSTED])
     table.release(uniq[held & failed])
     return got, kernel
 

@@ -41,6 +41,7 @@ from .hot_set import gather_held
 from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held, serve_undecoded
 from .read_stats import ReadStats
+from .scalar_codes import book_for, few_values
 from .shard_table import ShardTable
 
 __all__ = ["BATCH_ROWS", "ReadStats", "ShardReader", "StagedRead"]
@@ -104,9 +105,11 @@ class ShardReader(GeneralReads):
             # given back when the reader is closed, or collected if never closed
             self._fd_share = take_fds(self, fds)
             apply_read_depth_env()  # (the frame path's preads in flight: read_pool.h)
-            shares = kernel_shares(layout, fds, values_budget,
-                                   (lambda n: held_need(root, layout, n))
-                                   if isinstance(root, str) else None)
+            local = isinstance(root, str)
+            shares = kernel_shares(
+                layout, fds, values_budget,
+                (lambda n: held_need(root, layout, n)) if local else None,
+                (lambda n: few_values(root, layout, n, self.decoders[n])) if local else None)
             for n, f in layout.fields.items():
                 share, fdt = shares[n], None
                 if self.kernel_ok[n] and isinstance(root, str):
@@ -116,21 +119,29 @@ class ShardReader(GeneralReads):
                                   layout.checksum, f.row_nbytes,
                                   held_bytes=share.held_bytes)
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
+                code = (None if share.code_bits is None else
+                        book_for(f.dtype, share.code_bits, f.low, f.high))
                 self.tables[n] = ShardTable(n_shards, layout.shard_rows, layout.chunk_rows(n),
-                                            f.shape, f.dtype, values, fdt)
+                                            f.shape, f.dtype, values, fdt, code)
         #: how a batch reads each field: True where its hot set may hold every shard
-        #: decoded (:meth:`gather_held` serves it once filled), False where its rows come
-        #: in multi-row chunks its hot set holds only part of (or none: held compressed),
-        #: read per batch by :meth:`read_fields`; None (or absent) for frames (one row
-        #: per chunk) and fields without the batch path
-        self.held_whole: dict[str, bool | None] = {
-            n: None if t.per_row else t.max_slots >= len(t.slot) for n, t in self.tables.items()}
+        #: (decoded or as codes: :meth:`gather_held` serves it once filled), False where
+        #: its rows come in multi-row chunks its hot set holds only part of (or none: held
+        #: compressed; or a shard its code book could not hold), read per batch by
+        #: :meth:`read_fields`; None (or absent) for frames (one row per chunk) and fields
+        #: without the batch path
+        self.held_whole: dict[str, bool | None] = {}
+        self._judge_held_whole()
+        for t in self.tables.values():
+            t.on_spill = self._judge_held_whole
         self.stats = ReadStats()
         # ``_opened[(name, shard)] = (version token, trusted count)`` (see ``known``)
         self._kernel_read = KernelRead(self.stats)
         self._opened: dict[tuple[str, int], tuple[int, int]] = {}
         self._tokens = 0
         self._read_names: set[str] = set()  # fields read through heads so far
+
+    def _judge_held_whole(self) -> None:
+        self.held_whole.update({n: t.holds_whole for n, t in self.tables.items()})
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
         sizes = {n: f.row_nbytes for n, f in self.layout.fields.items()
@@ -406,7 +417,7 @@ class ShardReader(GeneralReads):
                 finally:
                     self._trim_heads()
                 continue
-            if native is not None and native.table_rows(
+            if native is not None and table.code is None and native.table_rows(
                     shards, slots, steps, table.first, table.n_rows, table.trusted, table.slot,
                     table.values, self.layout.shard_rows, vals):  # every row held: one loop
                 ready = np.ones(len(rows), bool)
@@ -415,7 +426,7 @@ class ShardReader(GeneralReads):
                 if not ready.all():
                     out[name] = (vals, self.read(name, rows, steps, vals))
                     continue
-                vals[...] = table.values[table.slot[shards], slots]
+                vals[...] = table.take(shards, slots)
             self.stats.chunk_cache_hits += len(rows)
             self.stats.rows += len(rows)
             out[name] = (vals, ready)

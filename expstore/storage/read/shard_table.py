@@ -12,11 +12,14 @@ holds, and finding their bytes or values, is then a handful of array operations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..format import ShardHead
 from .fd_table import FdTable
 from .kernel_budget import decoded_slots, worth_filling
+from .scalar_codes import CodeBook, byte_of, packed_bytes
 
 
 class ShardTable:
@@ -31,7 +34,8 @@ class ShardTable:
     """
 
     def __init__(self, n_shards: int, shard_rows: int, chunk_rows: int, shape: tuple,
-                 dtype: np.dtype, values_budget: int, fds: FdTable | None = None) -> None:
+                 dtype: np.dtype, values_budget: int, fds: FdTable | None = None,
+                 code: CodeBook | None = None) -> None:
         self.shard_rows = shard_rows
         self.chunk_rows = chunk_rows
         self.shape = tuple(shape)
@@ -43,11 +47,72 @@ class ShardTable:
         self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
         self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
         self.fds = fds
-        self.values = np.zeros((0, shard_rows, *self.shape), self.dtype)
-        per_slot = shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
-        self.max_slots = 0 if chunk_rows == 1 else decoded_slots(n_shards, per_slot,
-                                                                  values_budget)
+        self.values_budget = values_budget
+        #: the field's values as codes (scalars past the budget at their own width:
+        #: ``scalar_codes.py``), or ``None``: ``values`` holds them decoded
+        self.code = None if chunk_rows == 1 else code
+        #: a shard its code book could not hold was left out: the field is no longer
+        #: held whole, and no shard is admitted any more
+        self.spilled = False
+        #: called after :meth:`spill` (the reader judges again which fields it holds whole)
+        self.on_spill: Callable[[], None] | None = None
         self.opened = 0  # versions bound so far (shard opens of this field)
+        self._size_slots()
+
+    def _size_slots(self) -> None:
+        """An empty pool of value slots, and how many the budget allows."""
+        if self.code is None:
+            self.values = np.zeros((0, self.shard_rows, *self.shape), self.dtype)
+        else:
+            self.values = np.zeros((0, self.slot_bytes), np.uint8)
+        self.max_slots = 0 if self.chunk_rows == 1 else decoded_slots(
+            len(self.slot), self.slot_bytes, self.values_budget)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one value slot (a shard's rows, decoded or as codes) takes."""
+        if self.code is not None:
+            return packed_bytes(self.shard_rows, self.code.bits)
+        return self.shard_rows * self.dtype.itemsize * int(np.prod(self.shape))
+
+    @property
+    def holds_whole(self) -> bool | None:
+        """Whether every shard may be held (decoded or as codes); ``None`` for frames."""
+        if self.per_row:
+            return None
+        return self.max_slots >= len(self.slot) and not self.spilled
+
+    def take(self, shards: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Rows ``at`` of held ``shards`` (their slots ready), decoded."""
+        slots = self.slot[shards]
+        if self.code is None:
+            return self.values[slots, at]
+        return self.code.decode(self.values[slots, byte_of(at, self.code.bits)], at)
+
+    def keep(self, slot: int, values: np.ndarray, n_rows: int) -> bool:
+        """Put a shard's decoded ``values`` into value slot ``slot`` (as codes: its first
+        ``n_rows``, the rows it is trusted for); False where the code book cannot hold
+        them (see :meth:`spill`)."""
+        if self.code is None:
+            self.values[slot] = values
+            return True
+        return self.code.encode(np.asarray(values).reshape(-1)[:n_rows], self.values[slot])
+
+    def spill(self) -> None:
+        """A shard's values did not fit the code book. If no shard holds codes yet (its
+        first shard read already has too many values: stored past declared bounds), the
+        field is held decoded at its own width instead, within the same bytes; else no
+        shard is admitted any more (the rest are read from storage)."""
+        if self.code is not None and not (self.first[self.slot >= 0] >= 0).any():
+            self.code = None
+            self.owner = np.zeros(0, np.int64)
+            self.slot[:] = -1
+            self.first[:] = -1
+            self._size_slots()
+        else:
+            self.spilled = True
+        if self.on_spill is not None:
+            self.on_spill()
 
     @property
     def per_row(self) -> bool:
@@ -65,9 +130,12 @@ class ShardTable:
         s = self._take_slot(shard)
         if s < 0:
             return  # the budget is full: this shard's rows are read, not held
+        if not self.keep(s, values, max(0, min(head.n_rows, trusted - head.first_step))):
+            self.unbind(shard)
+            self.spill()
+            return
         self.first[shard], self.n_rows[shard] = head.first_step, head.n_rows
         self.trusted[shard], self.fd[shard] = trusted, fd
-        self.values[s] = values
 
     @property
     def fills(self) -> bool:
@@ -84,7 +152,8 @@ class ShardTable:
         """Whether every value slot the budget allows is taken: no shard is admitted any
         more (rows of shards without a slot are read alone; a shard holding one is still
         refilled when a lap rewrote it)."""
-        return len(self.owner) >= self.max_slots and not (self.owner < 0).any()
+        return self.spilled or (len(self.owner) >= self.max_slots
+                                and not (self.owner < 0).any())
 
     def claim(self, shards: np.ndarray) -> np.ndarray:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
@@ -95,7 +164,7 @@ class ShardTable:
         ready until :meth:`commit`."""
         s = self.slot[shards]
         need = np.flatnonzero(s < 0)
-        if len(need):
+        if len(need) and not self.spilled:
             free = np.flatnonzero(self.owner < 0)
             if len(free) < len(need) and len(self.owner) < self.max_slots:
                 self._grow(min(self.max_slots,
@@ -149,6 +218,8 @@ class ShardTable:
     def _take_slot(self, shard: int) -> int:
         """A free value slot for ``shard`` (-1: the budget is full; nothing is evicted)."""
         free = np.flatnonzero(self.owner < 0)
+        if self.spilled:
+            return -1
         if len(free):
             s = int(free[0])
         elif len(self.owner) < self.max_slots:
@@ -163,7 +234,7 @@ class ShardTable:
     def _grow(self, n: int) -> None:
         old = len(self.owner)
         self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
-        grown = np.zeros((n, *self.values.shape[1:]), self.dtype)
+        grown = np.zeros((n, *self.values.shape[1:]), self.values.dtype)
         grown[:old] = self.values
         self.values = grown
 
