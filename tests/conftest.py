@@ -21,6 +21,22 @@ atexit.register(shutil.rmtree, _SB3_LOGS, True)
 # --- S3: a real S3-protocol server (moto's server mode) on loopback -------------------------
 
 
+@pytest.fixture
+def general_reads(monkeypatch):
+    """Plans read the general way (``read_columns`` in ``assemble_batches``): a count."""
+    from expstore.loading import execute
+
+    calls = [0]
+    real = execute.read_columns
+
+    def counting(*args, **kw):
+        calls[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(execute, "read_columns", counting)
+    return calls
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """``python -m moto.server`` as a subprocess for the whole session: an object with

@@ -19,21 +19,6 @@ from expstore.loading import execute
 from expstore.loading.columns import numpy_alloc
 from expstore.loading.transition_batch import finish_many, read_columns
 
-
-@pytest.fixture
-def general_reads(monkeypatch):
-    """Plans read the general way (``read_columns`` in ``assemble_batches``)."""
-    calls = [0]
-    real = execute.read_columns
-
-    def counting(*args, **kw):
-        calls[0] += 1
-        return real(*args, **kw)
-
-    monkeypatch.setattr(execute, "read_columns", counting)
-    return calls
-
-
 #: hot_bytes -> the fields its hot set holds whole (a 1024-row store of 16 shards of 64
 #: rows: 5 + 2 float32 vectors, a float32 reward of a new value every row, two flags)
 BUDGETS = {

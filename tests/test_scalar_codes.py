@@ -18,9 +18,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_hot_set import same
 
 import expstore as es
-from expstore.loading import execute
 from expstore.storage.native import native
 from expstore.storage.read import hot_set
 from expstore.storage.read.scalar_codes import (
@@ -80,26 +80,6 @@ def check(batch: dict, reward=reward_of, action=action_of) -> None:
     assert (batch["reward"] == np.array([reward(int(x)) for x in g], np.float32)).all()
     assert (batch["terminated"] == (g % 50 == 49)).all()
     assert (batch["truncated"] == ((g % 70 == 69) & (g % 50 != 49))).all()
-
-
-def same(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
-
-
-@pytest.fixture
-def general_reads(monkeypatch):
-    """Plans read the general way (``read_columns`` in ``assemble_batches``)."""
-    calls = [0]
-    real = execute.read_columns
-
-    def counting(*args, **kw):
-        calls[0] += 1
-        return real(*args, **kw)
-
-    monkeypatch.setattr(execute, "read_columns", counting)
-    return calls
 
 
 def tables(store) -> dict:
