@@ -338,3 +338,21 @@ def test_codes_stay_right_while_another_process_laps_the_ring(tmp_path, run):
         newest = max(newest, int(transition_of(batch["obs"]).max()))
     assert batches > 5 and newest > 5000 + 4096  # (rows of its second lap were read)
     reader.close()
+
+
+def test_a_shard_the_probe_cannot_read_is_passed_over(tmp_path):
+    """``few_values`` reads 3 shards of the reward at open; one of them damaged (its
+    bytes flipped) or missing leaves the guess to the others, and the store opens."""
+    path = tmp_path / "s.zarr"
+    store = make_store(path)
+    write(store, 0, 4096)
+    L = store.layout
+    store.close()
+    first = path / L.shard_key("reward", 0)
+    raw = bytearray(first.read_bytes())
+    raw[len(raw) // 2:] = bytes(b ^ 0xFF for b in raw[len(raw) // 2:])
+    first.write_bytes(bytes(raw))
+    (path / L.shard_key("reward", 63)).unlink()
+    part = es.open(path, hot_bytes=BUDGET)
+    assert tables(part)["reward"].code is not None  # (shard 32 alone: 3 values)
+    part.close()
