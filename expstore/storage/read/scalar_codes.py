@@ -3,12 +3,14 @@ action in 4 or 8, a reward of few values in 8, instead of 1, 8 and 4 bytes.
 
 A scalar field (shape ``()``, one chunk per shard) that the hot set cannot hold decoded
 whole at its own width may still hold every shard as codes: each row's index into a
-:class:`CodeBook`, a table of the field's distinct values of ``2 ** bits`` entries, learned
-as shards are decoded (append-only: a code once given keeps its value). A bool takes 1 bit
-a row; an int with declared bounds ``low``/``high`` the fewest of 1, 2, 4 or 8 bits that
-hold the range; any other int or float 8 bits (256 values; Atari rewards take 3, a
-discrete action as many as the space has). A shard whose values the book cannot hold (a
-continuous reward) is not held: its rows are read from storage, as past the budget.
+:class:`CodeBook`, a table of ``2 ** bits`` of the field's values. A bool takes 1 bit a
+row and an int with declared bounds ``low``/``high`` the fewest of 1, 2, 4 or 8 bits that
+hold the range, both with a fixed book (code ``c`` is ``low + c``); any other int or float
+takes 8 bits (256 values; an Atari reward takes 3) with a book learned as shards are
+decoded (append-only: a code once given keeps its value), where the shards
+:func:`few_values` reads at open hold few values (a continuous reward keeps its width). A
+shard whose values the book cannot hold is not held: its rows are read from storage, as
+past the budget (:meth:`~expstore.storage.read.shard_table.ShardTable.spill`).
 
 Values round-trip exactly: the book keys a value by its bytes (``-0.0`` and ``0.0``, NaN
 payloads, stay what they were). Codes are packed low bits first in each byte, so row ``at``

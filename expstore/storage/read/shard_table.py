@@ -217,9 +217,9 @@ class ShardTable:
 
     def _take_slot(self, shard: int) -> int:
         """A free value slot for ``shard`` (-1: the budget is full; nothing is evicted)."""
-        free = np.flatnonzero(self.owner < 0)
         if self.spilled:
             return -1
+        free = np.flatnonzero(self.owner < 0)
         if len(free):
             s = int(free[0])
         elif len(self.owner) < self.max_slots:
