@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import expstore as es  # noqa: E402
 from benchmarks.baselines import dir_bytes, warm_page_cache  # noqa: E402
 from benchmarks.bench_rss import one_chunk, template_scalars, write_template_shards  # noqa: E402
+from benchmarks.page_cache import proactive_reclaim, resident_fraction  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
 
@@ -60,6 +61,7 @@ import json, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[2])
 import expstore as es
 from benchmarks.baselines import timed_loop
+from benchmarks.page_cache import DiskMeter
 t0 = time.perf_counter()
 store = es.open(sys.argv[1])
 r = {"open_s": time.perf_counter() - t0,
@@ -68,11 +70,14 @@ r = {"open_s": time.perf_counter() - t0,
      "shards": store.capacity // store.layout.shard_rows}
 repeats, seconds = int(sys.argv[3]), float(sys.argv[4])
 for bs in (32, 256):
-    step = lambda: store.sample(bs)
+    step = DiskMeter(lambda: store.sample(bs))
     for _ in range(max(1, 8 * r["shards"] // bs)):
         step()
+    step.start()
     runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+    step.stop()
     r[f"us_per_batch_bs{bs}"] = 1e6 * bs / statistics.median(runs)
+    r[f"disk_kb_per_batch_bs{bs}"] = step.kb_per_call
 r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(r))
 """
@@ -80,10 +85,13 @@ print(json.dumps(r))
 
 def measure(path: Path, repeats: int, seconds: float) -> dict:
     warm_page_cache(path)  # the measurement is of warm reads
+    before = resident_fraction(path)
     root = str(Path(__file__).resolve().parent.parent)
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), root, str(repeats),
                           str(seconds)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["resident_pct"] = f"{100 * before:.1f} / {100 * resident_fraction(path):.1f}"
+    return r
 
 
 def main() -> None:
@@ -121,7 +129,8 @@ def main() -> None:
             r[k.replace("us_per_batch_", "") + "_x_smallest"] = r[k] / base[k]
     body = markdown_table(results, [
         "rows", "shards", "gb_on_disk", "open_s", "open_rss_mb", "us_per_batch_bs32",
-        "bs32_x_smallest", "us_per_batch_bs256", "bs256_x_smallest", "rss_mb"])
+        "bs32_x_smallest", "us_per_batch_bs256", "bs256_x_smallest", "resident_pct",
+        "disk_kb_per_batch_bs256", "rss_mb"])
     body += (
         "\n\nA store of tiny rows (obs: 2 bytes, a vector in multi-row chunks; a discrete "
         "action, a reward, two end flags; one template shard written per shard with its own "
@@ -129,7 +138,12 @@ def main() -> None:
         "40-60 GB of disk. Each size in a fresh process, warm page cache: open_s / "
         "open_rss_mb = `es.open` time and the peak RSS after it (MiB); `store.sample(B)` "
         "after a warm-up drawing every shard ~8 times, medians of repeats; rss_mb = peak RSS "
-        f"at the end. Load average (1 min) {load0:.2f} at the start, "
+        "at the end. resident_pct = share of the store's file pages in the page cache "
+        "right after reading them all / after the measurement (`mincore`); "
+        "disk_kb_per_batch = kB the process fetched from the disk per timed batch "
+        "(`/proc/self/io`). Proactive reclaim on this machine: "
+        f"{proactive_reclaim() or 'none running'}. "
+        f"Load average (1 min) {load0:.2f} at the start, "
         f"{os.getloadavg()[0]:.2f} at the end.")
     print(body)
     save_json("billion", {"results": results})

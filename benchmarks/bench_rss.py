@@ -57,6 +57,7 @@ import expstore as es  # noqa: E402
 from benchmarks.baselines import drop_page_cache, warm_page_cache  # noqa: E402
 from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
+from benchmarks.page_cache import DiskMeter, proactive_reclaim, resident_fraction  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
 from expstore.storage import backend_for  # noqa: E402
@@ -370,11 +371,13 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
             build(path, rows, subsample=subsample, shard_rows=shard_rows).close()
             built = time.perf_counter() - t0
         warm_page_cache(path)  # the measurement is of warm reads
+        before = resident_fraction(path)
         out = subprocess.run([sys.executable, __file__, "--flat-child", str(path),
                               "--repeats", str(repeats), "--seconds", str(seconds)],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["build_s"] = built
+        r["resident_pct"] = f"{100 * before:.1f} / {100 * resident_fraction(path):.1f}"
         print(r, flush=True)
         results.append(r)
         if not keep:
@@ -401,12 +404,15 @@ def flat_child(path: Path, repeats: int, seconds: float) -> dict:
         if tag:  # the read path alone
             store = es.open(path, cache_bytes=0)
         for bs in (32, 256):
-            step = functools.partial(store.sample, bs)
+            step = DiskMeter(functools.partial(store.sample, bs))
             for _ in range(warm[bs]):
                 step()
             timed_loop(step, bs, seconds)
+            step.start()
             runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
+            step.stop()
             r[f"us_per_batch_bs{bs}{tag}"] = 1e6 * bs / statistics.median(runs)
+            r[f"disk_kb_per_batch_bs{bs}{tag}"] = step.kb_per_call
             if not tag:
                 r[f"tps_bs{bs}"] = statistics.median(runs)
         if not tag:
@@ -546,7 +552,9 @@ def main() -> None:
                                         "frame_cache_passed_by", "requests_per_batch_bs32",
                                         "shard_opens_per_batch_bs32",
                                         "scalar_opens_per_batch_bs32",
-                                        "index_opens_per_batch_bs32", "open_fds", "rss_mb"])
+                                        "index_opens_per_batch_bs32", "open_fds",
+                                        "resident_pct", "disk_kb_per_batch_bs256",
+                                        "disk_kb_per_batch_bs256_nocache", "rss_mb"])
             body += ("\n\n"
                      "`store.sample(B)` in this process, warm page cache (uniform, stacked 4"
                      " x frame uint8: Atari frames subsampled, one row per inner chunk as "
@@ -571,7 +579,11 @@ def main() -> None:
                      "versions the general path opened (header + whole index) per batch of "
                      "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
                      " peak RSS (MiB, `ru_maxrss`; each size is measured in a fresh "
-                     "process).")
+                     "process). How warm it was: resident_pct = share of the store's file "
+                     "pages in the page cache right after reading them all / after the "
+                     "measurement (`mincore`); disk_kb_per_batch = kB the process fetched "
+                     "from the disk per timed batch (`/proc/self/io`). Proactive reclaim on "
+                     f"this machine: {proactive_reclaim() or 'none running'}.")
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line(),

@@ -1,0 +1,115 @@
+"""How warm a "warm" measurement was: a store's pages in the page cache, and what the
+process fetched from the disk while it was timed.
+
+A benchmark that reads a store's files once and then calls its reads warm assumes the
+pages stay. On a machine that reclaims cold memory on its own they do not: the
+machines these benchmarks ran on have DAMON page out physical memory not accessed for
+~60 s, page cache included, at up to 128 MiB/s (``proactive_reclaim``). A 5 GB store
+sampled uniformly touches each of its pages every ~15 s, too rarely to count as used, so
+that a "warm" 100M-row measurement read part of its frames from the disk.
+
+* ``resident_fraction(path)``: the fraction of the bytes of the files under ``path`` that
+  are in the page cache (``mincore`` over a read-only mapping of each file).
+* ``own_disk_read_bytes()``: bytes the kernel fetched from storage for this process.
+* ``proactive_reclaim()``: a line naming the DAMON schemes that page memory out, or None.
+* ``DiskMeter``: counts the calls of a step and the disk bytes read while it ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_DAMON = Path("/sys/kernel/mm/damon/admin/kdamonds")
+
+
+def _resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages of ``path``)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0, 0
+    pages = (size + _PAGE - 1) // _PAGE
+    vec = ctypes.create_string_buffer(pages)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)  # (the mapping's address; nothing is read)
+        failed = _libc.mincore(ctypes.c_void_p(view.ctypes.data), size, vec)
+        del view
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mincore failed on {path}")
+    return int(np.count_nonzero(np.frombuffer(vec.raw, np.uint8) & 1)), pages
+
+
+def resident_fraction(path: str | Path) -> float:
+    """Fraction of the pages of the files under ``path`` in the page cache (0-1)."""
+    held = total = 0
+    for p in Path(path).rglob("*"):
+        if p.is_file():
+            h, t = _resident_pages(p)
+            held, total = held + h, total + t
+    return held / total if total else 1.0
+
+
+def own_disk_read_bytes() -> int:
+    """Bytes the kernel fetched from storage for this process so far (``/proc/self/io``)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def proactive_reclaim() -> str | None:
+    """A line naming the running DAMON schemes that page memory out (their minimum age in
+    seconds and their quota), or None where none runs (or this cannot be read)."""
+    found = []
+    try:
+        for kd in sorted(_DAMON.glob("[0-9]*")):
+            if (kd / "state").read_text().strip() != "on":
+                continue
+            for ctx in sorted((kd / "contexts").glob("[0-9]*")):
+                aggr_us = int((ctx / "monitoring_attrs/intervals/aggr_us").read_text())
+                for sc in sorted((ctx / "schemes").glob("[0-9]*")):
+                    if (sc / "action").read_text().strip() != "pageout":
+                        continue
+                    age = int((sc / "access_pattern/age/min").read_text()) * aggr_us / 1e6
+                    quota = int((sc / "quotas/bytes").read_text())
+                    ms = int((sc / "quotas/reset_interval_ms").read_text())
+                    found.append(f"DAMON pages out memory unused for {age:.0f} s"
+                                 + (f", up to {quota / 2**20:.0f} MiB per {ms} ms"
+                                    if quota else ""))
+    except (OSError, ValueError):
+        return None
+    return "; ".join(found) or None
+
+
+class DiskMeter:
+    """Wraps ``step``: ``meter()`` calls it, counting calls and the bytes this process
+    fetched from the disk while the meter was on (``start()`` / ``stop()``)."""
+
+    def __init__(self, step: Callable[[], Any]) -> None:
+        self.step, self.calls, self.bytes, self._at = step, 0, 0, None
+
+    def __call__(self) -> Any:
+        if self._at is not None:
+            self.calls += 1
+        return self.step()
+
+    def start(self) -> None:
+        self._at = own_disk_read_bytes()
+
+    def stop(self) -> None:
+        self.bytes += own_disk_read_bytes() - self._at
+        self._at = None
+
+    @property
+    def kb_per_call(self) -> float:
+        return self.bytes / 1e3 / max(1, self.calls)
