@@ -79,6 +79,13 @@ class FdTable:
         return ((e[:, self.FD] >= 0) & (e[:, self.FIRST] + slots == steps)
                 & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
 
+    def trusted_rows(self, entries: np.ndarray, shard_rows: int) -> np.ndarray:
+        """Rows (from a shard's first) that the versions open in ``entries`` (rows of
+        :attr:`tab`) hold and trust: what a cache may keep of each."""
+        return np.clip(np.minimum(entries[:, self.NROWS],
+                                  entries[:, self.TRUSTED] - entries[:, self.FIRST]),
+                       0, shard_rows)
+
     def read(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray, dst: np.ndarray,
              flat: np.ndarray, stats: Any, chunks: np.ndarray | None = None,
              chunk_dst: np.ndarray | None = None) -> tuple[np.ndarray, bool]:

@@ -317,8 +317,7 @@ def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.nd
     failed[inv[~got]] = True  # a row of the shard failed: its scratch may hold anything
     keep = np.flatnonzero(held & ~failed)
     e = fds.tab[uniq[keep]]
-    rows = np.clip(np.minimum(e[:, fds.NROWS], e[:, fds.TRUSTED] - e[:, fds.FIRST]), 0,
-                   table.shard_rows)
+    rows = fds.trusted_rows(e, table.shard_rows)
     values = scratch.reshape(-1).view(table.dtype)
     per = table.shard_rows
     for j, n in zip(keep.tolist(), rows.tolist(), strict=True):
@@ -348,7 +347,7 @@ def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.n
     fill = fill[~np.isin(fill, inv[~got])]  # (a row of the shard failed: not this time)
     e = fds.tab[uniq[fill]].copy()
     R, S = table.chunk_rows, table.shard_rows
-    rows = np.clip(np.minimum(e[:, fds.NROWS], e[:, fds.TRUSTED] - e[:, fds.FIRST]), 0, S)
+    rows = fds.trusted_rows(e, S)
     n_chunks = -(-rows // R)
     if kernel and n_chunks.sum():
         owner = np.repeat(np.arange(len(fill)), n_chunks)
