@@ -57,7 +57,12 @@ import expstore as es  # noqa: E402
 from benchmarks.baselines import drop_page_cache, warm_page_cache  # noqa: E402
 from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
-from benchmarks.page_cache import DiskMeter, proactive_reclaim, resident_fraction  # noqa: E402
+from benchmarks.page_cache import (  # noqa: E402
+    DiskMeter,
+    proactive_reclaim,
+    resident_fraction,
+    resident_pages,
+)
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
 from expstore.storage import backend_for  # noqa: E402
@@ -294,38 +299,6 @@ def evict(path: Path, sample: int = 256) -> float:
         c, t = resident_pages(name)
         cached, total = cached + c, total + t
     return cached / max(1, total)
-
-
-def resident_pages(name: str) -> tuple[int, int]:
-    """``(pages in the page cache, pages)`` of file ``name`` (``mincore`` on a mapping)."""
-    import ctypes
-    import mmap
-
-    size = os.path.getsize(name)
-    if size == 0:
-        return 0, 0
-    page = mmap.PAGESIZE
-    n = -(-size // page)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap {name}")
-        vec = ctypes.create_string_buffer(n)
-        try:
-            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore {name}")
-        finally:
-            libc.munmap(ctypes.c_void_p(addr), size)
-    finally:
-        os.close(fd)
-    return sum(b & 1 for b in vec.raw), n
 
 
 def open_rss(sizes: list[int], root: Path, one_pass_max: int, cold: bool,

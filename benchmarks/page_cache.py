@@ -8,8 +8,9 @@ machines these benchmarks ran on have DAMON page out physical memory not accesse
 sampled uniformly touches each of its pages every ~15 s, too rarely to count as used, so
 that a "warm" 100M-row measurement read part of its frames from the disk.
 
-* ``resident_fraction(path)``: the fraction of the bytes of the files under ``path`` that
-  are in the page cache (``mincore`` over a read-only mapping of each file).
+* ``resident_fraction(path)``: the fraction of the pages of the files under ``path`` that
+  are in the page cache (``resident_pages``: ``mincore`` over a read-only mapping of each
+  file).
 * ``own_disk_read_bytes()``: bytes the kernel fetched from storage for this process.
 * ``proactive_reclaim()``: a line naming the DAMON schemes that page memory out, or None.
 * ``DiskMeter``: counts the calls of a step and the disk bytes read while it ran.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,9 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _DAMON = Path("/sys/kernel/mm/damon/admin/kdamonds")
 
 
-def _resident_pages(path: Path) -> tuple[int, int]:
-    """(pages of ``path`` in the page cache, pages of ``path``)."""
-    size = path.stat().st_size
+def resident_pages(path: str | Path) -> tuple[int, int]:
+    """(pages of file ``path`` in the page cache, pages of ``path``)."""
+    size = os.path.getsize(path)
     if size == 0:
         return 0, 0
     pages = (size + _PAGE - 1) // _PAGE
@@ -53,7 +55,7 @@ def resident_fraction(path: str | Path) -> float:
     held = total = 0
     for p in Path(path).rglob("*"):
         if p.is_file():
-            h, t = _resident_pages(p)
+            h, t = resident_pages(p)
             held, total = held + h, total + t
     return held / total if total else 1.0
 
