@@ -14,7 +14,9 @@ encoded template shard (as ``bench_rss.py`` builds its stores), each with its ow
 Each size is opened and sampled in a fresh process, after the store's files were read
 into the page cache: open time and peak RSS, then ``store.sample(32)`` and
 ``store.sample(256)`` after a warm-up drawing every shard ~8 times (medians of repeats).
-x_smallest = the figure / the smallest store's. Writes section "Sampling at a billion
+x_smallest = the figure / the smallest store's. How warm that was is measured
+(``benchmarks/page_cache.py``): the store's pages resident before and after, and the disk
+bytes the sampling process read per batch. Writes section "Sampling at a billion
 rows" of benchmarks/RESULTS.md and results/billion.json.
 """
 

@@ -31,7 +31,9 @@ in RAM (tens of MB whatever its size); on disk it takes ~5.1 bytes per row of sn
 plus the metadata shards (measured: see the report of issue 26), so 1B rows need ~6 GB of
 disk and, to open, 5 GB of RAM for the index. ``--flat``: stores of small frames (Atari frames
 subsampled to 17x17, stacked 4, same template scheme) sampled in this process at each
-size: batch cost should not grow with rows.
+size: batch cost should not grow with rows. How warm "warm" was is measured, not assumed
+(``benchmarks/page_cache.py``): the share of the store's pages in the page cache before
+and after, and what the sampling process fetched from the disk per batch.
 """
 
 from __future__ import annotations
