@@ -2,11 +2,12 @@
 process fetched from the disk while it was timed.
 
 A benchmark that reads a store's files once and then calls its reads warm assumes the
-pages stay. On a machine that reclaims cold memory on its own they do not: the
+pages stay. On a machine that reclaims cold memory on its own they need not: the
 machines these benchmarks ran on have DAMON page out physical memory not accessed for
 ~60 s, page cache included, at up to 128 MiB/s (``proactive_reclaim``). A 5 GB store
-sampled uniformly touches each of its pages every ~15 s, too rarely to count as used, so
-that a "warm" 100M-row measurement read part of its frames from the disk.
+sampled uniformly touches each of its pages every ~15 s, too rarely to count as used: a
+store read long before a run is partly read from the disk by it, and a long run can lose
+pages as it goes. Memory pressure does the same where a store and the rest do not fit.
 
 * ``resident_fraction(path)``: the fraction of the pages of the files under ``path`` that
   are in the page cache (``resident_pages``: ``mincore`` over a read-only mapping of each
