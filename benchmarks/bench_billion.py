@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import expstore as es  # noqa: E402
 from benchmarks.baselines import dir_bytes, warm_page_cache  # noqa: E402
 from benchmarks.bench_rss import one_chunk, template_scalars, write_template_shards  # noqa: E402
-from benchmarks.page_cache import proactive_reclaim, resident_fraction  # noqa: E402
+from benchmarks.page_cache import resident_fraction, resident_pct, warmth_note  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def measure(path: Path, repeats: int, seconds: float) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), root, str(repeats),
                           str(seconds)], capture_output=True, text=True, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    r["resident_pct"] = f"{100 * before:.1f} / {100 * resident_fraction(path):.1f}"
+    r["resident_pct"] = resident_pct(before, path)
     return r
 
 
@@ -140,12 +140,7 @@ def main() -> None:
         "40-60 GB of disk. Each size in a fresh process, warm page cache: open_s / "
         "open_rss_mb = `es.open` time and the peak RSS after it (MiB); `store.sample(B)` "
         "after a warm-up drawing every shard ~8 times, medians of repeats; rss_mb = peak RSS "
-        "at the end. resident_pct = share of the store's file pages in the page cache "
-        "right after reading them all / after the measurement (`mincore`); "
-        "disk_kb_per_batch = kB the process fetched from the disk per timed batch "
-        "(`/proc/self/io`). Proactive reclaim on this machine: "
-        f"{proactive_reclaim() or 'none running'}. "
-        f"Load average (1 min) {load0:.2f} at the start, "
+        f"at the end. {warmth_note()} Load average (1 min) {load0:.2f} at the start, "
         f"{os.getloadavg()[0]:.2f} at the end.")
     print(body)
     save_json("billion", {"results": results})

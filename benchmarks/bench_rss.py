@@ -61,9 +61,10 @@ from benchmarks.expstore_case import spec_for_frames  # noqa: E402
 from benchmarks.frames import load_atari_frames  # noqa: E402
 from benchmarks.page_cache import (  # noqa: E402
     DiskMeter,
-    proactive_reclaim,
     resident_fraction,
     resident_pages,
+    resident_pct,
+    warmth_note,
 )
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 from expstore.rows import FLAG_FIRST, FLAG_LAST  # noqa: E402
@@ -352,7 +353,7 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["build_s"] = built
-        r["resident_pct"] = f"{100 * before:.1f} / {100 * resident_fraction(path):.1f}"
+        r["resident_pct"] = resident_pct(before, path)
         print(r, flush=True)
         results.append(r)
         if not keep:
@@ -554,11 +555,7 @@ def main() -> None:
                      "versions the general path opened (header + whole index) per batch of "
                      "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
                      " peak RSS (MiB, `ru_maxrss`; each size is measured in a fresh "
-                     "process). How warm it was: resident_pct = share of the store's file "
-                     "pages in the page cache right after reading them all / after the "
-                     "measurement (`mincore`); disk_kb_per_batch = kB the process fetched "
-                     "from the disk per timed batch (`/proc/self/io`). Proactive reclaim on "
-                     f"this machine: {proactive_reclaim() or 'none running'}.")
+                     "process). How warm it was: " + warmth_note())
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line(),

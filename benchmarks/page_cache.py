@@ -12,9 +12,11 @@ pages as it goes. Memory pressure does the same where a store and the rest do no
 * ``resident_fraction(path)``: the fraction of the pages of the files under ``path`` that
   are in the page cache (``resident_pages``: ``mincore`` over a read-only mapping of each
   file).
-* ``own_disk_read_bytes()``: bytes the kernel fetched from storage for this process.
+* ``resident_pct`` and ``warmth_note()``: the column and the sentence a results section
+  gives them.
 * ``proactive_reclaim()``: a line naming the DAMON schemes that page memory out, or None.
-* ``DiskMeter``: counts the calls of a step and the disk bytes read while it ran.
+* ``DiskMeter``: counts the calls of a step and the disk bytes this process read while it
+  ran (``cold_cache.disk_read_bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.cold_cache import disk_read_bytes
 
 _PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -61,13 +65,19 @@ def resident_fraction(path: str | Path) -> float:
     return held / total if total else 1.0
 
 
-def own_disk_read_bytes() -> int:
-    """Bytes the kernel fetched from storage for this process so far (``/proc/self/io``)."""
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+def resident_pct(before: float, path: str | Path) -> str:
+    """``"before / now"``: the share of ``path``'s pages in the page cache (percent), as
+    ``before`` (a :func:`resident_fraction`) and as it is now."""
+    return f"{100 * before:.1f} / {100 * resident_fraction(path):.1f}"
+
+
+def warmth_note() -> str:
+    """The sentence a results section gives for the ``resident_pct`` and
+    ``disk_kb_per_batch`` columns, with this machine's proactive reclaim."""
+    return ("resident_pct = share of the store's file pages in the page cache right after "
+            "reading them all / after the measurement (`mincore`); disk_kb_per_batch = kB "
+            "the process fetched from the disk per timed batch (`/proc/self/io`). Proactive "
+            f"reclaim on this machine: {proactive_reclaim() or 'none running'}.")
 
 
 def proactive_reclaim() -> str | None:
@@ -107,10 +117,10 @@ class DiskMeter:
         return self.step()
 
     def start(self) -> None:
-        self._at = own_disk_read_bytes()
+        self._at = disk_read_bytes([os.getpid()])
 
     def stop(self) -> None:
-        self.bytes += own_disk_read_bytes() - self._at
+        self.bytes += disk_read_bytes([os.getpid()]) - self._at
         self._at = None
 
     @property
