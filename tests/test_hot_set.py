@@ -232,7 +232,10 @@ def test_a_learner_thread_samples_while_another_thread_adds_at_full_speed(tmp_pa
     store; the integrations lock instead): every batch must still hold each sample's own
     transition, across many laps of a small ring. Before rows were checked to be still
     staged after their copy, about one run of this test in 15 got a row of another lap
-    or of uninitialised memory; the slow variant runs it for 40 s."""
+    or of uninitialised memory; the slow variant runs it for 40 s, its second half with
+    the GIL handed between the threads every 10 us instead of 5 ms (adds then land
+    between any two steps of a sample: before plans judged their anchors again at the
+    steps they name, a final row came out as a transition within ~60 s of that)."""
     import threading
 
     store = make_store(tmp_path / "s.zarr", capacity=256, shard_rows=32, fsync=False)
@@ -253,12 +256,16 @@ def test_a_learner_thread_samples_while_another_thread_adds_at_full_speed(tmp_pa
     thread = threading.Thread(target=adding)
     thread.start()
     batches = 0
+    switch = sys.getswitchinterval()
     try:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             check(sampler.sample(32))
             batches += 1
+            if seconds > 10 and time.monotonic() > end - seconds / 2:
+                sys.setswitchinterval(1e-5)
     finally:
+        sys.setswitchinterval(switch)
         done.set()
         thread.join()
     assert not errors and batches > 100

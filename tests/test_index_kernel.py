@@ -82,7 +82,7 @@ def test_valid_is_the_same_in_c_and_numpy(monkeypatch, lanes, L):
 @pytest.mark.parametrize("lanes,L", CASES)
 def test_windows_are_the_same_in_c_and_numpy(monkeypatch, lanes, L):
     rng = np.random.default_rng(7 + lanes * 100 + L)
-    seen_pad = seen_short = False
+    seen_pad = seen_short = seen_bad = False
     for _ in range(40):
         idx = random_index(rng, lanes, L)
         anchors = np.flatnonzero(idx.valid(np.arange(idx.capacity), 3, 3))
@@ -91,17 +91,22 @@ def test_windows_are_the_same_in_c_and_numpy(monkeypatch, lanes, L):
         for k in (1, 2, 4):
             for n_step in (1, 3):
                 for committed in (False, True):
-                    fast = idx.windows(anchors, k, n_step, committed)
+                    fast = idx.windows(anchors, k, n_step, committed, k - 1, 1)
                     with monkeypatch.context() as m:
                         numpy_only(m)
-                        slow = idx.windows(anchors, k, n_step, committed)
+                        slow = idx.windows(anchors, k, n_step, committed, k - 1, 1)
+                    assert len(fast) == len(slow) == 9
                     for name, f, s in zip(("steps", "m", "obs_rows", "obs_pad", "obs_steps",
-                                           "next_rows", "next_pad", "next_steps"), fast, slow):
+                                           "next_rows", "next_pad", "next_steps", "ok"),
+                                          fast, slow):
                         assert f.dtype == s.dtype and f.shape == s.shape, name
                         np.testing.assert_array_equal(f, s, err_msg=name)
                     seen_pad |= bool(fast[3].any())
                     seen_short |= bool((fast[1] < n_step).any())
-    assert seen_pad and seen_short  # stacks clamped at episode starts, horizons cut short
+                    seen_bad |= not fast[8].all()
+    # stacks clamped at episode starts, horizons cut short, anchors valid for history 3 and
+    # horizon 3 but not for guard 1
+    assert seen_pad and seen_short and seen_bad
 
 
 @pytest.mark.parametrize("lanes,L", CASES)

@@ -12,13 +12,22 @@
  *   uniform(draws, count, lower, upper, flags, episode_step, L, history, horizon, bits,
  *           out, filled) -> filled
  *   windows(rows, count, upper, flags, episode_step, L, k, n_step, bits, steps, m,
- *           obs_rows, obs_pad, obs_steps, next_rows, next_pad, next_steps)
+ *           obs_rows, obs_pad, obs_steps, next_rows, next_pad, next_steps,
+ *           valid_from, guard, history, ok)
  *
  * Index arrays: ``count`` / ``lower`` / ``upper`` int64 per lane (rows visible, oldest step
  * a sample may touch, one past the newest readable step); ``flags`` uint8 and
  * ``episode_step`` int32 per row; ``L`` rows per lane; ``bits`` = (NO_ANCHOR, FIRST, LAST).
  * ``valid`` and ``windows`` answer None (and write nothing) where a row is outside the
  * index: the caller's numpy path then decides what such rows mean.
+ *
+ * ``windows`` also says, in ``ok``, which anchors are ``valid`` (``history``, horizon
+ * ``n_step``, the lower bound ``max(valid_from, count - L + guard)``) for the very steps it
+ * derived, in the same call: another thread of the process may add rows between a
+ * sampler's draw and its plan (the draw's bound taken before ``rng`` released the GIL),
+ * and a drawn row may by then hold a later step, a final row or one whose next step is not
+ * written. The call holds the GIL throughout, and the writer changes the index only under
+ * it, so the plan and its ``ok`` describe one state.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -222,25 +231,33 @@ static inline void stack_of(const index_t *x, int64_t row, int64_t s, int64_t k,
 }
 
 static PyObject *py_windows(PyObject *self, PyObject *args) {
-    PyObject *rows_o, *bits, *o[5], *outs[8];
-    long long L, k, n_step;
-    if (!PyArg_ParseTuple(args, "OOOOOLLLOOOOOOOOO", &rows_o, &o[0], &o[2], &o[3], &o[4], &L,
-                          &k, &n_step, &bits, &outs[0], &outs[1], &outs[2], &outs[3],
-                          &outs[4], &outs[5], &outs[6], &outs[7]))
+    PyObject *rows_o, *bits, *o[5], *outs[8], *vf_o, *ok_o;
+    long long L, k, n_step, guard, history;
+    if (!PyArg_ParseTuple(args, "OOOOOLLLOOOOOOOOOOLLO", &rows_o, &o[0], &o[2], &o[3], &o[4],
+                          &L, &k, &n_step, &bits, &outs[0], &outs[1], &outs[2], &outs[3],
+                          &outs[4], &outs[5], &outs[6], &outs[7], &vf_o, &guard, &history,
+                          &ok_o))
         return NULL;
     static const char *names[] = {"steps", "m", "obs_rows", "obs_pad", "obs_steps",
                                   "next_rows", "next_pad", "next_steps"};
     static const Py_ssize_t sizes[] = {8, 8, 8, 1, 8, 8, 1, 8};
-    held_buffer b[5], rb = {0}, ob[8];
+    held_buffer b[5], rb = {0}, ob[8], vb = {0}, okb = {0};
     memset(b, 0, sizeof b);
     memset(ob, 0, sizeof ob);
     index_t x;
+    int64_t *lower = NULL;
     PyObject *result = NULL;
     o[1] = Py_None;
-    if (load_index(&x, b, o, L, 0, 1, bits) || take_ints(rows_o, &rb, 8, 0, "rows")) goto done;
+    if (load_index(&x, b, o, L, 0, 1, bits) || take_ints(rows_o, &rb, 8, 0, "rows") ||
+        take_ints(vf_o, &vb, 8, 0, "valid_from") || take_ints(ok_o, &okb, 1, 1, "ok"))
+        goto done;
     Py_ssize_t n = rb.view.len / 8;
-    if (k < 1 || n_step < 1) {
-        PyErr_SetString(PyExc_ValueError, "k and n_step: expected >= 1");
+    if (k < 1 || n_step < 1 || guard < 0 || history < 0) {
+        PyErr_SetString(PyExc_ValueError, "k and n_step: expected >= 1, guard and history >= 0");
+        goto done;
+    }
+    if (vb.view.len / 8 != x.lanes || okb.view.len != n) {
+        PyErr_SetString(PyExc_ValueError, "valid_from: one entry per lane, ok: one per row");
         goto done;
     }
     for (int i = 0; i < 8; i++) {
@@ -256,11 +273,23 @@ static PyObject *py_windows(PyObject *self, PyObject *args) {
         result = Py_None;
         goto done;
     }
+    if (!(lower = PyMem_Malloc(sizeof(int64_t) * (size_t)(x.lanes ? x.lanes : 1)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *vf = vb.view.buf;
+    for (int64_t l = 0; l < x.lanes; l++) { /* RowIndex.lower_bound(guard) */
+        int64_t lo = x.count[l] - x.L + guard;
+        lower[l] = vf[l] > lo ? vf[l] : lo;
+    }
+    x.lower = lower;
     int64_t *steps = ob[0].view.buf, *m = ob[1].view.buf;
+    uint8_t *ok = okb.view.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t row = rows[i], s = step_of(&x, row), h = horizon_of(&x, row, s, n_step);
         int64_t lane = row / x.L, end = lane * x.L + floor_mod(s + h, x.L);
         steps[i] = s, m[i] = h;
+        ok[i] = (uint8_t)(h > 0 && valid_row(&x, row, history, 1)); /* (valid, horizon n_step) */
         stack_of(&x, row, s, k, (int64_t *)ob[2].view.buf + i * k,
                  (uint8_t *)ob[3].view.buf + i * k, (int64_t *)ob[4].view.buf + i * k);
         stack_of(&x, end, s + h, k, (int64_t *)ob[5].view.buf + i * k,
@@ -268,9 +297,10 @@ static PyObject *py_windows(PyObject *self, PyObject *args) {
     }
     result = Py_True;
 done:
+    PyMem_Free(lower);
     for (int i = 0; i < 5; i++) release(&b[i]);
     for (int i = 0; i < 8; i++) release(&ob[i]);
-    release(&rb);
+    release(&rb), release(&vb), release(&okb);
     Py_XINCREF(result);
     return result;
 }

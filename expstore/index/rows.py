@@ -245,13 +245,7 @@ class RowIndex:
                             int(horizon), _BITS, ok.ravel()) is not None:
                 return ok
         steps = self.steps(rows)
-        lo = lower[0] if self.lanes == 1 else lower[rows // self.lane_capacity]
-        ok = (self.flags[rows] & NO_ANCHOR) == 0
-        ok &= steps >= 0
-        if history:
-            ok &= steps - np.minimum(self.episode_step[rows], history) >= lo
-        else:
-            ok &= steps >= lo
+        ok = self._anchors(rows, steps, history, guard)
         ok &= self.horizon(rows, horizon, committed_only, steps)[1] > 0
         return ok
 
@@ -304,26 +298,61 @@ class RowIndex:
         out = lane[:, None] * L + (slot[:, None] - shift) % L
         return out, pad, np.asarray(steps, np.int64)[:, None] - shift
 
-    def windows(self, rows: np.ndarray, k: int, n_step: int = 1,
-                committed_only: bool = False) -> tuple[np.ndarray, ...]:
+    def windows(self, rows: np.ndarray, k: int, n_step: int = 1, committed_only: bool = False,
+                history: int = 0, guard: int = 0) -> tuple[np.ndarray, ...]:
         """What a read plan needs of anchor ``rows``: ``(steps, m, obs_rows, obs_pad,
-        obs_steps, next_rows, next_pad, next_steps)``: their steps, the :meth:`horizon`
-        ``m`` (up to ``n_step``) and the :meth:`stack` of ``k`` rows ending at each anchor
-        and at ``m`` steps after it."""
+        obs_steps, next_rows, next_pad, next_steps, ok)``: their steps, the :meth:`horizon`
+        ``m`` (up to ``n_step``), the :meth:`stack` of ``k`` rows ending at each anchor and
+        at ``m`` steps after it, and which anchors are :meth:`valid` (``history``,
+        ``guard``) for those very steps.
+
+        ``ok`` is what makes a plan safe beside another thread adding to the store: a row
+        a sampler drew as valid may hold a later step by the time its plan is made (a
+        final row, or one whose next step is not written yet). The kernel answers
+        everything in one call under the GIL; the numpy path derives every answer from one
+        reading of the counts and then checks that no named row was rewritten since."""
         rows = np.ascontiguousarray(rows, np.int64)
         n = len(rows)
         if native is not None and rows.ndim == 1:
             out = (np.empty(n, np.int64), np.empty(n, np.int64),
                    np.empty((n, k), np.int64), np.empty((n, k), bool),
                    np.empty((n, k), np.int64), np.empty((n, k), np.int64),
-                   np.empty((n, k), bool), np.empty((n, k), np.int64))
+                   np.empty((n, k), bool), np.empty((n, k), np.int64), np.empty(n, bool))
             if native.windows(rows, self.count, self.upper_bound(committed_only), self.flags,
                               self.episode_step, self.lane_capacity, int(k), int(n_step),
-                              _BITS, *out) is not None:
+                              _BITS, *out[:8], self.valid_from, int(guard), int(history),
+                              out[8]) is not None:
                 return out
         steps = self.steps(rows)
         ends, m = self.horizon(rows, n_step, committed_only, steps)
-        return (steps, m, *self.stack(rows, steps, k), *self.stack(ends, steps + m, k))
+        ok = self._anchors(rows, steps, history, guard) & (m > 0)
+        obs, nxt = self.stack(rows, steps, k), self.stack(ends, steps + m, k)
+        for r, s in ((rows[:, None], steps[:, None]), obs[::2], nxt[::2]):
+            ok &= self.current(r, s).all(axis=1)
+        return (steps, m, *obs, *nxt, ok)
+
+    def _anchors(self, rows: np.ndarray, steps: np.ndarray, history: int, guard: int
+                 ) -> np.ndarray:
+        """:meth:`valid` of ``rows`` at ``steps`` less the horizon: not a final or lost
+        row, written, and ``history`` rows back (capped at the episode start) in bounds."""
+        lower = self.lower_bound(guard)
+        lo = lower[0] if self.lanes == 1 else lower[rows // self.lane_capacity]
+        ok = ((self.flags[rows] & NO_ANCHOR) == 0) & (steps >= 0)
+        if history:
+            return ok & (steps - np.minimum(self.episode_step[rows], history) >= lo)
+        return ok & (steps >= lo)
+
+    def current(self, rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Which ``rows`` still hold ``steps`` (same shapes), intact: no add rewrote them
+        since the steps were read. Steps only grow, so a row that holds its step now held
+        it throughout, with the same metadata: a writer raises ``valid_from`` past a row's
+        old step before it rewrites the row's metadata (what the bound check here
+        rejects)."""
+        rows = np.asarray(rows, np.int64)
+        steps = np.asarray(steps, np.int64)
+        lower = self.lower_bound()
+        lo = lower[0] if self.lanes == 1 else lower[rows // self.lane_capacity]
+        return (self.steps(rows) == steps) & (steps >= lo)
 
     def horizon(self, rows: np.ndarray, n: int, committed_only: bool = False,
                 steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import NotEnoughData, StaleBatchError
 from .plans import IN_PROCESS, ReaderView, ReadPlan, merge_plans
-from .windows import make_plan
+from .windows import checked_plan
 
 #: seconds between refreshes of a sampler on a read-only store (``refresh_every="auto"``)
 AUTO_REFRESH = 1.0
@@ -213,9 +214,9 @@ class Sampler:
         spares each), drawn at once: the same as ``ReadPlan.concat`` of single plans."""
         batch_size, batches = check_batch(batch_size, batches)
         rows, w = self.sample_rows(batch_size, batches, view)
-        return make_plan(self.index, rows, w, self.history, self.n_step, self.gamma,
-                         spare=view.spare, committed_only=view.committed_only,
-                         batches=batches)
+        return plan_valid(self, rows, w, view, lambda r, wt: checked_plan(
+            self.index, r, wt, self.history, self.n_step, self.gamma, view.spare,
+            view.committed_only, batches, self.guard_for(view)))
 
     def plan_batches(self, k: int, batch_size: int, view: ReaderView = IN_PROCESS
                      ) -> list[Any]:
@@ -237,6 +238,40 @@ class Sampler:
         """Uniform samplers ignore priorities: 0 rows set (the prioritized samplers'
         arguments, so one training loop serves every sampler)."""
         return 0
+
+
+#: rounds of drawing again the samples another thread's adds made invalid before
+#: :func:`plan_valid` gives up
+REDRAWS = 64
+
+
+def plan_valid(sampler: Sampler, rows: np.ndarray, weights: np.ndarray | None,
+               view: ReaderView, build: Callable[[np.ndarray, np.ndarray | None],
+                                                 tuple[Any, np.ndarray]]) -> Any:
+    """``build(rows, weights)``'s plan (a ``ReadPlan`` or ``SequencePlan``) once every
+    sample of it is valid at the steps it names: the samples ``build`` says are not
+    (``(plan, ok)``) are drawn again and planned in their places.
+
+    A sampler's draw and its plan read the index at two moments (the draw's random
+    numbers release the GIL), and another thread of the process adding to the store
+    between them may make a drawn row hold a later step: a final row, or one whose next
+    step is not written yet. Without other threads every sample is valid at once."""
+    plan, ok = build(rows, weights)
+    for _ in range(REDRAWS):
+        if np.count_nonzero(ok) == len(ok):  # (a quarter of ``ok.all()``'s cost)
+            return plan
+        bad = np.flatnonzero(~ok)
+        more, more_w = sampler.draw_rows(len(bad), 1, replace(view, spare=0))
+        part, part_ok = build(more[: len(bad)], None if more_w is None else more_w[: len(bad)])
+        n = len(ok)
+        for f in fields(plan):  # (every per-sample array: the samples' rows in the plan)
+            v = getattr(plan, f.name)
+            if isinstance(v, np.ndarray) and v.shape[:1] == (n,):
+                v[bad] = getattr(part, f.name)
+        ok[bad] = part_ok
+    raise StaleBatchError(f"{REDRAWS} rounds of drawing again the samples that rows added "
+                          "meanwhile rewrote did not give a valid batch: another thread "
+                          "adds to the store faster than this sampler can plan")
 
 
 #: plans :func:`read_fresh` (and ``make_loader``) draw before they give up

@@ -27,7 +27,7 @@ from ..errors import NotEnoughData
 from ..index.priorities import PriorityIndex, to_numpy
 from ..index.rows import RowIndex
 from ..rows import FLAG_FIRST, FLAG_LAST, NO_ANCHOR
-from .base import Sampler, check_batch
+from .base import Sampler, check_batch, plan_valid
 from .by_priority import BetaSchedule, PriorityDraw, ReadsPriorities
 from .plans import IN_PROCESS, ReaderView, SequencePlan
 from .uniform import uniform_rows
@@ -65,26 +65,49 @@ def sequence_valid(index: RowIndex, rows: np.ndarray, burn_in: int, length: int,
     rows = np.asarray(rows, np.int64)
     if not len(rows):
         return np.zeros(0, bool)
-    lane = rows // index.lane_capacity
     steps = index.steps(rows)
+    _, complete = _forward(index, rows, steps, length, index.upper_bound(committed_only))
+    return _starts(index, rows, steps, complete, burn_in + history, guard, period)
+
+
+def _starts(index: RowIndex, rows: np.ndarray, steps: np.ndarray, complete: np.ndarray,
+            back: int, guard: int, period: int) -> np.ndarray:
+    """:func:`sequence_valid` of ``rows`` at ``steps`` whose windows are ``complete``
+    (``_forward``); ``back``: rows of burn-in and frame history before each start."""
+    lane = rows // index.lane_capacity
     pos = index.episode_step[rows].astype(np.int64)
     ok = (steps >= 0) & ((index.flags[rows] & NO_ANCHOR) == 0) & (pos % period == 0)
-    back = np.minimum(pos, burn_in + history)
-    ok &= steps - back >= index.lower_bound(guard)[lane]
-    _, complete = _forward(index, rows, steps, length, index.upper_bound(committed_only))
+    ok &= steps - np.minimum(pos, back) >= index.lower_bound(guard)[lane]
     return ok & complete
 
 
 def make_sequence_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None,
                        burn_in: int, length: int, history: int = 0, spare: int = 0,
                        committed_only: bool = False) -> SequencePlan:
-    """Plan for start rows already checked with :func:`sequence_valid`."""
+    """Plan for start rows already checked with :func:`sequence_valid`; ``ValueError``
+    naming the rows that no longer start one (rows added since rewrote them)."""
+    plan, ok = checked_sequence_plan(index, rows, weight, burn_in, length, history, spare,
+                                     committed_only)
+    if not ok.all():
+        raise ValueError(f"rows {plan.rows[~ok][:8].tolist()} cannot start a sequence "
+                         "(rows added since they were checked rewrote them)")
+    return plan
+
+
+def checked_sequence_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None,
+                          burn_in: int, length: int, history: int = 0, spare: int = 0,
+                          committed_only: bool = False, guard: int = 0, period: int = 1
+                          ) -> tuple[SequencePlan, np.ndarray]:
+    """:func:`make_sequence_plan` and, per sequence, whether its start row is
+    :func:`sequence_valid` at the steps the plan names and no row the plan reads was
+    rewritten while it was made (``RowIndex.current``): a sampler draws again the
+    sequences that are not (another thread of the process may add rows meanwhile)."""
     rows = np.asarray(rows, np.int64)
     L = index.lane_capacity
     lane = rows // L
     steps = index.steps(rows)
     pos = index.episode_step[rows].astype(np.int64)
-    end, _ = _forward(index, rows, steps, length, index.upper_bound(committed_only))
+    end, complete = _forward(index, rows, steps, length, index.upper_bound(committed_only))
     p = np.arange(-burn_in, length, dtype=np.int64)  # offset of each position from start
     lo = -np.minimum(pos, burn_in)
     q = np.clip(p[None, :], lo[:, None], end[:, None])
@@ -98,9 +121,11 @@ def make_sequence_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | N
     K = history + 1
     srows, spad, ssteps = stack_rows(index, win_rows.ravel(), win_steps.ravel(), K)
     w = np.ones(B, np.float32) if weight is None else np.asarray(weight, np.float32)
+    ok = _starts(index, rows, steps, complete, burn_in + history, guard, period)
+    ok &= index.current(srows.reshape(B, W * K), ssteps.reshape(B, W * K)).all(axis=1)
     return SequencePlan(rows, steps, w, burn_in, length, history, win_rows, win_steps, mask,
                         is_first, is_last, srows.reshape(B, W, K), spad.reshape(B, W, K),
-                        ssteps.reshape(B, W, K), spare)
+                        ssteps.reshape(B, W, K), spare), ok
 
 
 class SequenceSampler(ReadsPriorities, Sampler):
@@ -240,8 +265,9 @@ class SequenceSampler(ReadsPriorities, Sampler):
         if batches != 1:
             raise ValueError(f"batches: a sequence plan holds one batch, got {batches}")
         rows, w = self.sample_rows(batch_size, 1, view)
-        return make_sequence_plan(self.index, rows, w, self.burn_in, self.length, self.history,
-                                  view.spare, view.committed_only)
+        return plan_valid(self, rows, w, view, lambda r, wt: checked_sequence_plan(
+            self.index, r, wt, self.burn_in, self.length, self.history, view.spare,
+            view.committed_only, self.guard_for(view), self.period))
 
     def sequence_priority(self, td_error: Any, mask: Any = None) -> np.ndarray:
         """R2D2 sequence priority ``eta * max_t |δ_t| + (1 - eta) * mean_t |δ_t|``."""

@@ -27,11 +27,30 @@ def stack_rows(index: RowIndex, rows: np.ndarray, steps: np.ndarray,
 
 def make_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
               history: int = 0, n_step: int = 1, gamma: float = 0.99,
-              spare: int = 0, committed_only: bool = False, batches: int = 1) -> ReadPlan:
+              spare: int = 0, committed_only: bool = False, batches: int = 1,
+              guard: int = 0) -> ReadPlan:
     """Plan for anchors ``rows`` (already checked with ``index.valid``): ``batches``
-    consecutive batches of ``len(rows) // batches`` samples (``spare`` of them spares)."""
+    consecutive batches of ``len(rows) // batches`` samples (``spare`` of them spares).
+    Raises ``ValueError`` naming the rows that no longer start a transition (another
+    thread added rows since they were checked: see :func:`checked_plan`)."""
+    plan, ok = checked_plan(index, rows, weight, history, n_step, gamma, spare,
+                            committed_only, batches, guard)
+    if not ok.all():
+        raise ValueError(f"rows {plan.rows[~ok][:8].tolist()} cannot start a transition "
+                         "(rows added since they were checked rewrote them)")
+    return plan
+
+
+def checked_plan(index: RowIndex, rows: np.ndarray, weight: np.ndarray | None = None,
+                 history: int = 0, n_step: int = 1, gamma: float = 0.99,
+                 spare: int = 0, committed_only: bool = False, batches: int = 1,
+                 guard: int = 0) -> tuple[ReadPlan, np.ndarray]:
+    """:func:`make_plan` and, per sample, whether its anchor still starts a transition
+    (``index.valid`` with ``history``, ``n_step``, ``guard``) at the steps the plan names,
+    judged with them (``RowIndex.windows``): a sampler draws again the samples that do not."""
     rows = np.asarray(rows, np.int64)
-    steps, m, *windows = index.windows(rows, history + 1, n_step, committed_only)
+    steps, m, *windows, ok = index.windows(rows, history + 1, n_step, committed_only,
+                                           history, guard)
     w = np.ones(len(rows), np.float32) if weight is None else np.asarray(weight, np.float32)
     return ReadPlan(rows, steps, w, history, *windows, m, n_step, float(gamma), spare,
-                    batches)
+                    batches), ok
