@@ -5,8 +5,8 @@ n-step windows). The draw's random numbers release the GIL, so an actor thread m
 rows in between, and a drawn row may by then hold a later step: a final row, or one
 whose next step is not written yet. Before plans judged their anchors again at the steps
 they name, such a row was read as a transition (its obs the final observation, its
-next_obs another episode's); once in ~15 CI runs of ``test_hot_set``'s 40 s race. Here the
-adds run inside that gap on purpose, for every kind of plan.
+next_obs the same): CI met it once in ``test_hot_set``'s 40 s race. Here the adds run
+inside that gap on purpose, for every kind of plan.
 """
 
 from __future__ import annotations
