@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-import expstore as es
+from .. import api as store_api
+from ..field import Field
+from ..sampling import UniformSampler
+from ..spec import Spec
 
 EP_LEN = 23  # steps per episode (one final row each)
 
@@ -48,9 +51,9 @@ def race(path: str, seconds: float, seed: int = 0, chunk_rows: int | None = None
     ``seconds``: ``(batches of 32 read, rows added, wrong samples as dicts)``. From
     ``switch_after`` seconds on, the interpreter hands the GIL between the threads every
     ``switch`` s (then set back). An actor thread's error is raised."""
-    spec = es.Spec.create(obs=es.Field((5,), np.float32, chunk_rows=chunk_rows),
-                          action=es.Field((2,), np.float32, chunk_rows=chunk_rows))
-    store = es.create(path, spec, capacity=256, shard_rows=32, fsync=False)
+    spec = Spec.create(obs=Field((5,), np.float32, chunk_rows=chunk_rows),
+                       action=Field((2,), np.float32, chunk_rows=chunk_rows))
+    store = store_api.create(path, spec, capacity=256, shard_rows=32, fsync=False)
     write(store, 0, 64)
     done = threading.Event()
     errors: list[BaseException] = []
@@ -64,7 +67,7 @@ def race(path: str, seconds: float, seed: int = 0, chunk_rows: int | None = None
         except BaseException as e:  # raised below
             errors.append(e)
 
-    sampler = es.UniformSampler(store, seed=seed)
+    sampler = UniformSampler(store, seed=seed)
     thread = threading.Thread(target=adding)
     thread.start()
     batches, wrong = 0, []
