@@ -9,7 +9,6 @@ C kernel and its numpy fallback return the same batches.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,9 +20,7 @@ import expstore as es
 from expstore.loading.columns import numpy_alloc
 from expstore.loading.store_rows import StoreRows
 from expstore.loading.transition_batch import finish_many, read_columns
-
-EP_LEN = 23  # transitions per episode (one final row each)
-
+from expstore.testing.thread_race import EP_LEN, key, write, wrong_samples
 
 #: rows per inner chunk of the vector fields of the stores below (``None``: the default,
 #: which for 5 floats is the whole 32- or 64-row shard); set per test by ``chunking``
@@ -46,29 +43,11 @@ def make_store(path, capacity=256, shard_rows=32, **kw):
     return es.create(path, spec, capacity=capacity, shard_rows=shard_rows, **kw)
 
 
-def write(store, start: int, n: int) -> None:
-    """Transitions ``start .. start + n``: transition ``g`` (episode ``g // EP_LEN``,
-    position ``g % EP_LEN``) has obs value ``key(g)``, next_obs ``key(g) + 1``, action and
-    reward ``key(g)``: any field of another transition or lap shows."""
-    for g in range(start, start + n):
-        k = key(g)
-        end = g % EP_LEN == EP_LEN - 1
-        store.add(np.full(5, k, np.float32), np.array([k, -k], np.float32), float(k),
-                  np.full(5, k + 1, np.float32), end, False)
-
-
-def key(g: int) -> float:
-    return float((g // EP_LEN) * 100 + g % EP_LEN)
-
-
 def check(batch: dict) -> None:
-    """Every sampled field belongs to the one transition the obs names."""
-    k = batch["obs"][:, 0]
-    assert (batch["obs"] == k[:, None]).all()
-    assert (batch["next_obs"] == k[:, None] + 1).all()
-    assert (batch["action"][:, 0] == k).all() and (batch["action"][:, 1] == -k).all()
-    assert (batch["reward"] == k).all()
-    assert (batch["terminated"] == (k % 100 == EP_LEN - 1)).all()
+    """Every sampled field belongs to the one transition the obs names (``write``'s
+    transitions, ``thread_race.wrong_samples``)."""
+    wrong = wrong_samples(batch)
+    assert not len(wrong), {k: v[wrong[:3]].tolist() for k, v in batch.items()}
 
 
 def general(store, plan) -> dict:
@@ -252,9 +231,9 @@ def lapping_writer(path) -> subprocess.Popen:
     store.close()
     script = textwrap.dedent(f"""
         import sys
-        sys.path[:0] = {[os.path.dirname(__file__), *sys.path]!r}
+        sys.path[:0] = {sys.path!r}
         import numpy as np, expstore as es
-        from test_hot_set import write
+        from expstore.testing.thread_race import write
         store = es.open({str(path)!r}, "r+", fsync=False)
         g = 600
         while g < 600 + 3 * 512:  # three laps, a flush every 40 rows
