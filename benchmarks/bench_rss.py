@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import resource
@@ -78,6 +79,9 @@ from expstore.storage.format import (  # noqa: E402
     write_state,
 )
 from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
+
+#: --flat: seconds of batches at least before a store's timed loops (see flat_child)
+WARM_SECONDS = 5.0
 
 
 def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
@@ -373,15 +377,19 @@ def flat_child(path: Path, repeats: int, seconds: float) -> dict:
     r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
                "shard_rows": store.layout.shard_rows, "frame": f"{side}x{side}",
                "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
-    # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has them),
-    # and at least one timed loop
+    # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has them)
+    # and WARM_SECONDS of batches (a 1M-row store's frame cache takes seconds to fill:
+    # timed before it is full, the smallest store's figure swung 2x), then a timed loop
     warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
     for tag in ("", "_nocache"):
         if tag:  # the read path alone
             store = es.open(path, cache_bytes=0)
         for bs in (32, 256):
             step = DiskMeter(functools.partial(store.sample, bs))
-            for _ in range(warm[bs]):
+            t0 = time.perf_counter()
+            for k in itertools.count():
+                if k >= warm[bs] and time.perf_counter() - t0 >= WARM_SECONDS:
+                    break
                 step()
             timed_loop(step, bs, seconds)
             step.start()

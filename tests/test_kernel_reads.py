@@ -1,9 +1,11 @@
 """Rows read by the C kernel straight from shard files (``_kernels.read_rows``).
 
 The kernel opens the shards a batch needs, checks their headers, reads the rows' 16-byte
-index entries and then their chunks, shard by shard: no shard's chunk index is held in
-RAM, and at most a bounded number of descriptors stay open. These tests read real stores written by
-``Store.add`` and compare with the general path (numcodecs, parsed indexes).
+index entries and then their chunks, shard by shard: no shard's chunk index is parsed into
+Python (a frame field of many chunks holds them compactly in the kernel's own table:
+``tests/test_entry_table.py``), and at most a bounded number of descriptors stay open.
+These tests read real stores written by ``Store.add`` and compare with the general path
+(numcodecs, parsed indexes).
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ def test_a_field_of_many_chunks_remembers_only_a_run_s_entries(tmp_path, monkeyp
 
     if remembered == "window":  # 512 chunks against 64 entries
         monkeypatch.setattr(fd_table, "ENTRY_CACHE_ROWS", 64)
+    monkeypatch.setattr(fd_table, "ENTRY_TABLE_BYTES", 0)  # (whole indexes: test_entry_table)
     store, rows, steps = _filled(tmp_path, shard_rows=64)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
                          max_fds=1024)

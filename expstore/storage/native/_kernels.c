@@ -322,11 +322,13 @@ typedef struct {
     Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
     int checksum, hold;
     held_buffer known, tab, ring, state, ecache, arena, held_tab, held_state;
+    held_buffer enb, ebase, eof, estate; /* whole shards' index entries (entry_table.h) */
 } ReadState;
 
 static void ReadState_release(ReadState *r) {
     release(&r->known), release(&r->tab), release(&r->ring), release(&r->state);
     release(&r->ecache), release(&r->arena), release(&r->held_tab), release(&r->held_state);
+    release(&r->enb), release(&r->ebase), release(&r->eof), release(&r->estate);
     Py_CLEAR(r->prefix);
     Py_CLEAR(r->suffix);
     r->hold = 0;
@@ -340,11 +342,13 @@ static void ReadState_dealloc(ReadState *r) {
 static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
     PyObject *prefix, *suffix, *known_o, *tab_o, *ring_o, *state_o, *ec_o;
     PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
+    PyObject *enb_o = Py_None, *ebase_o = Py_None, *eof_o = Py_None, *estate_o = Py_None;
     ReadState_release(r);
-    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOO", &PyBytes_Type, &prefix, &PyBytes_Type,
-                          &suffix, &r->n_chunks, &r->chunk_rows, &r->spl, &r->row_bytes,
-                          &r->checksum, &known_o, &tab_o, &ring_o, &state_o, &ec_o, &arena_o,
-                          &htab_o, &hstate_o))
+    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOOOOOO", &PyBytes_Type, &prefix,
+                          &PyBytes_Type, &suffix, &r->n_chunks, &r->chunk_rows, &r->spl,
+                          &r->row_bytes, &r->checksum, &known_o, &tab_o, &ring_o, &state_o,
+                          &ec_o, &arena_o, &htab_o, &hstate_o, &enb_o, &ebase_o, &eof_o,
+                          &estate_o))
         return -1;
     Py_INCREF(prefix);
     r->prefix = prefix;
@@ -358,6 +362,22 @@ static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
         r->ring.view.len <= 0 || r->known.view.len <= 0 || r->state.view.len / 8 != 3) {
         PyErr_SetString(PyExc_ValueError, "ReadState: sizes positive, state of three");
         return -1;
+    }
+    if (enb_o != Py_None) {
+        Py_ssize_t blocks = (r->n_chunks + EBLOCK - 1) / EBLOCK;
+        if (take(enb_o, &r->enb, 2 * r->n_chunks, 1, "entry_sizes") ||
+            take(ebase_o, &r->ebase, 8 * blocks, 1, "entry_bases") ||
+            take(eof_o, &r->eof, 8 * EOF_COLS, 1, "entry_of") ||
+            take(estate_o, &r->estate, 8, 1, "entry_state"))
+            return -1;
+        if (r->chunk_rows != 1 || r->enb.view.len / (2 * r->n_chunks) !=
+                                      r->ebase.view.len / (8 * blocks) ||
+            r->eof.view.len / (8 * EOF_COLS) != r->tab.view.len / (8 * TAB_COLS)) {
+            PyErr_SetString(PyExc_ValueError, "ReadState: held entries need one row per chunk, "
+                                              "as many slots of sizes as of bases and an "
+                                              "entry_of row per shard");
+            return -1;
+        }
     }
     r->hold = arena_o != Py_None;
     if (r->hold && (take(arena_o, &r->arena, 0, 1, "arena") ||
@@ -412,6 +432,17 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     int64_t *ec = rs->ecache.view.buf;
     Py_ssize_t ec_n = rs->ecache.view.len / (8 * ECACHE_COLS);
     if (ec_n == 0) ec = NULL;
+    entry_table et = {0}, *etp = NULL;
+    if (rs->enb.held && rs->enb.view.len > 0 && rs->estate.view.len >= 8) {
+        et.nb = rs->enb.view.buf;
+        et.base = rs->ebase.view.buf;
+        et.of = rs->eof.view.buf;
+        et.st = rs->estate.view.buf;
+        et.k_n = rs->enb.view.len / (2 * n_chunks);
+        et.n_blocks = (n_chunks + EBLOCK - 1) / EBLOCK;
+        if (et.st[0] < 0 || et.st[0] > et.k_n) et.st[0] = et.k_n; /* (never: no more slots) */
+        etp = &et;
+    }
     int keep_chunks = chunks_o != Py_None;
     if (keep_chunks && (take(chunks_o, &ch, 0, 1, "chunks") ||
                         take(cdst_o, &cd, 8, 0, "chunk_dst")))
@@ -516,8 +547,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         int fd = (int)e[TAB_FD];
         int64_t c = slot / chunk_rows;
         uint64_t off, nb;
-        if (chunk_entry(e, shard, c, n_chunks, ec, ec_n, span, hoff, max_blob, &off, &nb,
-                        &reads) != 0)
+        if (chunk_entry(e, shard, c, n_chunks, etp, n_chunks * chunk_rows, ec, ec_n, span,
+                        hoff, max_blob, &off, &nb, &reads) != 0)
             continue;
         if (chunk_rows > 1 && shard == last_shard && off == last_off && nb == last_nb) {
             memcpy(row_dst, last_rows + lo, (size_t)row_bytes);
@@ -557,11 +588,10 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         uint64_t end = off + nb, prev = off;
         while (chunk_rows == 1 && q + 1 < n) {
             Py_ssize_t j = ord[q + 1].i;
-            const int64_t *ce = shards[j] == shard && holds(e, slots[j], steps[j])
-                                    ? remembered(ec, ec_n, shard, n_chunks, slots[j], e[TAB_GEN])
-                                    : NULL;
-            if (!ce) break;
-            uint64_t oj = (uint64_t)ce[EC_OFF], nj = (uint64_t)ce[EC_NB];
+            uint64_t oj, nj;
+            if (shards[j] != shard || !holds(e, slots[j], steps[j]) ||
+                !entry_known(etp, ec, ec_n, e, shard, n_chunks, slots[j], &oj, &nj))
+                break;
             if (oj == prev && oj + nj == end) { /* the same chunk again */
                 q++;
                 continue;
@@ -574,10 +604,11 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
         if (defer) {
             for (Py_ssize_t k = p; k <= q; k++) {
-                const int64_t *ce = k > p ? remembered(ec, ec_n, shard, n_chunks,
-                                                       slots[ord[k].i], e[TAB_GEN]) : NULL;
-                pend.row_off[k] = ce ? (uint64_t)ce[EC_OFF] : off;
-                pend.row_nb[k] = ce ? (uint64_t)ce[EC_NB] : nb;
+                pend.row_off[k] = off;
+                pend.row_nb[k] = nb;
+                if (k > p) /* (known: the run was built of known entries) */
+                    entry_known(etp, ec, ec_n, e, shard, n_chunks, slots[ord[k].i],
+                                &pend.row_off[k], &pend.row_nb[k]);
             }
             if (pend_add(&pend, fd, off, (size_t)(end - off), p, q) == 0) reads++;
             if (pend.used >= PEND_BYTES) FLUSH_RUNS();
@@ -592,12 +623,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         for (Py_ssize_t k = p; k <= q && status == STATUS_OK; k++) {
             Py_ssize_t j = ord[k].i;
             uint64_t oj = off, nj = nb;
-            if (k > p) {
-                const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, slots[j],
-                                               e[TAB_GEN]);
-                oj = (uint64_t)ce[EC_OFF];
-                nj = (uint64_t)ce[EC_NB];
-            }
+            if (k > p) entry_known(etp, ec, ec_n, e, shard, n_chunks, slots[j], &oj, &nj);
             uint8_t *dst_j = o + dst[j] * row_bytes;
             if (cdst && cdst[j] >= 0) { /* keep the whole multi-row chunk for the caller */
                 last_shard = -1;

@@ -47,6 +47,25 @@ static uint64_t le64(const uint8_t *p) {
     return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
 }
 
+/* Flags a shard is opened with for reading: without access-time updates (a read of a warm
+   page otherwise spends ~5% of its time in touch_atime) where the process may ask that
+   (O_NOATIME: the files' owner, or CAP_FOWNER); cleared at the first EPERM. */
+#ifdef O_NOATIME
+static volatile int open_noatime = O_NOATIME;
+#else
+static volatile int open_noatime = 0;
+#endif
+
+static int open_for_reads(const char *path) {
+    int extra = open_noatime;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | extra);
+    if (fd < 0 && errno == EPERM && extra) {
+        open_noatime = 0;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    return fd;
+}
+
 /* Open shard `shard` (path prefix + number + suffix), read and check its header (magic,
    format version, crc32c), and record it in row `e` of the table, taking a ring position
    (closing the oldest descriptor when the ring is full). 0 on success, -1 when the shard
@@ -63,7 +82,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
     char path[4096];
     int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
     if (len < 0 || (size_t)len >= sizeof path) return -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open_for_reads(path);
     /* out of descriptors (the process holds others too): close this table's oldest */
     for (int tries = 0; fd < 0 && (errno == EMFILE || errno == ENFILE) && tries < 8; tries++) {
         int closed = 0;
@@ -78,7 +97,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
             }
         }
         if (!closed) break;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open_for_reads(path);
     }
     if (fd < 0) return -1;
     uint8_t h[SHARD_HEADER];
@@ -192,12 +211,34 @@ static int64_t entry_span(int64_t total, Py_ssize_t ec_n) {
     return total <= 4 * (int64_t)ec_n ? ENTRY_RUN : ENTRY_WINDOW;
 }
 
-/* Offset and size of chunk `c` of the shard open as `e`: remembered, else read from its
-   index, with (when `ec`) the other entries of its `span`-entry block (ENTRY_RUN: its
+#include "entry_table.h" /* whole shards' index entries held (frames of large stores) */
+
+/* Offset and size of chunk `c` of `shard` open as `e` when known without a read (held or
+   remembered): 1 when known. */
+static int entry_known(const entry_table *et, const int64_t *ec, Py_ssize_t ec_n,
+                       const int64_t *e, int64_t shard, int64_t n_chunks, int64_t c,
+                       uint64_t *off, uint64_t *nb) {
+    if (entry_held(et, e, shard, c, n_chunks, off, nb)) return 1;
+    const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
+    if (!ce) return 0;
+    *off = (uint64_t)ce[EC_OFF];
+    *nb = (uint64_t)ce[EC_NB];
+    return 1;
+}
+
+/* Offset and size of chunk `c` of the shard open as `e`: held (`et`: the shard's whole
+   index, loaded here the first time a complete version is asked for), remembered, else
+   read from its index, with (when `ec`) the other entries of its `span`-entry block (ENTRY_RUN: its
    4 KiB page), all remembered. 0 when the entry is there and sane; -1 (a missing chunk,
    a bad entry, a failed read: the caller's general path reports it). */
-static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chunks, int64_t *ec, Py_ssize_t ec_n, int64_t span, int64_t hoff,
-                       uint64_t max_blob, uint64_t *off, uint64_t *nb, Py_ssize_t *reads) {
+static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chunks,
+                       entry_table *et, int64_t n_rows_full, int64_t *ec, Py_ssize_t ec_n,
+                       int64_t span, int64_t hoff, uint64_t max_blob, uint64_t *off,
+                       uint64_t *nb, Py_ssize_t *reads) {
+    if (entry_held(et, e, shard, c, n_chunks, off, nb) ||
+        (entry_load(et, e, shard, n_chunks, n_rows_full, hoff, max_blob, reads) &&
+         entry_held(et, e, shard, c, n_chunks, off, nb)))
+        return entry_ok(*off, *nb, max_blob, hoff) ? 0 : -1;
     const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
     if (ce) {
         *off = (uint64_t)ce[EC_OFF];

@@ -18,6 +18,15 @@ from ..native import native
 #: of that run needs (32), not the 4 KiB page's 256 (``shard_reads.h``: ``entry_span``)
 ENTRY_CACHE_ROWS = 1 << 19
 
+#: bytes of whole shards' index entries a frame field's FdTable may hold (2.125 B per
+#: chunk, ``entry_table.h``), used where its chunks outnumber :data:`ENTRY_CACHE_ROWS`: a
+#: frame then costs one read (the frame run), not two (its index entries first). 256 MiB
+#: hold ~126M frames' entries; the shards loaded first keep their slots. Pages are taken as
+#: shards are loaded
+ENTRY_TABLE_BYTES = 256 << 20
+#: chunks per block of held entries (each block's first offset is kept, u64)
+ENTRY_BLOCK = 64
+
 #: columns of FdTable.tab (what the C kernel keeps per shard)
 TAB_COLS = 6 if native is None else native.TAB_COLS
 ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
@@ -44,7 +53,7 @@ class FdTable:
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
                  chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
                  checksum: bool, row_bytes: int, max_entries: int | None = None,
-                 held_bytes: int = 0) -> None:
+                 held_bytes: int = 0, entry_table_bytes: int | None = None) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
         self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
@@ -68,10 +77,24 @@ class FdTable:
         self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
         self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
         self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
-        held = (self.held, self.held_tab, self.held_state) if self.held is not None else ()
+        held = ((self.held, self.held_tab, self.held_state) if self.held is not None
+                else (None, None, None))
+        #: whole shards' index entries (frames whose chunks outnumber ``entries``): per
+        #: slot the chunks' sizes and each block's first offset; per shard its slot, the
+        #: open its slot was loaded through and the open last tried (``entry_table.h``)
+        budget = ENTRY_TABLE_BYTES if entry_table_bytes is None else entry_table_bytes
+        blocks = -(-n_chunks // ENTRY_BLOCK)
+        slots = min(n_shards, budget // (2 * n_chunks + 8 * blocks))
+        whole = chunk_rows == 1 and n_shards * n_chunks > len(self.entries) and slots > 0
+        self.entry_sizes = np.zeros((slots if whole else 0, n_chunks), np.uint16)
+        self.entry_bases = np.zeros((len(self.entry_sizes), blocks), np.uint64)
+        self.entry_of = np.full((n_shards if whole else 0, 3), -1, np.int64)
+        self.entry_state = np.zeros(1, np.int64)  # slots taken
+        entries = ((self.entry_sizes, self.entry_bases, self.entry_of, self.entry_state)
+                   if whole else ())
         self.state_of_reads = native.ReadState(
             self.prefix, self.suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes,
-            checksum, known, self.tab, self.ring, self.state, self.entries, *held)
+            checksum, known, self.tab, self.ring, self.state, self.entries, *held, *entries)
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Rows an open version holds and is trusted for."""
