@@ -389,24 +389,25 @@ class ShardReader(GeneralReads):
                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """:meth:`read` of several fields at the same rows: ``{name: (values, ok)}``.
 
-        Fields whose hot set holds every row asked for (decoded or as codes) come in one
-        kernel call (:func:`gather_held`); rows of the other fields whose decoded shards
-        the batch path holds are located once for all of them; the rest go through
-        :meth:`read`.
+        Fields whose hot set may hold every shard (:attr:`held_whole`) come in one kernel
+        call (:func:`gather_held`) where it holds every row asked for; rows of the other
+        fields whose decoded shards the batch path holds are located once for all of
+        them; the rest go through :meth:`read`. Fields come back in the order asked.
         """
         rows = np.ascontiguousarray(rows, np.int64)
         steps = np.ascontiguousarray(steps, np.int64)
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        held = [n for n in names if (t := self.tables.get(n)) is not None and not t.per_row
-                and len(t.values)] if native is not None and 0 < len(rows) <= BATCH_ROWS else []
+        held = [n for n in names if self.held_whole.get(n) and len(self.tables[n].values)
+                ] if native is not None and 0 < len(rows) <= BATCH_ROWS else []
         if held:
             vals = {n: np.empty((len(rows), *self.layout.fields[n].shape),
                                 self.layout.fields[n].dtype) for n in held}
             if gather_held(self, [(rows, steps)], [(0, n, vals[n]) for n in held]):
                 out = {n: (vals[n], np.ones(len(rows), bool)) for n in held}
-                names = [n for n in names if n not in out]
         located = None
         for name in names:
+            if name in out:
+                continue
             f = self.layout.fields[name]
             vals = np.empty((len(rows), *f.shape), f.dtype)
             table = self.tables.get(name)
@@ -440,7 +441,7 @@ class ShardReader(GeneralReads):
             self.stats.chunk_cache_hits += len(rows)
             self.stats.rows += len(rows)
             out[name] = (vals, ready)
-        return out
+        return {n: out[n] for n in names}  # (in the order asked)
 
     def gather_held(self, locs: list[tuple[np.ndarray, ...]],
                     jobs: list[tuple[int, str, np.ndarray]], copy: bool = True,
