@@ -19,7 +19,6 @@ ext_modules = [
         "expstore.storage.native._kernels",
         ["expstore/storage/native/_kernels.c"],
         depends=["expstore/storage/native/batch_lookup.h", "expstore/storage/native/hot_gather.h",
-                 "expstore/storage/native/entry_table.h",
                  "expstore/storage/native/shard_reads.h", "expstore/storage/native/read_pool.h",
                  "expstore/storage/native/lz4_block.h",
                  *SHARED_HEADERS],

@@ -1,5 +1,5 @@
 """Whole shards' index entries held by the C kernel for frame fields of many chunks
-(``entry_table.h``, ``FdTable.entry_sizes``): a frame then costs one read (its run), not
+(``shard_reads.h``, ``FdTable.entry_sizes``): a frame then costs one read (its run), not
 two (its index entries first).
 
 Real stores written by ``Store.add``; every batch is compared with the general path

@@ -322,7 +322,7 @@ typedef struct {
     Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
     int checksum, hold;
     held_buffer known, tab, ring, state, ecache, arena, held_tab, held_state;
-    held_buffer enb, ebase, eof, estate; /* whole shards' index entries (entry_table.h) */
+    held_buffer enb, ebase, eof, estate; /* whole shards' index entries (shard_reads.h) */
 } ReadState;
 
 static void ReadState_release(ReadState *r) {

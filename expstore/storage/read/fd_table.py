@@ -19,7 +19,7 @@ from ..native import native
 ENTRY_CACHE_ROWS = 1 << 19
 
 #: bytes of whole shards' index entries a frame field's FdTable may hold (2.125 B per
-#: chunk, ``entry_table.h``), used where its chunks outnumber :data:`ENTRY_CACHE_ROWS`: a
+#: chunk, ``shard_reads.h``), used where its chunks outnumber :data:`ENTRY_CACHE_ROWS`: a
 #: frame then costs one read (the frame run), not two (its index entries first). 256 MiB
 #: hold ~126M frames' entries; the shards loaded first keep their slots. Pages are taken as
 #: shards are loaded
@@ -81,7 +81,7 @@ class FdTable:
                 else (None, None, None))
         #: whole shards' index entries (frames whose chunks outnumber ``entries``): per
         #: slot the chunks' sizes and each block's first offset; per shard its slot, the
-        #: open its slot was loaded through and the open last tried (``entry_table.h``)
+        #: open its slot was loaded through and the open last tried (``shard_reads.h``)
         budget = ENTRY_TABLE_BYTES if entry_table_bytes is None else entry_table_bytes
         blocks = -(-n_chunks // ENTRY_BLOCK)
         slots = min(n_shards, budget // (2 * n_chunks + 8 * blocks))
