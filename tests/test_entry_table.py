@@ -226,3 +226,45 @@ def test_a_reader_that_does_not_own_the_files_reads_them(tmp_path) -> None:
     finally:
         import shutil
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("seconds", [3.0, pytest.param(45.0, marks=pytest.mark.slow)])
+def test_frames_are_read_beside_a_thread_that_adds_and_forgets_shards(tmp_path, monkeypatch,
+                                                                      seconds):
+    """The same race on one row per chunk (the frame path of the kernel) with whole shards'
+    indexes held (``fd_table.ENTRY_CACHE_ROWS`` made small), the GIL handed every 10 us
+    throughout: the actor's writer forgets each shard it writes (closing the reader's
+    descriptor) while the learner's kernel call, without the GIL, may be closing or
+    reopening that descriptor. Before ``FdTable`` held a lock over both, the actor got
+    EBADF (a descriptor closed twice, or another's closed) once in ~225 s of such runs
+    here: this catches it now and then; the test below checks the lock itself."""
+    from expstore.testing.thread_race import race
+
+    monkeypatch.setattr(fd_table, "ENTRY_CACHE_ROWS", 64)  # 256 chunks: the table is used
+    batches, added, wrong = race(str(tmp_path / "s.zarr"), seconds, 5, 1, 0.0)
+    assert wrong == [] and batches > 100
+    assert added > 8 * 256
+
+
+def test_forget_waits_for_a_kernel_call_on_the_same_table(tmp_path, many_chunks) -> None:
+    """``FdTable.forget`` (another thread's writer forgetting a shard it wrote) takes the
+    lock each kernel call holds, so it never closes a descriptor the kernel is using."""
+    import threading
+
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    reader = _reader(store)
+    fds = reader.tables["obs"].fds
+    _read(reader, rows[:8], steps[:8])
+    assert fds.tab[0, fds.FD] >= 0
+    done = threading.Event()
+    with fds._lock:  # (as a kernel call in flight holds it)
+        t = threading.Thread(target=lambda: (fds.forget(0), done.set()))
+        t.start()
+        assert not done.wait(0.3)  # waits
+        assert fds.tab[0, fds.FD] >= 0
+    assert done.wait(10)
+    t.join()
+    assert fds.tab[0, fds.FD] == -1
+    assert np.array_equal(_read(reader, rows[:8], steps[:8]), _expected(steps[:8]))
+    reader.close()
+    store.close()

@@ -6,6 +6,7 @@ through them, handed to the kernel once as a ``ReadState``. Local stores only.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,9 @@ class FdTable:
         self.entries = np.full((max(1, min(max_entries, n_shards * n_chunks)), ECACHE_COLS),
                                -1, np.int64)
         self.opened = 0  # shard versions opened so far
+        #: held by each kernel call and by :meth:`forget`: the kernel changes ``tab`` and
+        #: closes descriptors without the GIL, so no other thread may meanwhile
+        self._lock = threading.Lock()
         #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
         #: kept in this arena, oldest overwritten first, and later rows of the same
         #: version decoded from it without a read (pages taken as it fills)
@@ -120,10 +124,11 @@ class FdTable:
         ok = np.zeros(len(shards), np.uint8)
         extra = (() if chunks is None else
                  (chunks, np.ascontiguousarray(chunk_dst, np.int64)))
-        status, nbytes, opened, reads = native.read_rows(
-            self.state_of_reads, np.ascontiguousarray(shards, np.int64),
-            np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(steps, np.int64),
-            np.ascontiguousarray(dst, np.int64), flat, ok, *extra)
+        args = (np.ascontiguousarray(shards, np.int64), np.ascontiguousarray(slots, np.int64),
+                np.ascontiguousarray(steps, np.int64), np.ascontiguousarray(dst, np.int64),
+                flat, ok, *extra)
+        with self._lock:  # (the kernel runs without the GIL and changes the table)
+            status, nbytes, opened, reads = native.read_rows(self.state_of_reads, *args)
         done = ok.view(bool)
         n = int(done.sum())
         self.opened += opened
@@ -133,13 +138,17 @@ class FdTable:
         return done, status != native.STATUS_UNSUPPORTED
 
     def forget(self, shard: int) -> None:
-        """Close the version of ``shard`` held (e.g. this process rewrote it)."""
-        if len(self.held_tab):
-            self.held_tab[shard, self.H_POS] = -1
-        fd = int(self.tab[shard, self.FD])
-        if fd >= 0:
-            self.tab[shard, self.FD] = -1
-            os.close(fd)
+        """Close the version of ``shard`` held (e.g. this process rewrote it). Waits for a
+        kernel call of another thread on this table: that call may be closing or reopening
+        the same descriptor (an actor thread's writer forgets the shards it wrote while a
+        learner thread reads)."""
+        with self._lock:
+            if len(self.held_tab):
+                self.held_tab[shard, self.H_POS] = -1
+            fd = int(self.tab[shard, self.FD])
+            if fd >= 0:
+                self.tab[shard, self.FD] = -1
+                os.close(fd)
 
     def clear(self) -> None:
         """Close every descriptor held and drop the chunks held."""
