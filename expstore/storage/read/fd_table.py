@@ -40,7 +40,9 @@ class FdTable:
     shard its descriptor (-1: none), the header's first step and rows, and the committed
     count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
     that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
-    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``. Local stores
+    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``;
+    ``entry_table_bytes`` (default :data:`ENTRY_TABLE_BYTES`): whole shards' indexes held
+    for a frame field of more chunks than its entry cache holds. Local stores
     only. ``known``: the reader's committed counts per lane (changed in place by the
     reader; a shard the kernel opens is trusted for its lane's count), ``row_bytes``: bytes
     of one of the field's rows. All of it is handed to the kernel once, as ``state`` (a
@@ -73,7 +75,7 @@ class FdTable:
                                -1, np.int64)
         self.opened = 0  # shard versions opened so far
         #: held by each kernel call and by :meth:`forget`: the kernel changes ``tab`` and
-        #: closes descriptors without the GIL, so no other thread may meanwhile
+        #: closes descriptors without the GIL, so no other thread may touch them meanwhile
         self._lock = threading.Lock()
         #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
         #: kept in this arena, oldest overwritten first, and later rows of the same
