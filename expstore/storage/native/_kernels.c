@@ -852,5 +852,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyModule_AddIntConstant(m, "STATUS_BOUNDS", STATUS_BOUNDS);
     PyModule_AddIntConstant(m, "TAB_COLS", TAB_COLS);
     PyModule_AddIntConstant(m, "ECACHE_COLS", ECACHE_COLS);
+    PyModule_AddIntConstant(m, "ENTRY_BLOCK", EBLOCK);
+    PyModule_AddIntConstant(m, "ENTRY_OF_COLS", EOF_COLS);
     return m;
 }

@@ -326,16 +326,10 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chu
                        entry_table *et, int64_t n_rows_full, int64_t *ec, Py_ssize_t ec_n,
                        int64_t span, int64_t hoff, uint64_t max_blob, uint64_t *off,
                        uint64_t *nb, Py_ssize_t *reads) {
-    if (entry_held(et, e, shard, c, n_chunks, off, nb) ||
-        (entry_load(et, e, shard, n_chunks, n_rows_full, hoff, max_blob, reads) &&
-         entry_held(et, e, shard, c, n_chunks, off, nb)))
-        return entry_ok(*off, *nb, max_blob, hoff) ? 0 : -1;
-    const int64_t *ce = remembered(ec, ec_n, shard, n_chunks, c, e[TAB_GEN]);
-    if (ce) {
-        *off = (uint64_t)ce[EC_OFF];
-        *nb = (uint64_t)ce[EC_NB];
-        return 0;
-    }
+    /* (a no-op once tried through this open; entries held or remembered were checked
+       with entry_ok when stored) */
+    entry_load(et, e, shard, n_chunks, n_rows_full, hoff, max_blob, reads);
+    if (entry_known(et, ec, ec_n, e, shard, n_chunks, c, off, nb)) return 0;
     /* remembering: the whole 4 KiB page of entries holding c's (the disk reads the page
        either way; a cold store's later rows of the page then cost one read, not two), or
        for a field of many chunks the ENTRY_WINDOW of them from c rounded down to 16 */

@@ -25,12 +25,14 @@ ENTRY_CACHE_ROWS = 1 << 19
 #: hold ~126M frames' entries; the shards loaded first keep their slots. Pages are taken as
 #: shards are loaded
 ENTRY_TABLE_BYTES = 256 << 20
-#: chunks per block of held entries (each block's first offset is kept, u64)
-ENTRY_BLOCK = 64
 
 #: columns of FdTable.tab (what the C kernel keeps per shard)
 TAB_COLS = 6 if native is None else native.TAB_COLS
 ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
+#: chunks per block of held entries (each block's first offset is kept, u64), and the
+#: columns of ``FdTable.entry_of``
+ENTRY_BLOCK = 64 if native is None else native.ENTRY_BLOCK
+ENTRY_OF_COLS = 3 if native is None else native.ENTRY_OF_COLS
 
 
 class FdTable:
@@ -94,7 +96,7 @@ class FdTable:
         whole = chunk_rows == 1 and n_shards * n_chunks > len(self.entries) and slots > 0
         self.entry_sizes = np.zeros((slots if whole else 0, n_chunks), np.uint16)
         self.entry_bases = np.zeros((len(self.entry_sizes), blocks), np.uint64)
-        self.entry_of = np.full((n_shards if whole else 0, 3), -1, np.int64)
+        self.entry_of = np.full((n_shards if whole else 0, ENTRY_OF_COLS), -1, np.int64)
         self.entry_state = np.zeros(1, np.int64)  # slots taken
         entries = ((self.entry_sizes, self.entry_bases, self.entry_of, self.entry_state)
                    if whole else ())
