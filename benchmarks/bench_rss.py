@@ -335,11 +335,12 @@ def open_rss(sizes: list[int], root: Path, one_pass_max: int, cold: bool,
 
 def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
                 subsample: int = 5, keep: bool = False,
-                shard_rows: int | None = None) -> list[dict]:
+                shard_rows: int | None = None, map_bytes: int | None = None) -> list[dict]:
     """Uniform stacked batches sampled from small-frame stores of each size (Atari frames,
     every ``subsample``-th pixel), each size measured in a fresh process (its peak RSS is
     its own): median µs per batch of 32 and 256 (see module doc). ``keep``: keep the
-    stores, and reuse one already there."""
+    stores, and reuse one already there. ``map_bytes``: ``es.open(map_bytes=...)``
+    (default: the store's)."""
     results = []
     for rows in sizes:
         path = root / (f"small_{rows}.zarr" if shard_rows is None
@@ -352,8 +353,9 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
             built = time.perf_counter() - t0
         warm_page_cache(path)  # the measurement is of warm reads
         before = resident_fraction(path)
+        extra = [] if map_bytes is None else ["--map-bytes", str(map_bytes)]
         out = subprocess.run([sys.executable, __file__, "--flat-child", str(path),
-                              "--repeats", str(repeats), "--seconds", str(seconds)],
+                              "--repeats", str(repeats), "--seconds", str(seconds), *extra],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["build_s"] = built
@@ -365,13 +367,14 @@ def sample_cost(sizes: list[int], root: Path, repeats: int, seconds: float,
     return results
 
 
-def flat_child(path: Path, repeats: int, seconds: float) -> dict:
+def flat_child(path: Path, repeats: int, seconds: float,
+               map_bytes: int | None = None) -> dict:
     """The measurement of :func:`sample_cost` on one store, in this (fresh) process: the
     store as opened by default, then (closed first, so it has the process's descriptors
     to itself) opened again with no decoded-frame cache."""
     from benchmarks.baselines import timed_loop
 
-    store = es.open(path)
+    store = es.open(path, map_bytes=map_bytes)
     rows = len(store)
     side = store.layout.spec.fields["obs"].shape[0]
     r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
@@ -383,7 +386,7 @@ def flat_child(path: Path, repeats: int, seconds: float) -> dict:
     warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
     for tag in ("", "_nocache"):
         if tag:  # the read path alone
-            store = es.open(path, cache_bytes=0)
+            store = es.open(path, cache_bytes=0, map_bytes=map_bytes)
         for bs in (32, 256):
             step = DiskMeter(functools.partial(store.sample, bs))
             t0 = time.perf_counter()
@@ -403,7 +406,17 @@ def flat_child(path: Path, repeats: int, seconds: float) -> dict:
             r.update(_read_counters(store))
         store.close()
     r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r.update(_rss_parts())
     return r
+
+
+def _rss_parts() -> dict:
+    """This process's RSS now, split: anonymous memory (heap, arrays) and file pages
+    mapped (shard files read through mappings: the page cache's own pages), MiB."""
+    with open("/proc/self/status") as f:
+        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)
+              if k in ("RssAnon", "RssFile")}
+    return {"anon_mb_end": kb.get("RssAnon", 0) / 1024, "file_mb_end": kb.get("RssFile", 0) / 1024}
 
 
 def _read_counters(store: es.Store) -> dict:
@@ -455,6 +468,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--flat-child", default="", help=argparse.SUPPRESS)
+    p.add_argument("--map-bytes", type=int, default=None,
+                   help="--flat: es.open(map_bytes=...) (default: the store's; 0: no mapped "
+                        "frame reads)")
     p.add_argument("--shard-rows", type=int, default=None,
                    help="--flat: rows per shard of the stores built (default: auto)")
     p.add_argument("--plan", default="",
@@ -469,7 +485,7 @@ def main() -> None:
         return {"load average (1 min) start/end": f"{load0:.2f} / {os.getloadavg()[0]:.2f}"}
 
     if a.flat_child:
-        print(json.dumps(flat_child(Path(a.flat_child), a.repeats, a.seconds)))
+        print(json.dumps(flat_child(Path(a.flat_child), a.repeats, a.seconds, a.map_bytes)))
         return
     if a.plan:
         root = Path(a.path).parent
@@ -520,7 +536,7 @@ def main() -> None:
         if a.flat:
             sizes = [int(x) for x in a.flat.split(",")]
             res = sample_cost(sizes, root, a.repeats, a.seconds, a.subsample, a.keep,
-                              a.shard_rows)
+                              a.shard_rows, a.map_bytes)
             base = res[0]
             for r in res:
                 for bs in (32, 256):
@@ -538,7 +554,8 @@ def main() -> None:
                                         "scalar_opens_per_batch_bs32",
                                         "index_opens_per_batch_bs32", "open_fds",
                                         "resident_pct", "disk_kb_per_batch_bs256",
-                                        "disk_kb_per_batch_bs256_nocache", "rss_mb"])
+                                        "disk_kb_per_batch_bs256_nocache", "rss_mb",
+                                        "anon_mb_end", "file_mb_end"])
             body += ("\n\n"
                      "`store.sample(B)` in this process, warm page cache (uniform, stacked 4"
                      " x frame uint8: Atari frames subsampled, one row per inner chunk as "
@@ -564,7 +581,11 @@ def main() -> None:
                      "versions the general path opened (header + whole index) per batch of "
                      "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
                      " peak RSS (MiB, `ru_maxrss`; each size is measured in a fresh "
-                     "process). How warm it was: " + warmth_note())
+                     "process); anon_mb_end / file_mb_end: its RSS at the end, split into "
+                     "anonymous memory and mapped file pages (`RssAnon` / `RssFile`: shard "
+                     "files read through mappings, `open(map_bytes=...)`, are the page "
+                     "cache's own pages; the first reader's, closed, are unmapped). How "
+                     "warm it was: " + warmth_note())
             save_json("rss_flat", {"results": res})
             if not a.no_write:
                 write_section("Sampling vs store size", body, command=command_line(),

@@ -147,7 +147,8 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
          lane: int | None = None, storage_options: dict[str, Any] | None = None,
          fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
          strict: bool = False, cache_bytes: int | None = None,
-         index_all: bool = True, hot_bytes: int | None = None) -> Store:
+         index_all: bool = True, hot_bytes: int | None = None,
+         map_bytes: int | None = None) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -180,6 +181,14 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     codes (a flag 1 bit a row, a bounded discrete action 1-8, a reward of few values 8);
     past it, shards are admitted while there is room and never evicted.
 
+    ``map_bytes``: bytes of frame shard files (local stores) this process's reader maps
+    into memory at once, per frame field (default :attr:`Store.map_bytes`, 64 GiB; 0:
+    none): a warm frame is then copied from the page cache's own pages, with no system
+    call (a 100M-frame store samples ~1.7x faster). Address space, not RAM: mapped pages
+    are the page cache's, reclaimed like any cached page, but tools that read RSS count
+    the ones touched (``RssFile`` in ``/proc/PID/status``; anonymous memory is unchanged).
+    Set 0 where a job's RSS is policed.
+
     ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a
     writer that never samples (a dataset import's lane): the other lanes read as empty until
     :meth:`Store.refresh`, and opening spends nothing on them (indexing reads every row's
@@ -189,6 +198,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
     check_bytes("cache_bytes", cache_bytes)
     check_bytes("hot_bytes", hot_bytes)
+    check_bytes("map_bytes", map_bytes)
     url = os.fspath(url)
     backend = backend_for(url, storage_options, fsync)
     layout = read_layout(backend)
@@ -197,7 +207,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
                         + "; ".join(layout.spec.diff(spec)))
     store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
                   lease_ttl=lease_ttl, strict=strict, index_all=index_all,
-                  hot_bytes=hot_bytes)
+                  hot_bytes=hot_bytes, map_bytes=map_bytes)
     if cache_bytes is not None:
         store.cache_bytes = int(cache_bytes)
         if store._reader is not None:

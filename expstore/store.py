@@ -51,7 +51,7 @@ from .storage.format import (
     round_capacity,
 )
 from .storage.ownership import DEFAULT_TTL, LeasedBackend
-from .storage.read import ShardReader, StagedRows, shared_root
+from .storage.read import MAP_BYTES, ShardReader, StagedRows, shared_root
 from .storage.write import Background, LaneWriter, resume_writer
 from .write_access import WriteAccess, acquire_leases, release_at_end
 
@@ -75,15 +75,22 @@ class Store:
     #: ``storage/read/shard_table.py``). Independent of capacity; every DataLoader worker
     #: process keeps its own (``make_loader(hot_bytes=...)``).
     hot_bytes: int = 512 << 20
+    #: bytes of frame shard files this process's reader maps at once, per frame field
+    #: (``open(map_bytes=...)``; local stores): warm frames are copied from the page
+    #: cache without a system call. Mapped pages touched count in RSS (as ``RssFile``)
+    map_bytes: int = MAP_BYTES
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
                  lease_ttl: float | None = DEFAULT_TTL, strict: bool = False,
-                 index_all: bool = True, hot_bytes: int | None = None):
+                 index_all: bool = True, hot_bytes: int | None = None,
+                 map_bytes: int | None = None):
         self.backend = backend
         self.layout = layout
         if hot_bytes is not None:  # (before the index is loaded: its reader is the one kept)
             self.hot_bytes = int(hot_bytes)
+        if map_bytes is not None:
+            self.map_bytes = int(map_bytes)
         self.mode = mode
         self.storage_options = storage_options
         self.index = RowIndex(layout.lanes, layout.lane_capacity)
@@ -280,7 +287,8 @@ class Store:
         if self._reader is None or self._reader_pid != os.getpid():
             self._reader = ShardReader(self.backend, self.layout,
                                        row_cache_bytes=self.cache_bytes,
-                                       values_budget=self.hot_bytes)
+                                       values_budget=self.hot_bytes,
+                                       map_bytes=self.map_bytes)
             self._reader_pid = os.getpid()
         return self._reader
 

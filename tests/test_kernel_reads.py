@@ -20,6 +20,7 @@ import expstore as es
 from expstore.storage import backend_for
 from expstore.storage.native.kernels import native
 from expstore.storage.read import ShardReader
+from expstore.storage.read.fd_table import STATE_LEN
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
     raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
@@ -170,7 +171,7 @@ def test_kernel_rows_checks_its_arguments(tmp_path) -> None:
     with pytest.raises(TypeError):  # the state is a ReadState
         native.read_rows(object(), np.zeros(2, np.int64), np.zeros(2, np.int64),
                          np.zeros(2, np.int64), np.arange(2), flat, ok)
-    with pytest.raises(ValueError, match="state of three"):
+    with pytest.raises(ValueError, match=f"state of {STATE_LEN}"):
         native.ReadState(fds.prefix, fds.suffix, fds.n_chunks, fds.chunk_rows, 4,
                          flat.shape[1], False, np.array([60], np.int64), fds.tab, fds.ring,
                          np.zeros(2, np.int64), fds.entries)

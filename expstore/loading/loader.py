@@ -107,7 +107,7 @@ class StoreDataset(torch.utils.data.Dataset):
                  cache_bytes: int = 256 << 20,
                  local_source: Callable[[], RowSource] | None = None,
                  pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False,
-                 hot_bytes: int = 512 << 20) -> None:
+                 hot_bytes: int = 512 << 20, map_bytes: int | None = None) -> None:
         self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
         self._skipping: SkipCorruptSource | None = None
         self.url = url
@@ -115,6 +115,7 @@ class StoreDataset(torch.utils.data.Dataset):
         self.storage_options = storage_options
         self.cache_bytes = cache_bytes
         self.hot_bytes = hot_bytes  # a worker's hot set (decoded small fields), bytes
+        self.map_bytes = map_bytes  # a worker's mapped frame shards, bytes per frame field
         self.pack = pack  # write batches into shared slots (worker processes, see transport)
         self.n_slots = n_slots
         self.token = int.from_bytes(os.urandom(6), "little")
@@ -155,7 +156,8 @@ class StoreDataset(torch.utils.data.Dataset):
             backend = backend_for(self.url, self.storage_options)
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
                                        row_cache_bytes=self.cache_bytes,
-                                       values_budget=self.hot_bytes)
+                                       values_budget=self.hot_bytes,
+                                       map_bytes=self.map_bytes)
             self._shared = None
             self._pid = os.getpid()
         if staged is None or not staged[0].any():
@@ -495,7 +497,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     local = (lambda: store.source) if num_workers == 0 or threaded else None
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
                            pack=num_workers > 0 and not threaded, n_slots=prefetch_factor + 2,
-                           skip_corrupt=skip_corrupt, hot_bytes=int(hot_bytes))
+                           skip_corrupt=skip_corrupt, hot_bytes=int(hot_bytes),
+                           map_bytes=getattr(store, "map_bytes", None))
     kwargs: dict[str, Any] = dict(num_workers=0 if threaded else num_workers,
                                   pin_memory=pin_memory and not threaded, timeout=timeout)
     if num_workers > 0 and not threaded:

@@ -334,7 +334,16 @@ static void ReadState_release(ReadState *r) {
     r->hold = 0;
 }
 
+/* Drop every mapping of the table (its descriptors stay as they are: FdTable owns them). */
+static void ReadState_unmap(ReadState *r) {
+    if (!r->tab.held || r->state.view.len / 8 != STATE_LEN) return;
+    int64_t *tab = r->tab.view.buf, *state = r->state.view.buf;
+    for (Py_ssize_t k = 0; k < r->tab.view.len / (8 * TAB_COLS); k++)
+        shard_unmap(tab + k * TAB_COLS, state);
+}
+
 static void ReadState_dealloc(ReadState *r) {
+    ReadState_unmap(r);
     ReadState_release(r);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
@@ -343,6 +352,7 @@ static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
     PyObject *prefix, *suffix, *known_o, *tab_o, *ring_o, *state_o, *ec_o;
     PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
     PyObject *enb_o = Py_None, *ebase_o = Py_None, *eof_o = Py_None, *estate_o = Py_None;
+    ReadState_unmap(r);
     ReadState_release(r);
     if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOOOOOO", &PyBytes_Type, &prefix,
                           &PyBytes_Type, &suffix, &r->n_chunks, &r->chunk_rows, &r->spl,
@@ -359,8 +369,9 @@ static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
         take(ec_o, &r->ecache, 8 * ECACHE_COLS, 1, "ecache"))
         return -1;
     if (r->row_bytes <= 0 || r->chunk_rows <= 0 || r->n_chunks <= 0 || r->spl <= 0 ||
-        r->ring.view.len <= 0 || r->known.view.len <= 0 || r->state.view.len / 8 != 3) {
-        PyErr_SetString(PyExc_ValueError, "ReadState: sizes positive, state of three");
+        r->ring.view.len <= 0 || r->known.view.len <= 0 ||
+        r->state.view.len / 8 != STATE_LEN) {
+        PyErr_Format(PyExc_ValueError, "ReadState: sizes positive, state of %d", STATE_LEN);
         return -1;
     }
     if (enb_o != Py_None) {
@@ -487,11 +498,14 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    ord = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof *ord);
+    /* per row in read order: its place, then (rows of a run) its chunk's offset and size,
+       found once while the run is built */
+    ord = PyMem_RawMalloc((size_t)(n ? n : 1) * (sizeof *ord + 2 * sizeof(uint64_t)));
     if (!ord) {
         PyErr_NoMemory();
         goto done;
     }
+    uint64_t *run_off = (uint64_t *)(ord + (n ? n : 1)), *run_nb = run_off + (n ? n : 1);
     const int64_t hoff = 16 * (int64_t)n_chunks + 4;
     /* a blosc frame is at most its data + header + block offsets + split sizes + crc */
     const uint64_t max_blob = 2 * (uint64_t)chunk_bytes + 4096;
@@ -517,7 +531,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     int defer = depth > 1 && chunk_rows == 1 && !hold && !cdst && pend_init(&pend, n) == 0;
 #define FLUSH_RUNS() if (defer) pend_flush(&pend, depth, ord, dst, o, row_bytes, checksum, ok, \
-                                           &status, &total, &tmp)
+                                           &status, &total, &tmp, state)
     memset(ok, 0, (size_t)n);
     sort_rows(ord, shards, slots, n, n_chunks * chunk_rows);
     for (Py_ssize_t p = 0; status == STATUS_OK && p < n; p++) {
@@ -586,6 +600,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         /* the rows after this one whose chunks follow it in the file: one read for all */
         Py_ssize_t q = p;
         uint64_t end = off + nb, prev = off;
+        run_off[p] = off;
+        run_nb[p] = nb;
         while (chunk_rows == 1 && q + 1 < n) {
             Py_ssize_t j = ord[q + 1].i;
             uint64_t oj, nj;
@@ -594,6 +610,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
                 break;
             if (oj == prev && oj + nj == end) { /* the same chunk again */
                 q++;
+                run_off[q] = oj;
+                run_nb[q] = nj;
                 continue;
             }
             /* a gap of chunks not asked for (frames the caller's cache holds) is read too */
@@ -601,16 +619,17 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             prev = oj;
             end = oj + nj;
             q++;
+            run_off[q] = oj;
+            run_nb[q] = nj;
         }
         if (defer) {
             for (Py_ssize_t k = p; k <= q; k++) {
-                pend.row_off[k] = off;
-                pend.row_nb[k] = nb;
-                if (k > p) /* (known: the run was built of known entries) */
-                    entry_known(etp, ec, ec_n, e, shard, n_chunks, slots[ord[k].i],
-                                &pend.row_off[k], &pend.row_nb[k]);
+                pend.row_off[k] = run_off[k];
+                pend.row_nb[k] = run_nb[k];
             }
-            if (pend_add(&pend, fd, off, (size_t)(end - off), p, q) == 0) reads++;
+            if (pend_add(&pend, fd, shard_mapped(e, state, end), off, (size_t)(end - off), p,
+                         q) == 0)
+                reads++;
             if (pend.used >= PEND_BYTES) FLUSH_RUNS();
             p = q;
             continue;
@@ -618,12 +637,16 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         blob_gen = -1; /* (blob is read over) */
         if (scratch_reserve(&blob, (size_t)(end - off)) != 0) continue;
         reads++;
-        if (pread_all(fd, blob.buf, (size_t)(end - off), (int64_t)off) != 0) continue;
+        const uint8_t *map = chunk_rows == 1 ? shard_mapped(e, state, end) : NULL;
+        if (map && map_copy(blob.buf, map + off, (size_t)(end - off)) == 0) {
+            state[ST_MAP_READS]++;
+        } else if (pread_all(fd, blob.buf, (size_t)(end - off), (int64_t)off) != 0) {
+            continue;
+        }
         total += (long long)(end - off);
         for (Py_ssize_t k = p; k <= q && status == STATUS_OK; k++) {
             Py_ssize_t j = ord[k].i;
-            uint64_t oj = off, nj = nb;
-            if (k > p) entry_known(etp, ec, ec_n, e, shard, n_chunks, slots[j], &oj, &nj);
+            uint64_t oj = run_off[k], nj = run_nb[k];
             uint8_t *dst_j = o + dst[j] * row_bytes;
             if (cdst && cdst[j] >= 0) { /* keep the whole multi-row chunk for the caller */
                 last_shard = -1;
@@ -771,6 +794,25 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* close_shard: see the method table. */
+static PyObject *close_shard(PyObject *self, PyObject *args) {
+    ReadState *rs;
+    Py_ssize_t shard;
+    if (!PyArg_ParseTuple(args, "O!n", &ReadStateType, &rs, &shard)) return NULL;
+    if (!rs->tab.held || rs->state.view.len / 8 != STATE_LEN) {
+        PyErr_SetString(PyExc_ValueError, "close_shard: the ReadState was not set up");
+        return NULL;
+    }
+    if (shard < 0 || shard >= rs->tab.view.len / (8 * TAB_COLS)) {
+        PyErr_Format(PyExc_IndexError, "close_shard: shard %zd out of range", shard);
+        return NULL;
+    }
+    int64_t *e = (int64_t *)rs->tab.view.buf + shard * TAB_COLS;
+    int was_open = e[TAB_FD] >= 0;
+    shard_close(e, rs->state.view.buf);
+    return PyBool_FromLong(was_open);
+}
+
 #include "batch_lookup.h" /* first_index, table_rows, place_rows */
 #include "hot_gather.h"   /* gather_held */
 
@@ -801,6 +843,10 @@ static PyMethodDef methods[] = {
      "so the caller can keep it. A state with an arena (and no chunks given): each shard's "
      "compressed chunk read is kept in the arena with its version, and rows of that "
      "version are decoded from it (shard_reads.h). Runs without the GIL."},
+    {"close_shard", close_shard, METH_VARARGS,
+     "close_shard(state, shard) -> bool\n\nClose the descriptor the state's tab holds for "
+     "shard and drop its mapping (shard_maps.h); whether one was open. Call it with no "
+     "read_rows of the same state running (FdTable holds its lock)."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "
@@ -852,6 +898,10 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyModule_AddIntConstant(m, "STATUS_BOUNDS", STATUS_BOUNDS);
     PyModule_AddIntConstant(m, "TAB_COLS", TAB_COLS);
     PyModule_AddIntConstant(m, "ECACHE_COLS", ECACHE_COLS);
+    PyModule_AddIntConstant(m, "STATE_LEN", STATE_LEN);
+    PyModule_AddIntConstant(m, "ST_MAPPED", ST_MAPPED);
+    PyModule_AddIntConstant(m, "ST_MAP_BUDGET", ST_MAP_BUDGET);
+    PyModule_AddIntConstant(m, "ST_MAP_READS", ST_MAP_READS);
     PyModule_AddIntConstant(m, "ENTRY_BLOCK", EBLOCK);
     PyModule_AddIntConstant(m, "ENTRY_OF_COLS", EOF_COLS);
     return m;

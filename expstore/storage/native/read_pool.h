@@ -31,6 +31,7 @@
 
 typedef struct {
     int fd;
+    const uint8_t *map; /* the file's mapping when it covers the read (NULL: none) */
     uint8_t *buf;
     size_t len;
     int64_t off;
@@ -238,8 +239,8 @@ static void pend_free(pending_runs *pr) {
 
 /* Record one run: `len` bytes at `off` of `fd`, serving read-order positions p..q. -1 when
    out of memory (the rows are left to the caller, as after a failed read). */
-static int pend_add(pending_runs *pr, int fd, uint64_t off, size_t len, Py_ssize_t p,
-                    Py_ssize_t q) {
+static int pend_add(pending_runs *pr, int fd, const uint8_t *map, uint64_t off, size_t len,
+                    Py_ssize_t p, Py_ssize_t q) {
     if (pr->n == pr->cap) {
         Py_ssize_t cap = pr->cap ? 2 * pr->cap : 64;
         pool_read *r = realloc(pr->reads, (size_t)cap * sizeof *r);
@@ -255,6 +256,7 @@ static int pend_add(pending_runs *pr, int fd, uint64_t off, size_t len, Py_ssize
     if (scratch_reserve(&pr->blob, pr->used + len) != 0) return -1;
     pool_read *r = &pr->reads[pr->n];
     r->fd = fd;
+    r->map = map;
     r->buf = (uint8_t *)(uintptr_t)pr->used; /* made a pointer by the flush */
     r->len = len;
     r->off = (int64_t)off;
@@ -328,13 +330,28 @@ static int read_if_cached(pool_read *r) {
 #endif
 }
 
+/* Read run `r` at once from its mapping while the store is judged warm, else with a
+   page-cache-only pread (read_if_cached), counting the judge's warm runs in `state`
+   (shard_maps.h): 1 when read, 0 when it needs the disk. */
+static int read_warm(pool_read *r, int64_t *state) {
+    if (r->map && map_judged_warm(state) &&
+        map_copy(r->buf, r->map + r->off, r->len) == 0) {
+        state[ST_WARM]++;
+        state[ST_MAP_READS]++;
+        return 1;
+    }
+    int got = read_if_cached(r);
+    state[ST_WARM] = got ? state[ST_WARM] + 1 : 0;
+    return got;
+}
+
 /* Read every recorded run and decode its rows into their places: runs whose bytes are all
-   in the page cache at once, by the caller (a warm batch wakes no thread), the others
-   through the pool (at most `depth` in flight), each decoded as soon as it is read. The
-   runs are then forgotten. */
+   in the page cache at once, by the caller (a warm batch wakes no thread; read_warm), the
+   others through the pool (at most `depth` in flight), each decoded as soon as it is read.
+   The runs are then forgotten. */
 static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const int64_t *dst,
                        uint8_t *o, Py_ssize_t row_bytes, int checksum, uint8_t *ok,
-                       int *status, long long *total, scratch_t *tmp) {
+                       int *status, long long *total, scratch_t *tmp, int64_t *state) {
     if (pr->n == 0) return;
     for (Py_ssize_t r = 0; r < pr->n; r++)
         pr->reads[r].buf = pr->blob.buf + (uintptr_t)pr->reads[r].buf;
@@ -346,7 +363,7 @@ static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const
     } else {
         Py_ssize_t m = 0;
         for (Py_ssize_t r = 0; r < pr->n; r++) {
-            if (read_if_cached(&pr->reads[r])) {
+            if (read_warm(&pr->reads[r], state)) {
                 pend_decode(&d, r);
             } else {
                 todo[m] = r;

@@ -20,10 +20,19 @@
    of that version's header, the committed count that version is trusted for, and the
    shard's position in `ring` (the open descriptors, closed oldest first beyond its size),
    and the number of the open (state[2] counts them) that got the descriptor: index entries
-   remembered in `ecache` are used only with the descriptor they were read through. */
+   remembered in `ecache` are used only with the descriptor they were read through; and
+   the file's mapping made through that descriptor (address, 0: none, -1: refused; bytes),
+   unmapped when it is closed (shard_maps.h). */
 enum {
     TAB_FD = 0, TAB_FIRST = 1, TAB_NROWS = 2, TAB_TRUSTED = 3, TAB_RINGPOS = 4, TAB_GEN = 5,
-    TAB_COLS = 6
+    TAB_MAP_AT = 6, TAB_MAP_LEN = 7, TAB_COLS = 8
+};
+/* Entries of `state` (int64, STATE_LEN): ring positions used, the next to reuse, opens so
+   far; bytes mapped now, the most that may be (shard_maps.h), the judge's count of warm
+   runs in a row, and runs read through a mapping so far. */
+enum {
+    ST_USED = 0, ST_NEXT = 1, ST_OPENS = 2, ST_MAPPED = 3, ST_MAP_BUDGET = 4, ST_WARM = 5,
+    ST_MAP_READS = 6, STATE_LEN = 7
 };
 /* Columns of `ecache` (int64, E x ECACHE_COLS), direct-mapped by chunk (shard * n_chunks +
    chunk): the chunk's number, the open it was read through, its offset and size. */
@@ -48,6 +57,8 @@ static int pread_all(int fd, uint8_t *buf, size_t want, int64_t at) {
 static uint64_t le64(const uint8_t *p) {
     return (uint64_t)le32(p) | ((uint64_t)le32(p + 4) << 32);
 }
+
+#include "shard_maps.h" /* shard_mapped, map_copy, shard_close */
 
 /* Flags a shard is opened with for reading: without access-time updates (a read of a warm
    page otherwise spends ~5% of its time in touch_atime) where the process may ask that
@@ -77,10 +88,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
                       int64_t trusted, int64_t *tab, int64_t *ring, int64_t ring_n,
                       int64_t *state) {
     int64_t *e = tab + shard * TAB_COLS;
-    if (e[TAB_FD] >= 0) {
-        close((int)e[TAB_FD]);
-        e[TAB_FD] = -1;
-    }
+    if (e[TAB_FD] >= 0) shard_close(e, state);
     char path[4096];
     int len = snprintf(path, sizeof path, "%s%lld%s", prefix, (long long)shard, suffix);
     if (len < 0 || (size_t)len >= sizeof path) return -1;
@@ -93,8 +101,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
             if (victim < 0 || victim == shard) continue;
             int64_t *v = tab + victim * TAB_COLS;
             if (v[TAB_RINGPOS] == at && v[TAB_FD] >= 0) {
-                close((int)v[TAB_FD]);
-                v[TAB_FD] = -1;
+                shard_close(v, state);
                 closed = 1;
             }
         }
@@ -134,8 +141,7 @@ static int open_shard(const char *prefix, const char *suffix, int64_t shard, int
             if (victim >= 0) {
                 int64_t *v = tab + victim * TAB_COLS;
                 if (v[TAB_RINGPOS] == k) {
-                    if (v[TAB_FD] >= 0) close((int)v[TAB_FD]);
-                    v[TAB_FD] = -1;
+                    if (v[TAB_FD] >= 0) shard_close(v, state);
                     v[TAB_RINGPOS] = -1;
                 }
             }
@@ -169,6 +175,41 @@ static int cmp_order(const void *a, const void *b) {
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
+/* bits of the key a pass of the radix sort takes (a 2,048-entry count per pass) */
+#define SORT_DIGIT 11
+
+/* `ord` by key, equal keys in their first order, through `tmp` (n entries): least
+   significant digit first, as many passes as the largest key needs (3 at 100M rows). A
+   batch of 1,280 rows took qsort ~5% of a `sample(256)` at 100M. 0, or -1 (keys < 0). */
+static int radix_rows(read_order *ord, read_order *tmp, Py_ssize_t n) {
+    int64_t most = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ord[i].key < 0) return -1;
+        if (ord[i].key > most) most = ord[i].key;
+    }
+    Py_ssize_t count[1 << SORT_DIGIT];
+    read_order *from = ord, *to = tmp;
+    for (int shift = 0; shift < 64 && (shift == 0 || (most >> shift) > 0);
+         shift += SORT_DIGIT) {
+        memset(count, 0, sizeof count);
+        for (Py_ssize_t i = 0; i < n; i++)
+            count[(from[i].key >> shift) & ((1 << SORT_DIGIT) - 1)]++;
+        Py_ssize_t at = 0;
+        for (int d = 0; d < (1 << SORT_DIGIT); d++) {
+            Py_ssize_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            to[count[(from[i].key >> shift) & ((1 << SORT_DIGIT) - 1)]++] = from[i];
+        read_order *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != ord) memcpy(ord, from, (size_t)n * sizeof *ord);
+    return 0;
+}
+
 static void sort_rows(read_order *ord, const int64_t *shards, const int64_t *slots,
                       Py_ssize_t n, int64_t shard_rows) {
     int sorted = 1;
@@ -177,7 +218,10 @@ static void sort_rows(read_order *ord, const int64_t *shards, const int64_t *slo
         ord[i].i = i;
         if (i && ord[i].key < ord[i - 1].key) sorted = 0;
     }
-    if (!sorted) qsort(ord, (size_t)n, sizeof *ord, cmp_order);
+    if (sorted) return;
+    read_order *tmp = n >= 64 ? malloc((size_t)n * sizeof *tmp) : NULL;
+    if (!tmp || radix_rows(ord, tmp, n) != 0) qsort(ord, (size_t)n, sizeof *ord, cmp_order);
+    free(tmp);
 }
 
 /* ---- index entries ------------------------------------------------------------------ */

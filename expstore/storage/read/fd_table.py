@@ -26,8 +26,19 @@ ENTRY_CACHE_ROWS = 1 << 19
 #: shards are loaded
 ENTRY_TABLE_BYTES = 256 << 20
 
+#: bytes of a frame field's shard files an FdTable may map at once (``shard_maps.h``; the
+#: default of ``open(map_bytes=...)``, per frame field): a warm frame run is then a copy
+#: from memory, not a ``pread``. Address space, not RAM: mapped pages are the page
+#: cache's (they count in RSS as ``RssFile``, reclaimed like any cached page)
+MAP_BYTES = 64 << 30
+
 #: columns of FdTable.tab (what the C kernel keeps per shard)
-TAB_COLS = 6 if native is None else native.TAB_COLS
+TAB_COLS = 8 if native is None else native.TAB_COLS
+#: entries of FdTable.state, and those the mappings use (``shard_reads.h``)
+STATE_LEN = 7 if native is None else native.STATE_LEN
+ST_MAPPED = 3 if native is None else native.ST_MAPPED
+ST_MAP_BUDGET = 4 if native is None else native.ST_MAP_BUDGET
+ST_MAP_READS = 6 if native is None else native.ST_MAP_READS
 ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
 #: chunks per block of held entries (each block's first offset is kept, u64), and the
 #: columns of ``FdTable.entry_of``
@@ -39,9 +50,11 @@ class FdTable:
     """Shard versions of one field held open for the C kernel (the kernel reads through them).
 
     ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
-    shard its descriptor (-1: none), the header's first step and rows, and the committed
-    count the version is trusted for. At most ``max_fds`` descriptors are open; beyond
-    that the kernel closes the oldest opened. ``held_bytes``: an arena of compressed
+    shard its descriptor (-1: none), the header's first step and rows, the committed
+    count the version is trusted for, and the file's mapping made through that descriptor
+    (frames: ``map_bytes`` of them at most, default :data:`MAP_BYTES`; 0: none). At most
+    ``max_fds`` descriptors are open; beyond that the kernel closes the oldest opened
+    (and drops its mapping). ``held_bytes``: an arena of compressed
     chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``;
     ``entry_table_bytes`` (default :data:`ENTRY_TABLE_BYTES`): whole shards' indexes held
     for a frame field of more chunks than its entry cache holds. Local stores
@@ -51,14 +64,15 @@ class FdTable:
     ``ReadState``); each :meth:`read` passes only the batch.
     """
 
-    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN = range(6)
+    FD, FIRST, NROWS, TRUSTED, RINGPOS, GEN, MAP_AT, MAP_LEN = range(8)
     #: columns of ``held_tab``: arena position (-1: none), bytes, first step, rows, trusted
     H_POS, H_NB, H_FIRST, H_NROWS, H_TRUSTED = range(5)
 
     def __init__(self, root: str, key_of: Callable[[int], str], n_shards: int, n_chunks: int,
                  chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
                  checksum: bool, row_bytes: int, max_entries: int | None = None,
-                 held_bytes: int = 0, entry_table_bytes: int | None = None) -> None:
+                 held_bytes: int = 0, entry_table_bytes: int | None = None,
+                 map_bytes: int | None = None) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
         self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
@@ -66,9 +80,13 @@ class FdTable:
         self.n_chunks = n_chunks
         self.chunk_rows = chunk_rows
         self.tab = np.full((n_shards, TAB_COLS), -1, np.int64)
-        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN]] = 0
+        self.tab[:, [self.FIRST, self.NROWS, self.TRUSTED, self.GEN, self.MAP_AT,
+                     self.MAP_LEN]] = 0
         self.ring = np.full(max(1, min(max_fds, n_shards)), -1, np.int64)
-        self.state = np.zeros(3, np.int64)  # ring positions used, next to reuse, opens
+        #: ring positions used, next to reuse, opens; bytes mapped, the most that may be,
+        #: the judge's warm runs in a row, runs read through a mapping (``shard_reads.h``)
+        self.state = np.zeros(STATE_LEN, np.int64)
+        self.state[ST_MAP_BUDGET] = MAP_BYTES if map_bytes is None else max(0, map_bytes)
         #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
         #: descriptor they were read through: a store of up to ``max_entries`` chunks
         #: costs one read per chunk, not two
@@ -149,10 +167,17 @@ class FdTable:
         with self._lock:
             if len(self.held_tab):
                 self.held_tab[shard, self.H_POS] = -1
-            fd = int(self.tab[shard, self.FD])
-            if fd >= 0:
-                self.tab[shard, self.FD] = -1
-                os.close(fd)
+            native.close_shard(self.state_of_reads, shard)  # (and its mapping)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of shard files mapped now."""
+        return int(self.state[ST_MAPPED])
+
+    @property
+    def mapped_reads(self) -> int:
+        """Frame runs read through a mapping so far (the others: ``pread``)."""
+        return int(self.state[ST_MAP_READS])
 
     def clear(self) -> None:
         """Close every descriptor held and drop the chunks held."""

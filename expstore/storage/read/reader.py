@@ -65,7 +65,9 @@ class ShardReader(GeneralReads):
     fields stored that way fewest bytes per row read first: decoded (admitted as first
     read, never evicted: ``hot_set.py``), or for scalars short of half their shards, as
     compressed chunks. ``max_fds``: descriptors
-    the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames. Both
+    the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames.
+    ``map_bytes``: shard files mapped at once per frame field (default ``fd_table.MAP_BYTES``;
+    ``shard_maps.h``). Both
     splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`.
     """
 
@@ -74,7 +76,8 @@ class ShardReader(GeneralReads):
 
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
-                 values_budget: int = 128 << 20, max_fds: int | None = None) -> None:
+                 values_budget: int = 128 << 20, max_fds: int | None = None,
+                 map_bytes: int | None = None) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -117,7 +120,7 @@ class ShardReader(GeneralReads):
                                   layout.chunks_per_shard(n), layout.chunk_rows(n),
                                   share.fds, self.known, layout.shards_per_lane,
                                   layout.checksum, f.row_nbytes,
-                                  held_bytes=share.held_bytes)
+                                  held_bytes=share.held_bytes, map_bytes=map_bytes)
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 code = (None if share.code_bits is None else
                         book_for(f.dtype, share.code_bits, f.low, f.high))
