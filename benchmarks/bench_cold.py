@@ -212,7 +212,9 @@ def kernel_rates(path: Path, depths: list[int], seconds: float,
 
     store = es.open(path)
     rows = store.capacity
-    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0)
+    # (no mappings: pages this process mapped would stay out of the governor's reach)
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         map_bytes=0)
     every = np.arange(rows)
     steps = store.index.steps(every)
     rng = np.random.default_rng(0)

@@ -187,7 +187,8 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     call (a 100M-frame store samples ~1.7x faster). Address space, not RAM: mapped pages
     are the page cache's, reclaimed like any cached page, but tools that read RSS count
     the ones touched (``RssFile`` in ``/proc/PID/status``; anonymous memory is unchanged).
-    Set 0 where a job's RSS is policed.
+    Set 0 where a job's RSS is policed. DataLoader workers map only what
+    ``make_loader(map_bytes=...)`` asks (default none).
 
     ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a
     writer that never samples (a dataset import's lane): the other lanes read as empty until

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,10 @@ from expstore.storage import backend_for
 from expstore.storage.native import set_read_depth
 from expstore.storage.native.kernels import native
 from expstore.storage.read import ShardReader
+from expstore.storage.read.fd_table import ST_MAP_BUDGET
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.page_cache import resident_pages  # noqa: E402
 
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
 
@@ -99,8 +105,7 @@ def test_mapped_reads_give_the_rows_preads_give(tmp_path, depth) -> None:
         np.testing.assert_array_equal(got_mapped, _expected(s))
         np.testing.assert_array_equal(got_plain, got_mapped)
     fds_mapped, fds_plain = mapped.tables["obs"].fds, plain.tables["obs"].fds
-    # (deferred: 64 runs to judge the store warm, then one run in 64 probes the cache)
-    assert fds_mapped.mapped_reads >= (3 * 400 if depth == 1 else 3 * 400 - 64 - 1200 // 64)
+    assert fds_mapped.mapped_reads == 3 * 400  # (every run: its pages are in the cache)
     assert fds_mapped.mapped_bytes == sum(os.path.getsize(p) for p in _shard_files(store))
     assert fds_plain.mapped_reads == 0 and fds_plain.mapped_bytes == 0
     mapped.close(), plain.close(), store.close()
@@ -151,24 +156,43 @@ def test_a_mapping_goes_with_its_descriptor(tmp_path) -> None:
         set_read_depth(before)
 
 
-def test_the_read_pool_maps_only_after_64_warm_runs_in_a_row(tmp_path) -> None:
-    """The deferred path (read depth > 1) copies a run from its mapping only once 64
-    runs in a row were found in the page cache (a mapped page that is not would be read
-    from the disk by the caller alone, where the pool reads many at once), and then one
-    run in 64 checks the cache instead."""
+def _drop_pages(paths: list[str]) -> None:
+    """Every page of ``paths`` out of the page cache (a page still on a CPU's LRU batch is
+    not dropped at the first try), or skip where this file system keeps them."""
+    for _ in range(50):
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        if sum(resident_pages(p)[0] for p in paths) == 0:
+            return
+        time.sleep(0.02)
+    pytest.skip("pages of this file system cannot be dropped from the cache")
+
+
+def test_the_read_pool_reads_runs_not_in_the_page_cache(tmp_path) -> None:
+    """At read depth > 1 a run is copied from its mapping only when its pages are in the
+    page cache (``mincore``): a mapped page that is not would be read from the disk by the
+    caller alone, where the pool reads many at once."""
     before = set_read_depth(16)
     try:
         store, rows, steps = _filled(tmp_path / "s.zarr")
-        a, s = _spread(rows, steps, 460)
-        reader = _reader(store)
+        a, s = _spread(rows, steps, 400)
+        reader = _reader(store, map_bytes=0)
         fds = reader.tables["obs"].fds
-        np.testing.assert_array_equal(_read(reader, a[:60], s[:60]), _expected(s[:60]))
-        assert fds.mapped_reads == 0 and fds.mapped_bytes > 0  # mapped, not yet used
-        np.testing.assert_array_equal(_read(reader, a[60:], s[60:]), _expected(s[60:]))
-        # the judge's count of warm runs in a row went 60..459 over these 400 runs: the
-        # first 4 and each multiple of 64 checked the cache, the 389 others were mapped
-        warm = np.arange(60, 460)
-        assert fds.mapped_reads == ((warm >= 64) & (warm % 64 != 0)).sum() == 389
+        # every shard opened and its index entries remembered (nothing mapped), then every
+        # page dropped: the batch below reads nothing but its runs
+        first = np.unique(a // SHARD_ROWS, return_index=True)[1]
+        np.testing.assert_array_equal(_read(reader, a[first], s[first]), _expected(s[first]))
+        _drop_pages(_shard_files(store))
+        fds.state[ST_MAP_BUDGET] = 1 << 40  # (mapped from now on)
+        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
+        assert fds.mapped_reads == 0 and fds.mapped_bytes > 0  # mapped, read by the pool
+        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))  # now cached
+        assert fds.mapped_reads == 400
         reader.close(), store.close()
     finally:
         set_read_depth(before)
@@ -184,6 +208,13 @@ def test_open_takes_map_bytes(tmp_path) -> None:
         reader_store.sample(64)
         assert (reader_store.reader.tables["obs"].fds.mapped_bytes > 0) == mapped
         reader_store.close()
+
+
+def test_make_loader_checks_map_bytes(tmp_path) -> None:
+    store, _, _ = _filled(tmp_path / "s.zarr")
+    with pytest.raises(ValueError, match="map_bytes: expected an int >= 0"):
+        es.make_loader(store, batch_size=8, num_workers=0, map_bytes=-1)
+    store.close()
 
 
 TRUNCATED = textwrap.dedent("""

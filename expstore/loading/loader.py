@@ -421,7 +421,7 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
                 cache_bytes: int = 256 << 20, timeout: float = 0,
                 batches_per_message: int | None = None,
                 skip_corrupt: bool = False, threads: bool | None = None,
-                hot_bytes: int | None = None) -> StoreLoader:
+                hot_bytes: int | None = None, map_bytes: int = 0) -> StoreLoader:
     """A DataLoader streaming ``batch_size`` transitions per batch from ``store``.
 
     ``sampler`` defaults to a ``UniformSampler``; it stays in this process and is shared:
@@ -461,8 +461,17 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     shards are first read). ``threads=True`` asks for the thread whatever the store holds
     (not for a store this process writes). Either way the loader yields the same batches,
     takes priorities the same way and stops with :meth:`StoreLoader.close`.
+
+    ``map_bytes``: frame shard bytes each worker process maps (``open(map_bytes=...)``;
+    default 0: workers read frames with ``pread``). Workers serve stores too large for
+    RAM, read cold: pages a process has mapped stay in its RSS and out of reach of
+    ``posix_fadvise`` until the kernel reclaims them. The prefetch thread reads through
+    this process's reader, mapped as the store was opened.
     """
     check_batch(batch_size)
+    if isinstance(map_bytes, bool) or not isinstance(map_bytes, (int, np.integer)) \
+            or map_bytes < 0:
+        raise ValueError(f"map_bytes: expected an int >= 0 (bytes), got {map_bytes!r}")
     if sampler is None:
         sampler = UniformSampler(store)
     if isinstance(sampler, MixtureSampler):
@@ -498,7 +507,7 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
                            pack=num_workers > 0 and not threaded, n_slots=prefetch_factor + 2,
                            skip_corrupt=skip_corrupt, hot_bytes=int(hot_bytes),
-                           map_bytes=getattr(store, "map_bytes", None))
+                           map_bytes=int(map_bytes))
     kwargs: dict[str, Any] = dict(num_workers=0 if threaded else num_workers,
                                   pin_memory=pin_memory and not threaded, timeout=timeout)
     if num_workers > 0 and not threaded:

@@ -330,19 +330,23 @@ static int read_if_cached(pool_read *r) {
 #endif
 }
 
-/* Read run `r` at once from its mapping while the store is judged warm, else with a
-   page-cache-only pread (read_if_cached), counting the judge's warm runs in `state`
-   (shard_maps.h): 1 when read, 0 when it needs the disk. */
+/* Read run `r` at once when its bytes are in the page cache: from its mapping (asking the
+   cache with mincore, except while the judge counts the store warm: shard_maps.h), else
+   with a page-cache-only pread (read_if_cached). 1 when read, 0 when it needs the disk. */
 static int read_warm(pool_read *r, int64_t *state) {
-    if (r->map && map_judged_warm(state) &&
-        map_copy(r->buf, r->map + r->off, r->len) == 0) {
-        state[ST_WARM]++;
-        state[ST_MAP_READS]++;
-        return 1;
+    if (r->map) {
+        if (!map_judged_warm(state) && !map_resident(r->map, (uint64_t)r->off, r->len)) {
+            state[ST_WARM] = 0;
+            return 0;
+        }
+        if (map_copy(r->buf, r->map + r->off, r->len) == 0) {
+            state[ST_WARM]++;
+            state[ST_MAP_READS]++;
+            return 1;
+        }
+        /* (SIGBUS: the bytes are not there; pread says so) */
     }
-    int got = read_if_cached(r);
-    state[ST_WARM] = got ? state[ST_WARM] + 1 : 0;
-    return got;
+    return read_if_cached(r);
 }
 
 /* Read every recorded run and decode its rows into their places: runs whose bytes are all

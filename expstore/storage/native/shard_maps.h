@@ -117,14 +117,32 @@ static const uint8_t *shard_mapped(int64_t *e, int64_t *state, uint64_t end) {
     return (const uint8_t *)(uintptr_t)e[TAB_MAP_AT];
 }
 
-/* Runs read through the pool's path (read_pool.h) use a mapping only while the store
-   looks warm: after MAP_WARM_AFTER runs in a row found in the page cache (a mapped page
-   that is not would be read from the disk by the caller alone, where the pool reads many
-   at once), and one mapped run in MAP_PROBE_EVERY is read with a page-cache-only pread
-   instead, to notice a store gone cold. */
+/* Runs read through the pool's path (read_pool.h) are copied from their mapping only when
+   their pages are in the page cache (a mapped page that is not would be read from the disk
+   by the caller alone, where the pool reads many at once): asked of the cache with mincore
+   (page-cache-only preads may be refused by the file system) until MAP_WARM_AFTER runs in
+   a row were there, then only for one run in MAP_PROBE_EVERY, to notice a store gone
+   cold. state[ST_WARM] counts those runs in a row. */
 #define MAP_WARM_AFTER 64
 #define MAP_PROBE_EVERY 64
 
 static int map_judged_warm(const int64_t *state) {
     return state[ST_WARM] >= MAP_WARM_AFTER && state[ST_WARM] % MAP_PROBE_EVERY != 0;
+}
+
+/* Whether every page of bytes [off, off + len) of mapping `map` is in the page cache. */
+static int map_resident(const uint8_t *map, uint64_t off, size_t len) {
+    static long page = 0;
+    if (page <= 0) page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    uint64_t at = off - off % (uint64_t)page, last = off + len;
+    unsigned char vec[64];
+    while (at < last) { /* (64 pages per call) */
+        uint64_t span = last - at < 64 * (uint64_t)page ? last - at : 64 * (uint64_t)page;
+        size_t pages = (size_t)((span + (uint64_t)page - 1) / (uint64_t)page);
+        if (mincore((void *)(map + at), (size_t)span, vec) != 0) return 0;
+        for (size_t k = 0; k < pages; k++)
+            if (!(vec[k] & 1)) return 0;
+        at += span;
+    }
+    return 1;
 }
