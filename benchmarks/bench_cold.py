@@ -212,7 +212,8 @@ def kernel_rates(path: Path, depths: list[int], seconds: float,
 
     store = es.open(path)
     rows = store.capacity
-    # (no mappings: pages this process mapped would stay out of the governor's reach)
+    # (map_bytes=0, the default: pages this process mapped would stay out of the
+    # governor's reach)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
                          map_bytes=0)
     every = np.arange(rows)

@@ -69,11 +69,9 @@ def _cache(store) -> None:
 def _kernel_reads(store, rows, steps, depth, batches=30, cold=True, **kw):
     """Seeded batches of stacks (4 frames and the next: neighbouring rows, random
     anchors) read by a fresh reader at ``depth`` (``cold``: the store's pages dropped
-    before each batch): the frames and the reader's counters. The reader maps nothing
+    before each batch): the frames and the reader's counters. (A reader maps nothing
     unless ``map_bytes`` says so: pages a process has mapped are not dropped by
-    ``posix_fadvise(DONTNEED)``, so its reads would not be cold (``test_shard_maps.py``
-    tests mapped reads)."""
-    kw.setdefault("map_bytes", 0)
+    ``posix_fadvise(DONTNEED)``, so its reads would not be cold.)"""
     set_read_depth(depth)
     reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0, **kw)
     rng = np.random.default_rng(7)

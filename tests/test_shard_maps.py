@@ -23,7 +23,7 @@ from expstore.storage import backend_for
 from expstore.storage.native import set_read_depth
 from expstore.storage.native.kernels import native
 from expstore.storage.read import ShardReader
-from expstore.storage.read.fd_table import ST_MAP_BUDGET
+from expstore.storage.read.fd_table import MAP_BYTES, ST_MAP_BUDGET
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.page_cache import resident_pages  # noqa: E402
@@ -65,6 +65,7 @@ def _reader(store, **kw) -> ShardReader:
     """A reader holding every shard open (unless ``max_fds`` says otherwise: by default the
     budget is what the process may still open, less under a loaded test run)."""
     kw.setdefault("max_fds", 1024)
+    kw.setdefault("map_bytes", MAP_BYTES)
     return ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0, **kw)
 
 

@@ -107,7 +107,7 @@ class StoreDataset(torch.utils.data.Dataset):
                  cache_bytes: int = 256 << 20,
                  local_source: Callable[[], RowSource] | None = None,
                  pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False,
-                 hot_bytes: int = 512 << 20, map_bytes: int | None = None) -> None:
+                 hot_bytes: int = 512 << 20, map_bytes: int = 0) -> None:
         self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
         self._skipping: SkipCorruptSource | None = None
         self.url = url

@@ -21,8 +21,12 @@
  *   goes to the handler installed before this one (returning re-runs the faulting access
  *   under it) or, when none, kills the process as it would have.
  *
+ * - on the read pool's path, copied only when their pages are in the page cache
+ *   (``map_resident``, ``map_judged_warm``); the others go to the pool.
+ *
  * Mapped pages are the page cache's own: they count in the process's RSS (``RssFile``),
- * not in its anonymous memory, and the kernel reclaims them like any cached page.
+ * not in its anonymous memory, and the kernel reclaims them like any cached page (but
+ * ``posix_fadvise(DONTNEED)`` passes them by while they are mapped).
  */
 #include <pthread.h>
 #include <setjmp.h>

@@ -65,10 +65,11 @@ class ShardReader(GeneralReads):
     fields stored that way fewest bytes per row read first: decoded (admitted as first
     read, never evicted: ``hot_set.py``), or for scalars short of half their shards, as
     compressed chunks. ``max_fds``: descriptors
-    the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames.
-    ``map_bytes``: shard files mapped at once per frame field (default ``fd_table.MAP_BYTES``;
-    ``shard_maps.h``). Both
-    splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`.
+    the kernel holds open (default :func:`kernel_fd_budget`), mostly for frames. Both
+    splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`. ``map_bytes``:
+    shard files mapped at once per frame field (``shard_maps.h``; default 0, none: a scan
+    such as an export, ``verify`` or ``repair`` would keep every page it read mapped;
+    ``Store.reader`` passes ``open(map_bytes=...)``).
     """
 
     #: remote stores: (re)open a shard's heads of every field read so far together
@@ -77,7 +78,7 @@ class ShardReader(GeneralReads):
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
                  values_budget: int = 128 << 20, max_fds: int | None = None,
-                 map_bytes: int | None = None) -> None:
+                 map_bytes: int = 0) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
