@@ -31,6 +31,7 @@ from .storage.format import (
 )
 from .storage.ownership import DEFAULT_TTL, live_holders, require_atomic_writes
 from .store import Store
+from .validate import check_bytes
 
 
 def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
@@ -215,10 +216,3 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
         if store._reader is not None:
             store._reader.set_row_cache_bytes(store.cache_bytes)
     return store
-
-
-def check_bytes(name: str, value: Any) -> None:
-    """A ValueError naming ``name`` unless ``value`` is None or an int >= 0 (bytes)."""
-    if value is not None and (isinstance(value, bool) or
-                              not isinstance(value, (int, np.integer)) or value < 0):
-        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")

@@ -262,3 +262,11 @@ def refuse_many_steps(spec: Spec, reward: np.ndarray, lane: int, lanes: int,
         f"envs gives, but this call writes one step into lane {lane} ({why}). Create the "
         f"store with lanes=num_envs (es.create(..., lanes={n})) and call add(...) without "
         "lane= to write one step per lane, or add each env's step with lane=i")
+
+
+def check_bytes(name: str, value: Any) -> None:
+    """A ValueError naming ``name`` unless ``value`` is None or an int >= 0 (bytes)."""
+    if value is not None and (isinstance(value, bool) or
+                              not isinstance(value, (int, np.integer)) or value < 0):
+        raise ValueError(f"{name}: expected an int >= 0 (bytes), got {value!r}")
+

@@ -35,6 +35,7 @@ from ..sampling.mixture import MixtureSampler
 from ..sampling.plans import ReaderView, ReadPlan
 from ..sampling.uniform import UniformSampler
 from ..storage.format import Layout
+from ..validate import check_bytes
 from .columns import RowSource, numpy_alloc
 from .execute import assemble_batches
 from .plan_groups import PlanGroups
@@ -469,9 +470,7 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     this process's reader, mapped as the store was opened.
     """
     check_batch(batch_size)
-    if isinstance(map_bytes, bool) or not isinstance(map_bytes, (int, np.integer)) \
-            or map_bytes < 0:
-        raise ValueError(f"map_bytes: expected an int >= 0 (bytes), got {map_bytes!r}")
+    check_bytes("map_bytes", map_bytes)
     if sampler is None:
         sampler = UniformSampler(store)
     if isinstance(sampler, MixtureSampler):
