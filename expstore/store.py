@@ -452,6 +452,9 @@ class Store:
             self._access.release()
             if self._reader is not None:
                 self._reader.close()
+                # (its caches, hot set and held index entries go with it: up to GBs at
+                # 100M rows; a read after close makes a new one)
+                self._reader = self._source = None
             self.backend.close()
 
     # -- reading -------------------------------------------------------------------------

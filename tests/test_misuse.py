@@ -403,6 +403,26 @@ def test_store_is_a_context_manager_and_refuses_writes_once_closed(tmp_path):
     s.close()  # closing twice is fine
 
 
+def test_close_lets_go_of_the_reader_and_what_it_holds(tmp_path):
+    """A closed store still referenced (an SB3 buffer, a list) no longer keeps its reader:
+    its hot set, caches and held index entries (GBs at 100M rows) go at once, not at the
+    next garbage collection; a read after close makes a new reader."""
+    url = tmp_path / "s.zarr"
+    with es.create(url, SPEC, capacity=256) as w:
+        w.extend(steps(0, 0, 100))
+    s = es.open(url)
+    before = s.sample(16, rng=np.random.default_rng(5))
+    reader = weakref.ref(s.reader)
+    gc.disable()  # (freed by reference counting alone: no cycle keeps it)
+    try:
+        s.close()
+        assert reader() is None
+    finally:
+        gc.enable()
+    after = s.sample(16, rng=np.random.default_rng(5))
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
 # -- 6: clear errors --------------------------------------------------------------------------
 def test_bad_batch_sizes_name_batch_size(tmp_path):
     with es.create(tmp_path / "s.zarr", SPEC, capacity=256) as s:

@@ -135,8 +135,15 @@ class ShardReader(GeneralReads):
         #: without the batch path
         self.held_whole: dict[str, bool | None] = {}
         self._judge_held_whole()
+        me = weakref.ref(self)  # (not a cycle: a reader's memory goes with its last reference)
+
+        def judge_held_whole() -> None:
+            reader = me()
+            if reader is not None:
+                reader._judge_held_whole()
+
         for t in self.tables.values():
-            t.on_spill = self._judge_held_whole
+            t.on_spill = judge_held_whole
         self.stats = ReadStats()
         # ``_opened[(name, shard)] = (version token, trusted count)`` (see ``known``)
         self._kernel_read = KernelRead(self.stats)
