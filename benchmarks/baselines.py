@@ -53,16 +53,24 @@ def dir_bytes(path: str | Path) -> tuple[int, int]:
     return sum(st.st_size for st in stats), sum(st.st_blocks * 512 for st in stats)
 
 
-def drop_page_cache(path: str | Path) -> list[str]:
-    """Drop every file under ``path`` from the page cache (``posix_fadvise(DONTNEED)``
-    per file; dirty pages stay: ``os.sync()`` first to drop them too); the files."""
-    files = [str(p) for p in Path(path).rglob("*") if p.is_file()]
+def drop_files(files: list[str], sync: bool = False) -> None:
+    """Drop ``files`` from the page cache (``posix_fadvise(DONTNEED)``); ``sync``: write
+    each back first (``fsync``), else its dirty pages stay (``os.sync()`` drops them too).
+    A page still on a CPU's LRU batch may stay: check with ``page_cache.resident_pages``."""
     for name in files:
         fd = os.open(name, os.O_RDONLY)
         try:
+            if sync:
+                os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def drop_page_cache(path: str | Path, sync: bool = False) -> list[str]:
+    """Drop every file under ``path`` from the page cache (:func:`drop_files`); the files."""
+    files = [str(p) for p in Path(path).rglob("*") if p.is_file()]
+    drop_files(files, sync)
     return files
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from expstore.storage import backend_for
 from expstore.storage.native import READ_DEPTH_ENV, set_read_depth
 from expstore.storage.native.kernels import native
 from expstore.storage.read import ShardReader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.baselines import drop_page_cache, warm_page_cache  # noqa: E402
 
 if native is None and os.environ.get("EXPSTORE_REQUIRE_NATIVE"):
     raise RuntimeError("expstore.storage.native._kernels was not built (EXPSTORE_REQUIRE_NATIVE=1)")
@@ -47,23 +52,12 @@ def _store(tmp_path, capacity=1024, shard_rows=32, n=960):
 def _evict(store) -> None:
     """Drop the store's pages from the page cache (written back first): its next reads
     are disk reads, which the pool takes (pages still cached are read by the caller)."""
-    for dirpath, _, names in os.walk(store.url.removeprefix("file://")):
-        for name in names:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    drop_page_cache(store.url.removeprefix("file://"), sync=True)
 
 
 def _cache(store) -> None:
     """Read every file of the store once, so that its pages are in the page cache."""
-    for dirpath, _, names in os.walk(store.url.removeprefix("file://")):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                while f.read(1 << 20):
-                    pass
+    warm_page_cache(store.url.removeprefix("file://"))
 
 
 def _kernel_reads(store, rows, steps, depth, batches=30, cold=True, **kw):

@@ -26,6 +26,7 @@ from expstore.storage.read import ShardReader
 from expstore.storage.read.fd_table import MAP_BYTES, ST_MAP_BUDGET
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.baselines import drop_files  # noqa: E402
 from benchmarks.page_cache import resident_pages  # noqa: E402
 
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
@@ -161,13 +162,7 @@ def _drop_pages(paths: list[str]) -> None:
     """Every page of ``paths`` out of the page cache (a page still on a CPU's LRU batch is
     not dropped at the first try), or skip where this file system keeps them."""
     for _ in range(50):
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        drop_files(paths, sync=True)
         if sum(resident_pages(p)[0] for p in paths) == 0:
             return
         time.sleep(0.02)

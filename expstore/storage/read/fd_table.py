@@ -52,7 +52,8 @@ class FdTable:
     ``tab`` (int64, ``(n_shards, TAB_COLS)``) is written by ``_kernels.read_rows``: per
     shard its descriptor (-1: none), the header's first step and rows, the committed
     count the version is trusted for, and the file's mapping made through that descriptor
-    (frames: ``map_bytes`` of them at most, default :data:`MAP_BYTES`; 0: none). At most
+    (frames: ``map_bytes`` of them at most; 0, the default: none, as a ``ShardReader``'s;
+    ``Store.reader`` passes ``open(map_bytes=...)``, default :data:`MAP_BYTES`). At most
     ``max_fds`` descriptors are open; beyond that the kernel closes the oldest opened
     (and drops its mapping). ``held_bytes``: an arena of compressed
     chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``;
@@ -72,7 +73,7 @@ class FdTable:
                  chunk_rows: int, max_fds: int, known: np.ndarray, shards_per_lane: int,
                  checksum: bool, row_bytes: int, max_entries: int | None = None,
                  held_bytes: int = 0, entry_table_bytes: int | None = None,
-                 map_bytes: int | None = None) -> None:
+                 map_bytes: int = 0) -> None:
         probe = key_of(0)
         head, _, tail = probe.partition("/c/0")
         self.prefix = os.fsencode(os.path.join(root, head + "/c/"))
@@ -86,7 +87,7 @@ class FdTable:
         #: ring positions used, next to reuse, opens; bytes mapped, the most that may be,
         #: the judge's warm runs in a row, runs read through a mapping (``shard_reads.h``)
         self.state = np.zeros(STATE_LEN, np.int64)
-        self.state[ST_MAP_BUDGET] = MAP_BYTES if map_bytes is None else max(0, map_bytes)
+        self.state[ST_MAP_BUDGET] = max(0, map_bytes)
         #: index entries read (direct-mapped by chunk; 32 B each), valid only with the
         #: descriptor they were read through: a store of up to ``max_entries`` chunks
         #: costs one read per chunk, not two
