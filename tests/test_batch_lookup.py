@@ -1,8 +1,9 @@
 """A batch's lookups around the reads in C (``storage/native/batch_lookup.h``) against numpy.
 
 ``first_index`` (distinct frame keys of a batch), ``table_rows`` (scalars from decoded
-shards) and ``place_rows`` (where each frame goes in the frame cache) must give what the
-numpy code they replace gives: same rows, same cache state after.
+shards), ``place_rows`` (where each frame goes in the frame cache) and ``rows_held`` (rows
+an open shard version holds) must give what the numpy code they replace gives: same rows,
+same cache state after.
 ``EXPSTORE_REQUIRE_NATIVE=1`` (set by CI) turns a missing kernel into a failure.
 """
 
@@ -146,3 +147,35 @@ def test_table_rows_gathers_held_rows_and_refuses_any_other():
                                      out), name
         assert (out == -1).all(), name  # nothing written
         assert not t.ready(*args).all(), name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_held_matches_the_numpy_check(seed):
+    """``FdTable.ready``'s kernel call gives the numpy check of the table it replaced: a
+    version open (fd >= 0) whose header holds the step at that slot, trusted for it."""
+    from expstore.storage.read.fd_table import ECACHE_COLS, STATE_LEN, TAB_COLS, FdTable
+
+    rng = np.random.default_rng(seed)
+    n_shards, shard_rows, n = 50, 64, 4000
+    tab = np.zeros((n_shards, TAB_COLS), np.int64)  # (no mapping: MAP_AT 0)
+    tab[:, FdTable.FD] = rng.choice([-1, 3, 7], n_shards)
+    tab[:, FdTable.FIRST] = rng.integers(0, 4, n_shards) * shard_rows
+    tab[:, FdTable.NROWS] = rng.integers(0, shard_rows + 1, n_shards)
+    tab[:, FdTable.TRUSTED] = tab[:, FdTable.FIRST] + rng.integers(0, shard_rows + 1, n_shards)
+    state = native.ReadState(b"/nonexistent/c/", b"", 1, 1, n_shards, 4, True,
+                             np.zeros(1, np.int64), tab, np.full(4, -1, np.int64),
+                             np.zeros(STATE_LEN, np.int64), np.full((8, ECACHE_COLS), -1, np.int64))
+    shards = rng.integers(0, n_shards, n)
+    slots = rng.integers(0, shard_rows, n)
+    steps = tab[shards, FdTable.FIRST] + slots + rng.choice([0, 0, 0, 1, -1], n)
+    out = np.zeros(n, bool)
+    native.rows_held(state, shards, slots, steps, out)
+    e = tab[shards]
+    want = ((e[:, FdTable.FD] >= 0) & (e[:, FdTable.FIRST] + slots == steps)
+            & (slots < e[:, FdTable.NROWS]) & (steps < e[:, FdTable.TRUSTED]))
+    np.testing.assert_array_equal(out, want)
+    assert 0 < want.sum() < n  # (both answers are checked)
+    with pytest.raises(IndexError, match="rows_held: shard of row 0 out of range"):
+        native.rows_held(state, np.array([n_shards]), slots[:1], steps[:1], out[:1])
+    with pytest.raises(ValueError, match="one entry per row"):
+        native.rows_held(state, shards, slots[:-1], steps, out)

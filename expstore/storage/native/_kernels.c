@@ -813,7 +813,7 @@ static PyObject *close_shard(PyObject *self, PyObject *args) {
     return PyBool_FromLong(was_open);
 }
 
-#include "batch_lookup.h" /* first_index, table_rows, place_rows */
+#include "batch_lookup.h" /* first_index, table_rows, place_rows, rows_held */
 #include "hot_gather.h"   /* gather_held */
 
 static PyMethodDef methods[] = {
@@ -847,6 +847,10 @@ static PyMethodDef methods[] = {
      "close_shard(state, shard) -> bool\n\nClose the descriptor the state's tab holds for "
      "shard and drop its mapping (shard_maps.h); whether one was open. Call it with no "
      "read_rows of the same state running (FdTable holds its lock)."},
+    {"rows_held", rows_held, METH_VARARGS,
+     "rows_held(state, shards, slots, steps, out)\n\nout[i] (bool) = whether the version "
+     "of shard shards[i] the state's tab holds open holds step steps[i] at slot slots[i] "
+     "and is trusted for it (what read_rows reads without opening the shard again)."},
     {"copy_rows", copy_rows, METH_VARARGS,
      "copy_rows(src, src_rows, dst, dst_rows, row_bytes)\n\ndst row dst_rows[i] (or i when "
      "dst_rows is None) = src row src_rows[i]; rows of row_bytes bytes. Bounds-checked first, "

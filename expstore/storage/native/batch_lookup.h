@@ -16,6 +16,9 @@
  *   place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own)
  *       -> bool: ``RowCache.place`` (see there); False where more rows need scratch than
  *       ``scratch`` (nothing changed).
+ *   rows_held(state, shards, slots, steps, out)
+ *       ``FdTable.ready``: out[i] = whether the shard version the ReadState's tab holds
+ *       open for shards[i] holds steps[i] at slots[i] and is trusted for it.
  */
 
 /* an open-addressing set of int64 keys >= 0 (a batch's slots or keys), or a map key -> j */
@@ -205,5 +208,44 @@ done:
     PyMem_Free(m.keys);
     for (int i = 0; i < 9; i++) release(&b[i]);
     Py_XINCREF(result);
+    return result;
+}
+
+/* rows_held: see the header (and the method table). */
+static PyObject *rows_held(PyObject *self, PyObject *args) {
+    ReadState *rs;
+    PyObject *shards_o, *slots_o, *steps_o, *out_o;
+    if (!PyArg_ParseTuple(args, "O!OOOO", &ReadStateType, &rs, &shards_o, &slots_o, &steps_o,
+                          &out_o))
+        return NULL;
+    if (!rs->tab.held) {
+        PyErr_SetString(PyExc_ValueError, "rows_held: the ReadState was not set up");
+        return NULL;
+    }
+    held_buffer sh = {0}, sl = {0}, st = {0}, out = {0};
+    PyObject *result = NULL;
+    if (take(shards_o, &sh, 8, 0, "shards") || take(slots_o, &sl, 8, 0, "slots") ||
+        take(steps_o, &st, 8, 0, "steps") || take(out_o, &out, 1, 1, "out"))
+        goto done;
+    Py_ssize_t n = sh.view.len / 8, n_shards = rs->tab.view.len / (8 * TAB_COLS);
+    if (sl.view.len / 8 != n || st.view.len / 8 != n || out.view.len != n) {
+        PyErr_SetString(PyExc_ValueError, "rows_held: shards, slots, steps and out need one "
+                                          "entry per row");
+        goto done;
+    }
+    const int64_t *shards = sh.view.buf, *slots = sl.view.buf, *steps = st.view.buf;
+    const int64_t *tab = rs->tab.view.buf;
+    uint8_t *o = out.view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (shards[i] < 0 || shards[i] >= n_shards) {
+            PyErr_Format(PyExc_IndexError, "rows_held: shard of row %zd out of range", i);
+            goto done;
+        }
+        o[i] = (uint8_t)holds(tab + shards[i] * TAB_COLS, slots[i], steps[i]);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    release(&sh), release(&sl), release(&st), release(&out);
     return result;
 }

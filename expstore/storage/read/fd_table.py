@@ -124,10 +124,13 @@ class FdTable:
             checksum, known, self.tab, self.ring, self.state, self.entries, *held, *entries)
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Rows an open version holds and is trusted for."""
-        e = self.tab[shards]
-        return ((e[:, self.FD] >= 0) & (e[:, self.FIRST] + slots == steps)
-                & (slots < e[:, self.NROWS]) & (steps < e[:, self.TRUSTED]))
+        """Rows an open version holds and is trusted for (one kernel call: numpy's
+        gather and four comparisons cost 60-80 us per batch of 256 stacks)."""
+        out = np.empty(len(shards), bool)
+        native.rows_held(self.state_of_reads, np.ascontiguousarray(shards, np.int64),
+                         np.ascontiguousarray(slots, np.int64),
+                         np.ascontiguousarray(steps, np.int64), out)
+        return out
 
     def trusted_rows(self, entries: np.ndarray, shard_rows: int) -> np.ndarray:
         """Rows (from a shard's first) that the versions open in ``entries`` (rows of

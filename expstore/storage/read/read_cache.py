@@ -210,11 +210,11 @@ class KernelRead:
 
 def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRead,
           rows: np.ndarray, steps: np.ndarray, shards: np.ndarray, slots: np.ndarray,
-          ready: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Serve rows into ``out``: decoded values ``table`` holds (``ready`` rows), frames
-    from ``cache`` (``ready`` rows: their version is still the one held; unless it is not
-    :meth:`~RowCache.engaged`), and the rest with one ``read_rows`` kernel call, which
-    opens shards as it needs.
+          out: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Serve rows into ``out``: decoded values ``table`` holds (rows a cached trusted
+    version holds: :meth:`ShardTable.ready`), frames from ``cache`` (those its version
+    still holds; unless it is not :meth:`~RowCache.engaged`), and the rest with one
+    ``read_rows`` kernel call, which opens shards as it needs.
 
     Returns the mask of rows served (the caller reads the rest the general way) and
     whether the kernel may be used again for this field.
@@ -225,16 +225,19 @@ def serve(table: ShardTable, cache: RowCache | None, kernel: bool, ctx: KernelRe
         cache.skip()
         stats.row_cache_bypassed += 1
         cache = None
+    ready = None
     if not table.per_row:
-        done = ready
+        done = ready = table.ready(shards, slots, steps)
         n = int(ready.sum())
         if n:
             out[ready] = table.take(shards[ready], slots[ready])
         stats.chunk_cache_hits += n
-    else:
+    else:  # (frames: the kernel checks each row's version itself)
         done = np.zeros(len(rows), bool)
         if cache:  # only rows the current version still holds (else: stale, as uncached)
-            done = cache.lookup(rows, steps, flat) & ready
+            done = cache.lookup(rows, steps, flat)
+            if done.any():
+                done &= table.ready(shards, slots, steps)
             hits = int(done.sum())
             stats.row_cache_hits += hits
             stats.row_cache_misses += len(rows) - hits

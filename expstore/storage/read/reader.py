@@ -519,6 +519,13 @@ class ShardReader(GeneralReads):
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Shard and slot of each row, and which rows a cached trusted version holds.
         Steps asked for are committed (``known``), except those of ``staged``."""
+        shards, slots = self._shard_slots(rows, steps, staged)
+        return shards, slots, table.ready(shards, slots, steps)
+
+    def _shard_slots(self, rows: np.ndarray, steps: np.ndarray,
+                     staged: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Shard and slot of each row; ``known`` raised to the steps asked for, except
+        those of ``staged`` (see :meth:`_ready`)."""
         S = self.layout.shard_rows
         shards = rows // S
         slots = rows - shards * S
@@ -526,7 +533,7 @@ class ShardReader(GeneralReads):
             self._bump(shards, steps)
         elif not staged.all():
             self._bump(shards[~staged], steps[~staged])
-        return shards, slots, table.ready(shards, slots, steps)
+        return shards, slots
 
     def _bump(self, shards: np.ndarray, steps: np.ndarray) -> None:
         if self.layout.lanes == 1:
@@ -538,8 +545,8 @@ class ShardReader(GeneralReads):
                     out: np.ndarray) -> np.ndarray:
         """Serve rows whose shard versions are cached and trusted, with array operations
         and one kernel call; a mask of rows served (the rest take the general path)."""
-        shards, slots, ready = self._ready(table, rows, steps)
+        shards, slots = self._shard_slots(rows, steps)
         done, self.kernel_ok[name] = serve(table, self.row_caches.get(name),
                                            self.kernel_ok[name], self._kernel_read,
-                                           rows, steps, shards, slots, ready, out)
+                                           rows, steps, shards, slots, out)
         return done
