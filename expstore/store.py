@@ -435,8 +435,9 @@ class Store:
         return load_priority_file(self.backend, name, self.capacity, self.lanes)
 
     def close(self) -> None:
-        """Flush (when writable), release the lanes' leases and file handles. Closing
-        twice is a no-op; ``add``/``extend``/``flush`` afterwards raise ``ValueError``."""
+        """Flush (when writable), release the lanes' leases, file handles and the reader's
+        memory (hot set, caches, mapped shards). Closing twice is a no-op;
+        ``add``/``extend``/``flush`` afterwards raise ``ValueError``."""
         if self._access.closed:
             return
         inherited = any(w.inherited for w in self.writers.values())  # a fork's copy
