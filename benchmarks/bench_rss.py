@@ -581,8 +581,9 @@ def main() -> None:
                      "versions the general path opened (header + whole index) per batch of "
                      "32, all fields; open_fds = descriptors the process holds; rss_mb = its"
                      " peak RSS (MiB, `ru_maxrss`; each size is measured in a fresh "
-                     "process); anon_mb_end / file_mb_end: its RSS at the end, split into "
-                     "anonymous memory and mapped file pages (`RssAnon` / `RssFile`: shard "
+                     "process); anon_mb_end / file_mb_end: its RSS at the end (stores "
+                     "closed), split into anonymous memory and mapped file pages "
+                     "(`RssAnon` / `RssFile`: shard "
                      "files read through mappings, `open(map_bytes=...)`, are the page "
                      "cache's own pages; the first reader's, closed, are unmapped). How "
                      "warm it was: " + warmth_note())
