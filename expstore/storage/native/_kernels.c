@@ -529,7 +529,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     const int depth = read_depth;
     pending_runs pend;
     Py_BEGIN_ALLOW_THREADS
-    int defer = depth > 1 && chunk_rows == 1 && !hold && !cdst && pend_init(&pend, n) == 0;
+    const int defer = depth > 1 && chunk_rows == 1 && !hold && !cdst;
+    if (defer) pend_init(&pend, run_off, run_nb);
 #define FLUSH_RUNS() if (defer) pend_flush(&pend, depth, ord, dst, o, row_bytes, checksum, ok, \
                                            &status, &total, &tmp, state)
     memset(ok, 0, (size_t)n);
@@ -623,10 +624,6 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             run_nb[q] = nj;
         }
         if (defer) {
-            for (Py_ssize_t k = p; k <= q; k++) {
-                pend.row_off[k] = run_off[k];
-                pend.row_nb[k] = run_nb[k];
-            }
             if (pend_add(&pend, fd, shard_mapped(e, state, end), off, (size_t)(end - off), p,
                          q) == 0)
                 reads++;

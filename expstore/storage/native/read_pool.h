@@ -17,8 +17,9 @@
  *   soon as it is read, while later runs are in flight (``pend_flush``, ``pool_run``).
  *   A flush comes before any shard is opened (an open may close a descriptor a recorded
  *   run reads through), at the end of the call, and beyond ``PEND_BYTES`` recorded bytes.
- *   Each row's chunk offset and size are recorded with it (the remembered index entries
- *   are direct-mapped: a later row may overwrite them).
+ *   Each row's chunk offset and size are read from ``read_rows``' own per-position
+ *   arrays, found once while its run was built (the remembered index entries are
+ *   direct-mapped: a later row may overwrite them).
  *
  * Rows, bytes, reads counted, checks (crc32c, decode) and ``ok`` come out as at depth 1,
  * where ``read_rows`` reads as before (tests compare the two).
@@ -217,23 +218,22 @@ typedef struct {
     Py_ssize_t *first; /* per run: its first and last position in read order */
     Py_ssize_t *last;
     Py_ssize_t n, cap;
-    uint64_t *row_off, *row_nb; /* per position in read order: the row's chunk */
+    /* per position in read order: the row's chunk (read_rows' run_off / run_nb, each
+       written once, while its run is built) */
+    const uint64_t *row_off, *row_nb;
     scratch_t blob;
     size_t used;
 } pending_runs;
 
-static int pend_init(pending_runs *pr, Py_ssize_t rows) {
+static void pend_init(pending_runs *pr, const uint64_t *row_off, const uint64_t *row_nb) {
     memset(pr, 0, sizeof *pr);
-    pr->row_off = malloc((size_t)(rows ? rows : 1) * 2 * sizeof(uint64_t));
-    if (!pr->row_off) return -1;
-    pr->row_nb = pr->row_off + (rows ? rows : 1);
-    return 0;
+    pr->row_off = row_off;
+    pr->row_nb = row_nb;
 }
 
 static void pend_free(pending_runs *pr) {
     free(pr->reads);
     free(pr->first);
-    free(pr->row_off);
     free(pr->blob.buf);
 }
 
