@@ -113,49 +113,43 @@ def test_mapped_reads_give_the_rows_preads_give(tmp_path, depth) -> None:
     mapped.close(), plain.close(), store.close()
 
 
-def test_the_budget_bounds_what_is_mapped(tmp_path) -> None:
-    before = set_read_depth(1)
-    try:
-        store, rows, steps = _filled(tmp_path / "s.zarr")
-        sizes = [os.path.getsize(p) for p in _shard_files(store)]
-        budget = 3 * max(sizes)
-        reader = _reader(store, map_bytes=budget)
-        a, s = _spread(rows, steps, 400)
-        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
-        fds = reader.tables["obs"].fds
-        held = fds.tab[fds.tab[:, fds.MAP_AT] > 0]
-        assert 3 <= len(held) < len(sizes)  # some shards mapped, the rest read with pread
-        assert fds.mapped_bytes == held[:, fds.MAP_LEN].sum() <= budget
-        assert 0 < fds.mapped_reads < 400
-        assert fds.mapped_reads == np.isin(a // SHARD_ROWS, np.flatnonzero(
-            fds.tab[:, fds.MAP_AT] > 0)).sum()  # every run of a mapped shard
-        reader.close(), store.close()
-    finally:
-        set_read_depth(before)
+@pytest.mark.parametrize("depth", [1], indirect=True)  # (counts what one read does)
+def test_the_budget_bounds_what_is_mapped(tmp_path, depth) -> None:
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    sizes = [os.path.getsize(p) for p in _shard_files(store)]
+    budget = 3 * max(sizes)
+    reader = _reader(store, map_bytes=budget)
+    a, s = _spread(rows, steps, 400)
+    np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
+    fds = reader.tables["obs"].fds
+    held = fds.tab[fds.tab[:, fds.MAP_AT] > 0]
+    assert 3 <= len(held) < len(sizes)  # some shards mapped, the rest read with pread
+    assert fds.mapped_bytes == held[:, fds.MAP_LEN].sum() <= budget
+    assert 0 < fds.mapped_reads < 400
+    assert fds.mapped_reads == np.isin(a // SHARD_ROWS, np.flatnonzero(
+        fds.tab[:, fds.MAP_AT] > 0)).sum()  # every run of a mapped shard
+    reader.close(), store.close()
 
 
-def test_a_mapping_goes_with_its_descriptor(tmp_path) -> None:
-    before = set_read_depth(1)
-    try:
-        store, rows, steps = _filled(tmp_path / "s.zarr")
-        folder = os.path.join(store.backend.root, "obs", "c")
-        reader = _reader(store, max_fds=32)  # obs gets some of them: the ring closes the oldest
-        a, s = _spread(rows, steps, 400)
-        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
-        fds = reader.tables["obs"].fds
-        open_now = fds.tab[:, fds.FD] >= 0
-        assert ((fds.tab[:, fds.MAP_AT] > 0) <= open_now).all()  # none without its fd
-        assert 0 < len(_mappings_of(folder)) <= open_now.sum() < 16  # some were closed
-        shard = int(np.flatnonzero(fds.tab[:, fds.MAP_AT] > 0)[0])
-        size = int(fds.tab[shard, fds.MAP_LEN])
-        mapped = fds.mapped_bytes
-        fds.forget(shard)
-        assert fds.tab[shard, fds.MAP_AT] == 0 and fds.mapped_bytes == mapped - size
-        reader.close()
-        assert _mappings_of(folder) == [] and fds.mapped_bytes == 0
-        store.close()
-    finally:
-        set_read_depth(before)
+@pytest.mark.parametrize("depth", [1], indirect=True)  # (counts what one read does)
+def test_a_mapping_goes_with_its_descriptor(tmp_path, depth) -> None:
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    folder = os.path.join(store.backend.root, "obs", "c")
+    reader = _reader(store, max_fds=32)  # obs gets some of them: the ring closes the oldest
+    a, s = _spread(rows, steps, 400)
+    np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
+    fds = reader.tables["obs"].fds
+    open_now = fds.tab[:, fds.FD] >= 0
+    assert ((fds.tab[:, fds.MAP_AT] > 0) <= open_now).all()  # none without its fd
+    assert 0 < len(_mappings_of(folder)) <= open_now.sum() < 16  # some were closed
+    shard = int(np.flatnonzero(fds.tab[:, fds.MAP_AT] > 0)[0])
+    size = int(fds.tab[shard, fds.MAP_LEN])
+    mapped = fds.mapped_bytes
+    fds.forget(shard)
+    assert fds.tab[shard, fds.MAP_AT] == 0 and fds.mapped_bytes == mapped - size
+    reader.close()
+    assert _mappings_of(folder) == [] and fds.mapped_bytes == 0
+    store.close()
 
 
 def _drop_pages(paths: list[str]) -> None:
@@ -169,29 +163,26 @@ def _drop_pages(paths: list[str]) -> None:
     pytest.skip("pages of this file system cannot be dropped from the cache")
 
 
-def test_the_read_pool_reads_runs_not_in_the_page_cache(tmp_path) -> None:
+@pytest.mark.parametrize("depth", [16], indirect=True)
+def test_the_read_pool_reads_runs_not_in_the_page_cache(tmp_path, depth) -> None:
     """At read depth > 1 a run is copied from its mapping only when its pages are in the
     page cache (``mincore``): a mapped page that is not would be read from the disk by the
     caller alone, where the pool reads many at once."""
-    before = set_read_depth(16)
-    try:
-        store, rows, steps = _filled(tmp_path / "s.zarr")
-        a, s = _spread(rows, steps, 400)
-        reader = _reader(store, map_bytes=0)
-        fds = reader.tables["obs"].fds
-        # every shard opened and its index entries remembered (nothing mapped), then every
-        # page dropped: the batch below reads nothing but its runs
-        first = np.unique(a // SHARD_ROWS, return_index=True)[1]
-        np.testing.assert_array_equal(_read(reader, a[first], s[first]), _expected(s[first]))
-        _drop_pages(_shard_files(store))
-        fds.state[ST_MAP_BUDGET] = 1 << 40  # (mapped from now on)
-        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
-        assert fds.mapped_reads == 0 and fds.mapped_bytes > 0  # mapped, read by the pool
-        np.testing.assert_array_equal(_read(reader, a, s), _expected(s))  # now cached
-        assert fds.mapped_reads == 400
-        reader.close(), store.close()
-    finally:
-        set_read_depth(before)
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    a, s = _spread(rows, steps, 400)
+    reader = _reader(store, map_bytes=0)
+    fds = reader.tables["obs"].fds
+    # every shard opened and its index entries remembered (nothing mapped), then every
+    # page dropped: the batch below reads nothing but its runs
+    first = np.unique(a // SHARD_ROWS, return_index=True)[1]
+    np.testing.assert_array_equal(_read(reader, a[first], s[first]), _expected(s[first]))
+    _drop_pages(_shard_files(store))
+    fds.state[ST_MAP_BUDGET] = 1 << 40  # (mapped from now on)
+    np.testing.assert_array_equal(_read(reader, a, s), _expected(s))
+    assert fds.mapped_reads == 0 and fds.mapped_bytes > 0  # mapped, read by the pool
+    np.testing.assert_array_equal(_read(reader, a, s), _expected(s))  # now cached
+    assert fds.mapped_reads == 400
+    reader.close(), store.close()
 
 
 def test_open_takes_map_bytes(tmp_path) -> None:
