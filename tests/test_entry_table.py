@@ -1,5 +1,5 @@
 """Whole shards' index entries held by the C kernel for frame fields of many chunks
-(``shard_reads.h``, ``FdTable.entry_sizes``): a frame then costs one read (its run), not
+(``shard_reads.h``, ``FdTable.entry_blocks``): a frame then costs one read (its run), not
 two (its index entries first).
 
 Real stores written by ``Store.add``; every batch is compared with the general path
@@ -71,7 +71,7 @@ def test_a_complete_shard_is_read_with_one_read_per_run(tmp_path, many_chunks, d
     store, rows, steps = _filled(tmp_path / "s.zarr")
     reader = _reader(store)
     fds = reader.tables["obs"].fds
-    assert len(fds.entry_sizes) == 16 and len(fds.entry_of) == 16  # every shard fits
+    assert len(fds.entry_blocks) == 16 and len(fds.entry_of) == 16  # every shard fits
     step_of = dict(zip(rows.tolist(), steps.tolist()))
     last = rows[-1:]  # read first: every version opened after is trusted to the end
     _read(reader, last, steps[-1:])
@@ -114,14 +114,54 @@ def test_batches_equal_the_general_path_and_the_entry_cache_s(tmp_path, many_chu
     store.close()
 
 
+def test_a_run_across_a_block_boundary_is_one_read(tmp_path, many_chunks, depth) -> None:
+    """Held entries come in cache-line blocks of ENTRY_BLOCK chunks (its first offset and
+    each size): a stack whose frames straddle two blocks, and the last, partial block of
+    a shard, read right and with one read per run."""
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    reader = _reader(store)
+    fds = reader.tables["obs"].fds
+    assert fds.entry_blocks.ctypes.data % fd_table.ENTRY_BLOCK_BYTES == 0
+    assert fds.entry_blocks.shape[1] == 3 * fd_table.ENTRY_BLOCK_BYTES  # 64 chunks: 28+28+8
+    step_of = dict(zip(rows.tolist(), steps.tolist()))
+    _read(reader, rows[-1:], steps[-1:])  # (every version opened after is trusted)
+    b = fd_table.ENTRY_BLOCK
+    for first in (b - 2, 2 * b - 1, SHARD_ROWS - 5):  # 26-30, 55-59, 59-63
+        stack = 4 * SHARD_ROWS + first + np.arange(5)
+        want = np.array([step_of[int(r)] for r in stack])
+        _read(reader, stack[:1], want[:1])  # the shard's index loaded
+        before = reader.stats.requests
+        assert np.array_equal(_read(reader, stack, want), _expected(want))
+        assert reader.stats.requests - before == 1, first
+    reader.close()
+    store.close()
+
+
+def test_entry_blocks_must_be_aligned_to_a_cache_line() -> None:
+    good = fd_table.aligned_zeros(3, 128, 64)
+    assert good.shape == (3, 128) and good.ctypes.data % 64 == 0 and not good.any()
+    assert fd_table.aligned_zeros(0, 128, 64).shape == (0, 128)
+    n_chunks, blocks = 64, 3
+    buf = np.zeros(blocks * 64 + 65, np.uint8)
+    at = -buf.ctypes.data % 64
+    args = (b"p", b"s", n_chunks, 1, 1, 16, True, np.zeros(1, np.int64),
+            np.full((4, fd_table.TAB_COLS), -1, np.int64), np.zeros(8, np.int64),
+            np.zeros(fd_table.STATE_LEN, np.int64),
+            np.full((4, fd_table.ECACHE_COLS), -1, np.int64), None, None, None)
+    rest = (np.full((4, fd_table.ENTRY_OF_COLS), -1, np.int64), np.zeros(1, np.int64))
+    native.ReadState(*args, buf[at:at + blocks * 64], *rest)
+    with pytest.raises(ValueError, match="entry_blocks 64-byte aligned"):
+        native.ReadState(*args, buf[at + 1:at + 1 + blocks * 64], *rest)
+
+
 def test_shards_past_the_budget_are_read_the_old_way(tmp_path, many_chunks,
                                                      monkeypatch) -> None:
-    per_slot = 2 * SHARD_ROWS + 8  # 64 sizes (u16) and one block's offset
+    per_slot = -(-SHARD_ROWS // fd_table.ENTRY_BLOCK) * fd_table.ENTRY_BLOCK_BYTES  # 3 lines
     monkeypatch.setattr(fd_table, "ENTRY_TABLE_BYTES", 3 * per_slot)
     store, rows, steps = _filled(tmp_path / "s.zarr")
     reader = _reader(store)
     fds = reader.tables["obs"].fds
-    assert len(fds.entry_sizes) == 3
+    assert len(fds.entry_blocks) == 3
     for _ in range(2):  # the second time: the 3 shards loaded first keep their slots
         assert np.array_equal(_read(reader, rows, steps), _expected(steps))
     assert (fds.entry_of[:, 0] >= 0).sum() == 3

@@ -322,13 +322,13 @@ typedef struct {
     Py_ssize_t n_chunks, chunk_rows, spl, row_bytes;
     int checksum, hold;
     held_buffer known, tab, ring, state, ecache, arena, held_tab, held_state;
-    held_buffer enb, ebase, eof, estate; /* whole shards' index entries (shard_reads.h) */
+    held_buffer eblk, eof, estate; /* whole shards' index entries (shard_reads.h) */
 } ReadState;
 
 static void ReadState_release(ReadState *r) {
     release(&r->known), release(&r->tab), release(&r->ring), release(&r->state);
     release(&r->ecache), release(&r->arena), release(&r->held_tab), release(&r->held_state);
-    release(&r->enb), release(&r->ebase), release(&r->eof), release(&r->estate);
+    release(&r->eblk), release(&r->eof), release(&r->estate);
     Py_CLEAR(r->prefix);
     Py_CLEAR(r->suffix);
     r->hold = 0;
@@ -351,14 +351,13 @@ static void ReadState_dealloc(ReadState *r) {
 static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
     PyObject *prefix, *suffix, *known_o, *tab_o, *ring_o, *state_o, *ec_o;
     PyObject *arena_o = Py_None, *htab_o = Py_None, *hstate_o = Py_None;
-    PyObject *enb_o = Py_None, *ebase_o = Py_None, *eof_o = Py_None, *estate_o = Py_None;
+    PyObject *eblk_o = Py_None, *eof_o = Py_None, *estate_o = Py_None;
     ReadState_unmap(r);
     ReadState_release(r);
-    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOOOOOO", &PyBytes_Type, &prefix,
+    if (!PyArg_ParseTuple(args, "O!O!nnnnpOOOOO|OOOOOO", &PyBytes_Type, &prefix,
                           &PyBytes_Type, &suffix, &r->n_chunks, &r->chunk_rows, &r->spl,
                           &r->row_bytes, &r->checksum, &known_o, &tab_o, &ring_o, &state_o,
-                          &ec_o, &arena_o, &htab_o, &hstate_o, &enb_o, &ebase_o, &eof_o,
-                          &estate_o))
+                          &ec_o, &arena_o, &htab_o, &hstate_o, &eblk_o, &eof_o, &estate_o))
         return -1;
     Py_INCREF(prefix);
     r->prefix = prefix;
@@ -374,19 +373,17 @@ static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "ReadState: sizes positive, state of %d", STATE_LEN);
         return -1;
     }
-    if (enb_o != Py_None) {
+    if (eblk_o != Py_None) {
         Py_ssize_t blocks = (r->n_chunks + EBLOCK - 1) / EBLOCK;
-        if (take(enb_o, &r->enb, 2 * r->n_chunks, 1, "entry_sizes") ||
-            take(ebase_o, &r->ebase, 8 * blocks, 1, "entry_bases") ||
+        if (take(eblk_o, &r->eblk, EBLOCK_BYTES * blocks, 1, "entry_blocks") ||
             take(eof_o, &r->eof, 8 * EOF_COLS, 1, "entry_of") ||
             take(estate_o, &r->estate, 8, 1, "entry_state"))
             return -1;
-        if (r->chunk_rows != 1 || r->enb.view.len / (2 * r->n_chunks) !=
-                                      r->ebase.view.len / (8 * blocks) ||
+        if (r->chunk_rows != 1 || (uintptr_t)r->eblk.view.buf % EBLOCK_BYTES != 0 ||
             r->eof.view.len / (8 * EOF_COLS) != r->tab.view.len / (8 * TAB_COLS)) {
-            PyErr_SetString(PyExc_ValueError, "ReadState: held entries need one row per chunk, "
-                                              "as many slots of sizes as of bases and an "
-                                              "entry_of row per shard");
+            PyErr_Format(PyExc_ValueError, "ReadState: held entries need one row per chunk, "
+                                           "entry_blocks %d-byte aligned and an entry_of row "
+                                           "per shard", EBLOCK_BYTES);
             return -1;
         }
     }
@@ -444,13 +441,12 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_ssize_t ec_n = rs->ecache.view.len / (8 * ECACHE_COLS);
     if (ec_n == 0) ec = NULL;
     entry_table et = {0}, *etp = NULL;
-    if (rs->enb.held && rs->enb.view.len > 0 && rs->estate.view.len >= 8) {
-        et.nb = rs->enb.view.buf;
-        et.base = rs->ebase.view.buf;
+    if (rs->eblk.held && rs->eblk.view.len > 0 && rs->estate.view.len >= 8) {
+        et.blk = rs->eblk.view.buf;
         et.of = rs->eof.view.buf;
         et.st = rs->estate.view.buf;
-        et.k_n = rs->enb.view.len / (2 * n_chunks);
         et.n_blocks = (n_chunks + EBLOCK - 1) / EBLOCK;
+        et.k_n = rs->eblk.view.len / (EBLOCK_BYTES * et.n_blocks);
         if (et.st[0] < 0 || et.st[0] > et.k_n) et.st[0] = et.k_n; /* (never: no more slots) */
         etp = &et;
     }
@@ -904,6 +900,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyModule_AddIntConstant(m, "ST_MAP_BUDGET", ST_MAP_BUDGET);
     PyModule_AddIntConstant(m, "ST_MAP_READS", ST_MAP_READS);
     PyModule_AddIntConstant(m, "ENTRY_BLOCK", EBLOCK);
+    PyModule_AddIntConstant(m, "ENTRY_BLOCK_BYTES", EBLOCK_BYTES);
     PyModule_AddIntConstant(m, "ENTRY_OF_COLS", EOF_COLS);
     return m;
 }

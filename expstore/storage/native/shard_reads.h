@@ -262,9 +262,11 @@ static int64_t entry_span(int64_t total, Py_ssize_t ec_n) {
 /* A field of one row per chunk (frames) whose chunks outnumber the entry cache (``ecache``,
  * direct-mapped, 32 B per entry) reads a chunk's index entry with a pread of its own before
  * the chunk itself: at 100M small frames half of a batch's reads. This table holds whole
- * shards' indexes compactly instead, 2.125 B per chunk: per block of EBLOCK chunks, the
- * offset of its first chunk (u64); per chunk, its size (u16). A chunk's offset is its
- * block's plus the sizes before it in the block, which holds where a shard's chunks lie one
+ * shards' indexes compactly instead, 2.29 B per chunk: per block of EBLOCK chunks, one
+ * 64-byte cache line holding the offset of its first chunk (u64) and each chunk's size
+ * (u16), so a lookup waits on one miss in RAM, not two (a separate array of offsets and
+ * one of sizes, as the table first was). A chunk's offset is its block's plus the sizes
+ * before it in the block, which holds where a shard's chunks lie one
  * after another in the file (a shard written by ``ShardImage``: frames are appended in
  * order). A block where they do not (a missing chunk, a chunk of 64 KiB or more, a gap) is
  * not held: its chunks take the entry cache's path.
@@ -279,12 +281,13 @@ static int64_t entry_span(int64_t total, Py_ssize_t ec_n) {
  * opened again (a new version) loads again.
  */
 
-#define EBLOCK 64
+#define EBLOCK 28       /* chunks a block: its first offset and 28 sizes fill one line */
+#define EBLOCK_BYTES 64 /* a block's bytes: u64 first offset (UINT64_MAX: not held), u16 sizes */
 enum { EOF_SLOT = 0, EOF_GEN = 1, EOF_TRIED = 2, EOF_COLS = 3 };
 
 typedef struct {
-    uint16_t *nb;    /* k_n x n_chunks: chunk sizes (crc32c included) */
-    uint64_t *base;  /* k_n x n_blocks: offset of the block's first chunk; UINT64_MAX: none */
+    uint8_t *blk;    /* k_n x n_blocks blocks of EBLOCK_BYTES, 64-byte aligned: each the
+                        offset of its first chunk, then the chunks' sizes (crc32c included) */
     int64_t *of;     /* n_shards x EOF_COLS: the shard's slot (-1: none), the open its
                         slot's index was loaded through, the open last tried (-1: none) */
     int64_t *st;     /* slots taken */
@@ -294,15 +297,20 @@ typedef struct {
 /* Offset and size of chunk `c` of `shard` open as `e`, from its held index: 1 when held. */
 static int entry_held(const entry_table *et, const int64_t *e, int64_t shard, int64_t c,
                       int64_t n_chunks, uint64_t *off, uint64_t *nb) {
-    if (!et || !et->nb) return 0;
+    (void)n_chunks;
+    if (!et || !et->blk) return 0;
     const int64_t *of = et->of + EOF_COLS * shard;
     if (of[EOF_SLOT] < 0 || of[EOF_GEN] != e[TAB_GEN]) return 0;
-    const uint16_t *sz = et->nb + of[EOF_SLOT] * n_chunks;
-    uint64_t at = et->base[of[EOF_SLOT] * et->n_blocks + c / EBLOCK];
+    const uint8_t *b = et->blk + ((size_t)of[EOF_SLOT] * (size_t)et->n_blocks +
+                                  (size_t)(c / EBLOCK)) * EBLOCK_BYTES;
+    uint64_t at;
+    memcpy(&at, b, 8);
     if (at == UINT64_MAX) return 0;
-    for (int64_t k = c & ~(int64_t)(EBLOCK - 1); k < c; k++) at += sz[k];
+    const uint16_t *sz = (const uint16_t *)(b + 8);
+    int64_t k_c = c % EBLOCK;
+    for (int64_t k = 0; k < k_c; k++) at += sz[k];
     *off = at;
-    *nb = sz[c];
+    *nb = sz[k_c];
     return 1;
 }
 
@@ -310,7 +318,7 @@ static int entry_held(const entry_table *et, const int64_t *e, int64_t shard, in
    its slot, once per open: 1 when it is held after. */
 static int entry_load(entry_table *et, const int64_t *e, int64_t shard, int64_t n_chunks,
                       int64_t n_rows_full, int64_t hoff, uint64_t max_blob, Py_ssize_t *reads) {
-    if (!et || !et->nb || e[TAB_NROWS] != n_rows_full) return 0;
+    if (!et || !et->blk || e[TAB_NROWS] != n_rows_full) return 0;
     int64_t *of = et->of + EOF_COLS * shard;
     if (of[EOF_TRIED] == e[TAB_GEN]) return of[EOF_SLOT] >= 0 && of[EOF_GEN] == e[TAB_GEN];
     of[EOF_TRIED] = e[TAB_GEN];
@@ -326,22 +334,21 @@ static int entry_load(entry_table *et, const int64_t *e, int64_t shard, int64_t 
         return 0;
     }
     if (of[EOF_SLOT] < 0) of[EOF_SLOT] = et->st[0]++;
-    int64_t k = of[EOF_SLOT];
-    uint16_t *sz = et->nb + k * n_chunks;
-    uint64_t *base = et->base + k * et->n_blocks;
-    for (int64_t b = 0; b < et->n_blocks; b++) {
-        uint64_t next = 0;
-        base[b] = UINT64_MAX;
+    uint8_t *blk = et->blk + (size_t)of[EOF_SLOT] * (size_t)et->n_blocks * EBLOCK_BYTES;
+    for (int64_t b = 0; b < et->n_blocks; b++, blk += EBLOCK_BYTES) {
+        uint64_t next = 0, base = UINT64_MAX;
+        uint16_t *sz = (uint16_t *)(blk + 8);
         int64_t c0 = b * EBLOCK, c1 = c0 + EBLOCK < n_chunks ? c0 + EBLOCK : n_chunks;
         int64_t c = c0;
         for (; c < c1; c++) {
             uint64_t o = le64(ix + 16 * c), s = le64(ix + 16 * c + 8);
             if (!entry_ok(o, s, max_blob, hoff) || s > UINT16_MAX || (c > c0 && o != next))
                 break;
-            sz[c] = (uint16_t)s;
+            sz[c - c0] = (uint16_t)s;
             next = o + s;
         }
-        if (c == c1) base[b] = le64(ix + 16 * c0);
+        if (c == c1) base = le64(ix + 16 * c0);
+        memcpy(blk, &base, 8);
     }
     free(ix);
     of[EOF_GEN] = e[TAB_GEN];

@@ -19,10 +19,10 @@ from ..native import native
 #: of that run needs (32), not the 4 KiB page's 256 (``shard_reads.h``: ``entry_span``)
 ENTRY_CACHE_ROWS = 1 << 19
 
-#: bytes of whole shards' index entries a frame field's FdTable may hold (2.125 B per
+#: bytes of whole shards' index entries a frame field's FdTable may hold (2.29 B per
 #: chunk, ``shard_reads.h``), used where its chunks outnumber :data:`ENTRY_CACHE_ROWS`: a
 #: frame then costs one read (the frame run), not two (its index entries first). 256 MiB
-#: hold ~126M frames' entries; the shards loaded first keep their slots. Pages are taken as
+#: hold ~117M frames' entries; the shards loaded first keep their slots. Pages are taken as
 #: shards are loaded
 ENTRY_TABLE_BYTES = 256 << 20
 
@@ -40,9 +40,10 @@ ST_MAPPED = 3 if native is None else native.ST_MAPPED
 ST_MAP_BUDGET = 4 if native is None else native.ST_MAP_BUDGET
 ST_MAP_READS = 6 if native is None else native.ST_MAP_READS
 ECACHE_COLS = 4 if native is None else native.ECACHE_COLS
-#: chunks per block of held entries (each block's first offset is kept, u64), and the
-#: columns of ``FdTable.entry_of``
-ENTRY_BLOCK = 64 if native is None else native.ENTRY_BLOCK
+#: chunks per block of held entries, and a block's bytes (one cache line: the offset of
+#: its first chunk, u64, and each chunk's size, u16), and the columns of ``FdTable.entry_of``
+ENTRY_BLOCK = 28 if native is None else native.ENTRY_BLOCK
+ENTRY_BLOCK_BYTES = 64 if native is None else native.ENTRY_BLOCK_BYTES
 ENTRY_OF_COLS = 3 if native is None else native.ENTRY_OF_COLS
 
 
@@ -107,18 +108,17 @@ class FdTable:
         held = ((self.held, self.held_tab, self.held_state) if self.held is not None
                 else (None, None, None))
         #: whole shards' index entries (frames whose chunks outnumber ``entries``): per
-        #: slot the chunks' sizes and each block's first offset; per shard its slot, the
-        #: open its slot was loaded through and the open last tried (``shard_reads.h``)
+        #: slot its blocks (each chunk's offset and size, a cache line per ENTRY_BLOCK
+        #: chunks); per shard its slot, the open its slot was loaded through and the open
+        #: last tried (``shard_reads.h``)
         budget = ENTRY_TABLE_BYTES if entry_table_bytes is None else entry_table_bytes
-        blocks = -(-n_chunks // ENTRY_BLOCK)
-        slots = min(n_shards, budget // (2 * n_chunks + 8 * blocks))
+        slot_bytes = -(-n_chunks // ENTRY_BLOCK) * ENTRY_BLOCK_BYTES
+        slots = min(n_shards, budget // slot_bytes)
         whole = chunk_rows == 1 and n_shards * n_chunks > len(self.entries) and slots > 0
-        self.entry_sizes = np.zeros((slots if whole else 0, n_chunks), np.uint16)
-        self.entry_bases = np.zeros((len(self.entry_sizes), blocks), np.uint64)
+        self.entry_blocks = aligned_zeros(slots if whole else 0, slot_bytes, ENTRY_BLOCK_BYTES)
         self.entry_of = np.full((n_shards if whole else 0, ENTRY_OF_COLS), -1, np.int64)
         self.entry_state = np.zeros(1, np.int64)  # slots taken
-        entries = ((self.entry_sizes, self.entry_bases, self.entry_of, self.entry_state)
-                   if whole else ())
+        entries = ((self.entry_blocks, self.entry_of, self.entry_state) if whole else ())
         self.state_of_reads = native.ReadState(
             self.prefix, self.suffix, n_chunks, chunk_rows, shards_per_lane, row_bytes,
             checksum, known, self.tab, self.ring, self.state, self.entries, *held, *entries)
@@ -188,3 +188,11 @@ class FdTable:
         for shard in np.flatnonzero(self.tab[:, self.FD] >= 0).tolist():
             self.forget(shard)
         self.held_tab[:, self.H_POS] = -1
+
+
+def aligned_zeros(rows: int, row_bytes: int, align: int) -> np.ndarray:
+    """A zeroed ``(rows, row_bytes)`` uint8 array whose first byte is ``align``-byte aligned
+    (numpy aligns to 16 at most): the entry table's blocks each fill one cache line."""
+    buf = np.zeros(rows * row_bytes + align, np.uint8)
+    at = -buf.ctypes.data % align
+    return buf[at:at + rows * row_bytes].reshape(rows, row_bytes)
