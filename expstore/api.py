@@ -149,7 +149,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
          fsync: bool = True, lease_ttl: float | None = DEFAULT_TTL,
          strict: bool = False, cache_bytes: int | None = None,
          index_all: bool = True, hot_bytes: int | None = None,
-         map_bytes: int | None = None) -> Store:
+         map_bytes: int | None = None, entry_bytes: int | None = None) -> Store:
     """Open a store. ``mode="r"`` reads; ``"r+"`` also writes (all lanes, or ``lane``).
 
     Passing ``spec`` checks it against the stored one and fails naming the differences.
@@ -192,6 +192,13 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     Set 0 where a job's RSS is policed. DataLoader workers map only what
     ``make_loader(map_bytes=...)`` asks (default none).
 
+    ``entry_bytes``: bytes of frame shards' chunk offsets this process's reader holds, per
+    frame field of more chunks than its entry cache (default :attr:`Store.entry_bytes`,
+    256 MiB, ~117M frames' at 2.29 B a frame): a frame of a shard held costs one read,
+    not two. Shards are held as first read and keep their place; past the budget, a frame's
+    offset is read from its shard first. Raise it for a store of more frames (1B frames
+    take ~2.3 GB); DataLoader workers hold the store's each.
+
     ``index_all=False`` (``mode="r+"``): index only the lanes opened for writing, for a
     writer that never samples (a dataset import's lane): the other lanes read as empty until
     :meth:`Store.refresh`, and opening spends nothing on them (indexing reads every row's
@@ -202,6 +209,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
     check_bytes("cache_bytes", cache_bytes)
     check_bytes("hot_bytes", hot_bytes)
     check_bytes("map_bytes", map_bytes)
+    check_bytes("entry_bytes", entry_bytes)
     url = os.fspath(url)
     backend = backend_for(url, storage_options, fsync)
     layout = read_layout(backend)
@@ -210,7 +218,7 @@ def open(url: str | os.PathLike, mode: str = "r", spec: Spec | None = None,  # n
                         + "; ".join(layout.spec.diff(spec)))
     store = Store(backend, layout, mode=mode, lane=lane, storage_options=storage_options,
                   lease_ttl=lease_ttl, strict=strict, index_all=index_all,
-                  hot_bytes=hot_bytes, map_bytes=map_bytes)
+                  hot_bytes=hot_bytes, map_bytes=map_bytes, entry_bytes=entry_bytes)
     if cache_bytes is not None:
         store.cache_bytes = int(cache_bytes)
         if store._reader is not None:

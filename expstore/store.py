@@ -51,7 +51,7 @@ from .storage.format import (
     round_capacity,
 )
 from .storage.ownership import DEFAULT_TTL, LeasedBackend
-from .storage.read import MAP_BYTES, ShardReader, StagedRows, shared_root
+from .storage.read import ENTRY_TABLE_BYTES, MAP_BYTES, ShardReader, StagedRows, shared_root
 from .storage.write import Background, LaneWriter, resume_writer
 from .write_access import WriteAccess, acquire_leases, release_at_end
 
@@ -79,18 +79,24 @@ class Store:
     #: (``open(map_bytes=...)``; local stores): warm frames are copied from the page
     #: cache without a system call. Mapped pages touched count in RSS (as ``RssFile``)
     map_bytes: int = MAP_BYTES
+    #: bytes of frame shards' chunk offsets this process's reader holds per frame field
+    #: (``open(entry_bytes=...)``): a held shard's frame costs one read, not two. Taken as
+    #: shards are first read; every DataLoader worker process holds its own
+    entry_bytes: int = ENTRY_TABLE_BYTES
 
     def __init__(self, backend: Backend, layout: Layout, mode: str = "r",
                  lane: int | None = None, storage_options: dict[str, Any] | None = None,
                  lease_ttl: float | None = DEFAULT_TTL, strict: bool = False,
                  index_all: bool = True, hot_bytes: int | None = None,
-                 map_bytes: int | None = None):
+                 map_bytes: int | None = None, entry_bytes: int | None = None):
         self.backend = backend
         self.layout = layout
         if hot_bytes is not None:  # (before the index is loaded: its reader is the one kept)
             self.hot_bytes = int(hot_bytes)
         if map_bytes is not None:
             self.map_bytes = int(map_bytes)
+        if entry_bytes is not None:
+            self.entry_bytes = int(entry_bytes)
         self.mode = mode
         self.storage_options = storage_options
         self.index = RowIndex(layout.lanes, layout.lane_capacity)
@@ -288,7 +294,8 @@ class Store:
             self._reader = ShardReader(self.backend, self.layout,
                                        row_cache_bytes=self.cache_bytes,
                                        values_budget=self.hot_bytes,
-                                       map_bytes=self.map_bytes)
+                                       map_bytes=self.map_bytes,
+                                       entry_bytes=self.entry_bytes)
             self._reader_pid = os.getpid()
         return self._reader
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_batch_path import FRAME, frame, make_store, write
 
+import expstore as es
 from expstore.storage import backend_for
 from expstore.storage.native import set_read_depth
 from expstore.storage.native.kernels import native
@@ -168,6 +169,31 @@ def test_shards_past_the_budget_are_read_the_old_way(tmp_path, many_chunks,
     assert fds.entry_state[0] == 3
     reader.close()
     store.close()
+
+
+def test_open_entry_bytes_sets_the_budget_and_batches_stay_the_same(tmp_path,
+                                                                     many_chunks) -> None:
+    """``open(entry_bytes=...)``: how many shards' offsets the store's reader holds (0:
+    none, every frame's offset read first); DataLoader workers are given the store's. The
+    rows read are the same whatever the budget."""
+    store, rows, steps = _filled(tmp_path / "s.zarr")
+    store.close()
+    per_slot = -(-SHARD_ROWS // fd_table.ENTRY_BLOCK) * fd_table.ENTRY_BLOCK_BYTES
+    got = {}
+    for budget, slots in ((None, 16), (0, 0), (5 * per_slot + 7, 5)):
+        s = es.open(tmp_path / "s.zarr", entry_bytes=budget)
+        assert s.entry_bytes == (fd_table.ENTRY_TABLE_BYTES if budget is None else budget)
+        fds = s.reader.tables["obs"].fds
+        assert len(fds.entry_blocks) == slots
+        got[budget] = _read(s.reader, rows, steps)
+        assert (fds.entry_of[:, 0] >= 0).sum() == min(slots, 15)  # (15 complete shards)
+        loader = es.make_loader(s, batch_size=8, num_workers=0)
+        assert loader.dataset.entry_bytes == s.entry_bytes
+        s.close()
+    for budget in got:
+        assert np.array_equal(got[budget], _expected(steps))
+    with pytest.raises(ValueError, match=r"entry_bytes: expected an int >= 0 \(bytes\)"):
+        es.open(tmp_path / "s.zarr", entry_bytes=-1)
 
 
 def test_a_damaged_index_is_not_held_and_its_rows_still_read(tmp_path, many_chunks) -> None:

@@ -108,7 +108,8 @@ class StoreDataset(torch.utils.data.Dataset):
                  cache_bytes: int = 256 << 20,
                  local_source: Callable[[], RowSource] | None = None,
                  pack: bool = False, n_slots: int = 8, skip_corrupt: bool = False,
-                 hot_bytes: int = 512 << 20, map_bytes: int = 0) -> None:
+                 hot_bytes: int = 512 << 20, map_bytes: int = 0,
+                 entry_bytes: int | None = None) -> None:
         self.skip_corrupt = skip_corrupt  # wrap sources in SkipCorruptSource (skip_corrupt.py)
         self._skipping: SkipCorruptSource | None = None
         self.url = url
@@ -117,6 +118,7 @@ class StoreDataset(torch.utils.data.Dataset):
         self.cache_bytes = cache_bytes
         self.hot_bytes = hot_bytes  # a worker's hot set (decoded small fields), bytes
         self.map_bytes = map_bytes  # a worker's mapped frame shards, bytes per frame field
+        self.entry_bytes = entry_bytes  # a worker's held chunk offsets, bytes per frame field
         self.pack = pack  # write batches into shared slots (worker processes, see transport)
         self.n_slots = n_slots
         self.token = int.from_bytes(os.urandom(6), "little")
@@ -158,7 +160,8 @@ class StoreDataset(torch.utils.data.Dataset):
             self._reader = ShardReader(backend, self.layout, chunk_cache_bytes=self.cache_bytes,
                                        row_cache_bytes=self.cache_bytes,
                                        values_budget=self.hot_bytes,
-                                       map_bytes=self.map_bytes)
+                                       map_bytes=self.map_bytes,
+                                       entry_bytes=self.entry_bytes)
             self._shared = None
             self._pid = os.getpid()
         if staged is None or not staged[0].any():
@@ -467,7 +470,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     default 0: workers read frames with ``pread``). Workers serve stores too large for
     RAM, read cold: pages a process has mapped stay in its RSS and out of reach of
     ``posix_fadvise`` until the kernel reclaims them. The prefetch thread reads through
-    this process's reader, mapped as the store was opened.
+    this process's reader, mapped as the store was opened. Each worker holds frame
+    shards' chunk offsets within the store's ``open(entry_bytes=...)``.
     """
     check_batch(batch_size)
     check_bytes("map_bytes", map_bytes)
@@ -506,7 +510,8 @@ def make_loader(store: Any, sampler: Sampler | None = None, batch_size: int = 32
     dataset = StoreDataset(store.url, store.layout, store.storage_options, cache_bytes, local,
                            pack=num_workers > 0 and not threaded, n_slots=prefetch_factor + 2,
                            skip_corrupt=skip_corrupt, hot_bytes=int(hot_bytes),
-                           map_bytes=int(map_bytes))
+                           map_bytes=int(map_bytes),
+                           entry_bytes=getattr(store, "entry_bytes", None))
     kwargs: dict[str, Any] = dict(num_workers=0 if threaded else num_workers,
                                   pin_memory=pin_memory and not threaded, timeout=timeout)
     if num_workers > 0 and not threaded:

@@ -69,7 +69,9 @@ class ShardReader(GeneralReads):
     splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`. ``map_bytes``:
     shard files mapped at once per frame field (``shard_maps.h``; default 0, none: a scan
     such as an export, ``verify`` or ``repair`` would keep every page it read mapped;
-    ``Store.reader`` passes ``open(map_bytes=...)``).
+    ``Store.reader`` passes ``open(map_bytes=...)``). ``entry_bytes``: frame shards' chunk
+    offsets held per frame field of many chunks (``shard_reads.h``; default
+    :data:`~expstore.storage.read.fd_table.ENTRY_TABLE_BYTES`).
     """
 
     #: remote stores: (re)open a shard's heads of every field read so far together
@@ -78,7 +80,7 @@ class ShardReader(GeneralReads):
     def __init__(self, backend: Backend, layout: Layout, max_open: int = 4096,
                  chunk_cache_bytes: int = 64 << 20, row_cache_bytes: int = 0,
                  values_budget: int = 128 << 20, max_fds: int | None = None,
-                 map_bytes: int = 0) -> None:
+                 map_bytes: int = 0, entry_bytes: int | None = None) -> None:
         self.backend = backend
         self.layout = layout
         self.max_open = max_open
@@ -121,7 +123,8 @@ class ShardReader(GeneralReads):
                                   layout.chunks_per_shard(n), layout.chunk_rows(n),
                                   share.fds, self.known, layout.shards_per_lane,
                                   layout.checksum, f.row_nbytes,
-                                  held_bytes=share.held_bytes, map_bytes=map_bytes)
+                                  held_bytes=share.held_bytes, map_bytes=map_bytes,
+                                  entry_table_bytes=entry_bytes)
                 values = share.values_bytes + (share.held_bytes if fdt is None else 0)
                 code = (None if share.code_bits is None else
                         book_for(f.dtype, share.code_bits, f.low, f.high))
