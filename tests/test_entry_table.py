@@ -24,6 +24,8 @@ from expstore.storage.read import ShardReader, fd_table
 pytestmark = pytest.mark.skipif(native is None, reason="C kernel not built")
 
 SHARD_ROWS = 64
+#: bytes the table gives one shard's entries: a cache line per ENTRY_BLOCK chunks (3 here)
+SLOT_BYTES = -(-SHARD_ROWS // fd_table.ENTRY_BLOCK) * fd_table.ENTRY_BLOCK_BYTES
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_a_run_across_a_block_boundary_is_one_read(tmp_path, many_chunks, depth)
     reader = _reader(store)
     fds = reader.tables["obs"].fds
     assert fds.entry_blocks.ctypes.data % fd_table.ENTRY_BLOCK_BYTES == 0
-    assert fds.entry_blocks.shape[1] == 3 * fd_table.ENTRY_BLOCK_BYTES  # 64 chunks: 28+28+8
+    assert fds.entry_blocks.shape[1] == SLOT_BYTES == 3 * 64  # 64 chunks: 28 + 28 + 8
     step_of = dict(zip(rows.tolist(), steps.tolist()))
     _read(reader, rows[-1:], steps[-1:])  # (every version opened after is trusted)
     b = fd_table.ENTRY_BLOCK
@@ -142,23 +144,20 @@ def test_entry_blocks_must_be_aligned_to_a_cache_line() -> None:
     good = fd_table.aligned_zeros(3, 128, 64)
     assert good.shape == (3, 128) and good.ctypes.data % 64 == 0 and not good.any()
     assert fd_table.aligned_zeros(0, 128, 64).shape == (0, 128)
-    n_chunks, blocks = 64, 3
-    buf = np.zeros(blocks * 64 + 65, np.uint8)
-    at = -buf.ctypes.data % 64
-    args = (b"p", b"s", n_chunks, 1, 1, 16, True, np.zeros(1, np.int64),
+    buf = fd_table.aligned_zeros(1, SLOT_BYTES + 64, 64)[0]  # (room to start 1 byte on)
+    args = (b"p", b"s", SHARD_ROWS, 1, 1, 16, True, np.zeros(1, np.int64),
             np.full((4, fd_table.TAB_COLS), -1, np.int64), np.zeros(8, np.int64),
             np.zeros(fd_table.STATE_LEN, np.int64),
             np.full((4, fd_table.ECACHE_COLS), -1, np.int64), None, None, None)
     rest = (np.full((4, fd_table.ENTRY_OF_COLS), -1, np.int64), np.zeros(1, np.int64))
-    native.ReadState(*args, buf[at:at + blocks * 64], *rest)
+    native.ReadState(*args, buf[:SLOT_BYTES], *rest)
     with pytest.raises(ValueError, match="entry_blocks 64-byte aligned"):
-        native.ReadState(*args, buf[at + 1:at + 1 + blocks * 64], *rest)
+        native.ReadState(*args, buf[1:1 + SLOT_BYTES], *rest)
 
 
 def test_shards_past_the_budget_are_read_the_old_way(tmp_path, many_chunks,
                                                      monkeypatch) -> None:
-    per_slot = -(-SHARD_ROWS // fd_table.ENTRY_BLOCK) * fd_table.ENTRY_BLOCK_BYTES  # 3 lines
-    monkeypatch.setattr(fd_table, "ENTRY_TABLE_BYTES", 3 * per_slot)
+    monkeypatch.setattr(fd_table, "ENTRY_TABLE_BYTES", 3 * SLOT_BYTES)
     store, rows, steps = _filled(tmp_path / "s.zarr")
     reader = _reader(store)
     fds = reader.tables["obs"].fds
@@ -178,9 +177,8 @@ def test_open_entry_bytes_sets_the_budget_and_batches_stay_the_same(tmp_path,
     rows read are the same whatever the budget."""
     store, rows, steps = _filled(tmp_path / "s.zarr")
     store.close()
-    per_slot = -(-SHARD_ROWS // fd_table.ENTRY_BLOCK) * fd_table.ENTRY_BLOCK_BYTES
     got = {}
-    for budget, slots in ((None, 16), (0, 0), (5 * per_slot + 7, 5)):
+    for budget, slots in ((None, 16), (0, 0), (5 * SLOT_BYTES + 7, 5)):
         s = es.open(tmp_path / "s.zarr", entry_bytes=budget)
         assert s.entry_bytes == (fd_table.ENTRY_TABLE_BYTES if budget is None else budget)
         fds = s.reader.tables["obs"].fds
