@@ -21,7 +21,7 @@ ext_modules = [
         depends=["expstore/storage/native/batch_lookup.h", "expstore/storage/native/hot_gather.h",
                  "expstore/storage/native/shard_reads.h", "expstore/storage/native/shard_maps.h",
                  "expstore/storage/native/read_pool.h",
-                 "expstore/storage/native/lz4_block.h",
+                 "expstore/storage/native/lz4_block.h", "expstore/storage/native/scalar_codes.h",
                  *SHARED_HEADERS],
         include_dirs=[SHARED],
         extra_compile_args=["-O3", "-std=c99"],
@@ -45,7 +45,8 @@ if numpy is not None:
         Extension(
             "expstore.storage.native._step",
             ["expstore/storage/native/_step.c", "expstore/storage/native/_write.c"],
-            depends=["expstore/storage/native/step_values.h", "expstore/storage/native/step_shards.h",
+            depends=["expstore/storage/native/step_values.h",
+                     "expstore/storage/native/step_shards.h",
                      "expstore/storage/native/write_kernels.h", *SHARED_HEADERS],
             include_dirs=[numpy.get_include(), SHARED],
             extra_compile_args=["-O3", "-std=c99"],

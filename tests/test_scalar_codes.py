@@ -154,6 +154,77 @@ def test_a_book_fixed_by_declared_bounds_codes_them_and_refuses_the_rest(bits):
     assert book_for(np.float32, 8).low is None  # (learned)
 
 
+SHARD_CASES = [  # (dtype, bits, low: None for a learned book, values drawn from)
+    ("bool", 1, 0, [False, True]),
+    ("int64", 2, -3, [-3, -2, -1, 0]),
+    ("int8", 4, 100, list(range(100, 116))),
+    ("uint16", 8, 7, list(range(7, 263))),
+    ("int64", 8, None, [-(1 << 63), (1 << 63) - 1, 0, 5]),
+    ("uint64", 8, None, [(1 << 64) - 1, 1 << 63, 0]),
+    ("float32", 4, None, [-0.0, 0.0, np.inf, 1.5]),
+    ("float64", 8, None, [np.nan, -1.0, 2.0]),
+]
+
+
+@pytest.mark.parametrize("dtype,bits,low,pool", SHARD_CASES)
+@pytest.mark.parametrize("kernel", [True, False])
+def test_shards_coded_in_one_call_match_one_at_a_time(dtype, bits, low, pool, kernel,
+                                                       monkeypatch):
+    """``encode_shards`` (one kernel call, ``scalar_codes.h``; or its numpy fallback) codes
+    each shard, zeroes the rest of its slot, and grows a learned book exactly as
+    ``encode`` shard by shard; it stops at the first shard the book cannot hold (a value
+    outside a fixed book, a learned book's 2**bits + 1st value), leaving the book as it
+    was before that shard."""
+    from expstore.storage.native import kernels
+    if not kernel:
+        monkeypatch.setattr(kernels, "native", None)
+    elif native is None:
+        pytest.skip("the C kernels are not built")
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(bits)
+    counts = np.array([37, 64, 0, 1, 50], np.int64)
+    src = np.array(pool, dt)[rng.integers(0, len(pool), int(counts.sum()) + 5)]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) + 3
+    slot_bytes = packed_bytes(512, bits) + 2  # (512 rows a slot)
+    slots = np.array([4, 0, 2, 1, 3], np.int64)
+    book = book_for(dt, bits, low, None if low is None else low + (1 << bits) - 1)
+    ref = book_for(dt, bits, low, None if low is None else low + (1 << bits) - 1)
+    pool_c = np.full((6, slot_bytes), 0xAB, np.uint8)
+    pool_ref = pool_c.copy()
+    assert book.encode_shards(src, starts, counts, pool_c, slots) == len(slots)
+    for at, n, slot in zip(starts, counts, slots, strict=True):
+        assert ref.encode(src[at:at + n], pool_ref[slot])
+    if low is not None:  # a fixed book: the same codes
+        assert np.array_equal(pool_c, pool_ref)  # (slot 5, not asked for, untouched)
+    else:  # a learned book: the same values, given codes in an order of its own
+        assert book.size == ref.size
+        keys = book.table.view(f"u{dt.itemsize}")[:book.size].astype(np.int64).tolist()
+        assert sorted(keys) == sorted(ref._code) and book._code == {
+            k: c for c, k in enumerate(keys)}
+        assert (pool_c[5] == 0xAB).all()
+        assert all((pool_c[s][packed_bytes(n, bits):] == 0).all()
+                   for s, n in zip(slots, counts, strict=True))
+    at = np.arange(64, dtype=np.int64)
+    for k in (0, 1, 4):  # each shard's values come back bit for bit
+        got = book.decode(pool_c[slots[k]][(at[:counts[k]] * bits) >> 3], at[:counts[k]])
+        assert got.tobytes() == src[starts[k]:starts[k] + counts[k]].tobytes()
+    # a shard the book cannot hold: a value past a fixed book, or one value too many
+    if low is not None:
+        bad = np.array([low + (1 << bits)] if dt.kind != "b" else [], dt)
+    else:
+        bad = (rng.permutation(300) + 1000).astype(dt)  # (past the book's 2**bits values)
+    if not len(bad):
+        return  # (a bool holds every value it can take)
+    src2 = np.concatenate([src[:20], bad, src[:10]])
+    size, table = book.size, book.table.tobytes()
+    done = book.encode_shards(src2, np.array([0, 20], np.int64),
+                              np.array([20, len(src2) - 20], np.int64), pool_c,
+                              np.array([0, 1], np.int64))
+    assert done == 1
+    assert book.size == size and book.table[:size].tobytes() == table[:size * dt.itemsize]
+    assert len(book._code) == (0 if low is not None else size)
+
+
 def test_code_widths_from_the_spec():
     assert code_bits((), np.bool_) == 1
     assert code_bits((), np.int64, 0, 1) == 1

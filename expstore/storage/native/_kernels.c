@@ -808,6 +808,7 @@ static PyObject *close_shard(PyObject *self, PyObject *args) {
 
 #include "batch_lookup.h" /* first_index, table_rows, place_rows, rows_held */
 #include "hot_gather.h"   /* gather_held */
+#include "scalar_codes.h" /* code_rows */
 
 static PyMethodDef methods[] = {
     {"decode_pread", decode_pread, METH_VARARGS,
@@ -865,6 +866,10 @@ static PyMethodDef methods[] = {
     {"gather_held", gather_held, METH_VARARGS,
      "gather_held(shard_rows, spl, known, locs, jobs, copy) -> bool\n\nEvery small field of a "
      "batch from the hot set (ShardTable values) in one call (see hot_gather.h)."},
+    {"code_rows", code_rows, METH_VARARGS,
+     "code_rows(src, starts, counts, kind, itemsize, bits, low, table, size, dst, "
+     "dst_starts, slot_bytes) -> (done, size)\n\nShards' scalar values coded into their "
+     "slots in one call (see scalar_codes.h)."},
     {"place_rows", place_rows, METH_VARARGS,
      "place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own) "
      "-> bool\n\nRowCache.place in one loop; False where scratch is too small."},

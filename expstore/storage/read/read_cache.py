@@ -311,7 +311,7 @@ def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.nd
     held = claimed >= 0
     fds = table.fds
     raw = table.shard_rows * table.dtype.itemsize
-    scratch = np.empty((int(held.sum()), raw), np.uint8)
+    scratch = table.borrow_scratch(int(held.sum()) * raw).reshape(-1, raw)
     at = np.full(len(uniq), -1, np.int64)
     at[held] = np.arange(len(scratch), dtype=np.int64) * raw
     got, kernel = fds.read(shards, slots, steps, dst, flat, ctx.stats,
@@ -322,13 +322,13 @@ def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.nd
     e = fds.tab[uniq[keep]]
     rows = fds.trusted_rows(e, table.shard_rows)
     values = scratch.reshape(-1).view(table.dtype)
-    per = table.shard_rows
-    for j, n in zip(keep.tolist(), rows.tolist(), strict=True):
-        i = int(at[j]) // raw
-        if not table.keep(int(claimed[j]), values[i * per: i * per + n], n):
-            table.release(uniq[held])
-            table.spill()
-            return got, kernel
+    coded = table.code.encode_shards(values, at[keep] // table.dtype.itemsize, rows,
+                                     table.values, claimed[keep])
+    table.return_scratch(scratch)
+    if coded < len(keep):  # a shard the book cannot hold
+        table.release(uniq[held])
+        table.spill()
+        return got, kernel
     table.hold(uniq[keep], e[:, fds.FIRST], rows, e[:, fds.TRUSTED])
     table.release(uniq[held & failed])
     return got, kernel

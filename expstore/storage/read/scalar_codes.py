@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..format import EMPTY, Layout, parse_head
-from ..native import unique_first
+from ..native import read_kernel, unique_first
 
 #: bits a row per code: the widths a byte splits into evenly
 CODE_WIDTHS = (1, 2, 4, 8)
@@ -163,6 +163,38 @@ class CodeBook:
         codes = np.array([self._code[k] for k in distinct], np.uint8)[inv]
         pack(codes, self.bits, out)
         return True
+
+    def encode_shards(self, src: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                      pool: np.ndarray, slots: np.ndarray) -> int:
+        """:meth:`encode` of many shards in one call: shard ``k``'s ``counts[k]`` values,
+        at value ``starts[k]`` of ``src`` (1-D, the field's dtype), into row ``slots[k]``
+        of ``pool`` (uint8, a slot a row). Returns the shards coded, in order, before the
+        first the book could not hold (``len(slots)``: all); that one is left undefined.
+        One pass in C where the kernels are built (``scalar_codes.h``), else ``encode``
+        per shard."""
+        starts = np.ascontiguousarray(starts, np.int64)
+        counts = np.ascontiguousarray(counts, np.int64)
+        slots = np.ascontiguousarray(slots, np.int64)
+        native = read_kernel()
+        if native is None or not src.flags.c_contiguous or not pool.flags.c_contiguous:
+            for k, (at, n, slot) in enumerate(zip(starts.tolist(), counts.tolist(),
+                                                  slots.tolist(), strict=True)):
+                if not self.encode(src[at:at + n], pool[slot]):
+                    return k
+            return len(slots)
+        itemsize = self.dtype.itemsize
+        done, size = native.code_rows(
+            src.view(np.uint8), starts * itemsize, counts, self.dtype.kind, itemsize,
+            self.bits, self.low, self.table.view(np.uint8), self.size, pool,
+            slots * pool.shape[1], pool.shape[1])
+        if self.low is None:  # values the kernel added to the book
+            raw = self.table.view(self._key_dtype)
+            wrap = 1 << (8 * itemsize)
+            for c in range(self.size, size):
+                k = int(raw[c])
+                self._code[k - wrap if itemsize == 8 and k >= wrap // 2 else k] = c
+        self.size = size
+        return done
 
     def decode(self, packed: np.ndarray, at: np.ndarray) -> np.ndarray:
         """Values of rows ``at`` (int64) out of ``packed`` (uint8; a row per entry of

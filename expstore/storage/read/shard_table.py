@@ -45,7 +45,6 @@ class ShardTable:
         self.trusted = np.zeros(n_shards, np.int64)  # serves steps below this count
         self.fd = np.full(n_shards, -1, np.int32)
         self.slot = np.full(n_shards, -1, np.int64)  # row of the pool arrays, -1: none
-        self.owner = np.zeros(0, np.int64)  # shard of each slot, -1: free
         self.fds = fds
         self.values_budget = values_budget
         #: the field's values as codes (scalars past the budget at their own width:
@@ -57,16 +56,22 @@ class ShardTable:
         #: called after :meth:`spill` (the reader judges again which fields it holds whole)
         self.on_spill: Callable[[], None] | None = None
         self.opened = 0  # versions bound so far (shard opens of this field)
+        self._scratch: np.ndarray | None = None  # (borrow_scratch)
         self._size_slots()
 
     def _size_slots(self) -> None:
-        """An empty pool of value slots, and how many the budget allows."""
-        if self.code is None:
-            self.values = np.zeros((0, self.shard_rows, *self.shape), self.dtype)
-        else:
-            self.values = np.zeros((0, self.slot_bytes), np.uint8)
+        """The pool of value slots the budget allows, all free. It is taken at its full
+        size at once: zeroed pages from the system, each paid for (RSS) as slots are
+        first written, and never copied (grown by doubling, the 100M-row store's first
+        seconds spent 0.5 s copying slots into arrays twice the size, each fresh page
+        zeroed first)."""
         self.max_slots = 0 if self.chunk_rows == 1 else decoded_slots(
             len(self.slot), self.slot_bytes, self.values_budget)
+        if self.code is None:
+            self.values = np.zeros((self.max_slots, self.shard_rows, *self.shape), self.dtype)
+        else:
+            self.values = np.zeros((self.max_slots, self.slot_bytes), np.uint8)
+        self.owner = np.full(self.max_slots, -1, np.int64)  # shard of each slot, -1: free
 
     @property
     def slot_bytes(self) -> int:
@@ -105,7 +110,6 @@ class ShardTable:
         shard is admitted any more (the rest are read from storage)."""
         if self.code is not None and not (self.first[self.slot >= 0] >= 0).any():
             self.code = None
-            self.owner = np.zeros(0, np.int64)
             self.slot[:] = -1
             self.first[:] = -1
             self._size_slots()
@@ -113,6 +117,28 @@ class ShardTable:
             self.spilled = True
         if self.on_spill is not None:
             self.on_spill()
+
+    def borrow_scratch(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of scratch (uint8) to decode shards into before they are coded
+        (:func:`~.read_cache._fill_codes`), the table's own buffer when no other caller has
+        it (grown to the largest asked), else a new one; hand it back with
+        :meth:`return_scratch`. A buffer kept spares the system zeroing fresh pages for
+        each fill: at 100M rows, the first seconds' fills asked for ~1.4 GB in all."""
+        buf, self._scratch = self._scratch, None  # (taken under the GIL: one holder)
+        if buf is None or len(buf) < nbytes:
+            buf = np.empty(nbytes, np.uint8)
+        return buf[:nbytes]
+
+    def return_scratch(self, scratch: np.ndarray) -> None:
+        """Keep the buffer a :meth:`borrow_scratch` gave (or a view of it) for the next
+        fill; once every slot is taken (no more fills), let it go."""
+        base = scratch
+        while base.base is not None:
+            base = base.base
+        if self.full:
+            self._scratch = None
+        elif self._scratch is None or len(base) > len(self._scratch):
+            self._scratch = base
 
     @property
     def per_row(self) -> bool:
@@ -152,8 +178,7 @@ class ShardTable:
         """Whether every value slot the budget allows is taken: no shard is admitted any
         more (rows of shards without a slot are read alone; a shard holding one is still
         refilled when a lap rewrote it)."""
-        return self.spilled or (len(self.owner) >= self.max_slots
-                                and not (self.owner < 0).any())
+        return self.spilled or not (self.owner < 0).any()
 
     def claim(self, shards: np.ndarray) -> np.ndarray:
         """Value slots for ``shards`` (distinct), to be filled by the kernel: their own slot
@@ -165,12 +190,7 @@ class ShardTable:
         s = self.slot[shards]
         need = np.flatnonzero(s < 0)
         if len(need) and not self.spilled:
-            free = np.flatnonzero(self.owner < 0)
-            if len(free) < len(need) and len(self.owner) < self.max_slots:
-                self._grow(min(self.max_slots,
-                               max(8, 2 * len(self.owner), len(self.owner) + len(need))))
-                free = np.flatnonzero(self.owner < 0)
-            free = free[: len(need)]
+            free = np.flatnonzero(self.owner < 0)[: len(need)]
             got = need[: len(free)]
             self.owner[free] = shards[got]
             self.slot[shards[got]] = free
@@ -220,23 +240,12 @@ class ShardTable:
         if self.spilled:
             return -1
         free = np.flatnonzero(self.owner < 0)
-        if len(free):
-            s = int(free[0])
-        elif len(self.owner) < self.max_slots:
-            s = len(self.owner)
-            self._grow(min(self.max_slots, max(8, 2 * len(self.owner))))
-        else:
+        if not len(free):
             return -1
+        s = int(free[0])
         self.owner[s] = shard
         self.slot[shard] = s
         return s
-
-    def _grow(self, n: int) -> None:
-        old = len(self.owner)
-        self.owner = np.concatenate([self.owner, np.full(n - old, -1, np.int64)])
-        grown = np.zeros((n, *self.values.shape[1:]), self.values.dtype)
-        grown[:old] = self.values
-        self.values = grown
 
     def ready(self, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Rows the cached versions hold and are trusted for (step < trusted count); for
