@@ -359,6 +359,17 @@ static void pend_flush(pending_runs *pr, int depth, const read_order *ord, const
     if (pr->n == 0) return;
     for (Py_ssize_t r = 0; r < pr->n; r++)
         pr->reads[r].buf = pr->blob.buf + (uintptr_t)pr->reads[r].buf;
+    /* a warm store's runs: their first and last lines asked of the memory at once, before
+       any is copied. Each copy from a mapping otherwise waited alone on its page's walk and
+       its line in RAM (a 100M-frame sample(256): memmove 16% of the samples, 77% of them
+       on its first load; with this 6.6%, and the batch 14-16% faster, shard_reads.h) */
+    if (map_judged_warm(state))
+        for (Py_ssize_t r = 0; r < pr->n; r++) {
+            const pool_read *rd = &pr->reads[r];
+            if (!rd->map) continue;
+            __builtin_prefetch(rd->map + rd->off);
+            __builtin_prefetch(rd->map + rd->off + rd->len - 1);
+        }
     run_decode d = {pr, ord, dst, o, ok, row_bytes, checksum, status, total, tmp};
     Py_ssize_t *todo = malloc((size_t)pr->n * sizeof *todo);
     pool_read *io = malloc((size_t)pr->n * sizeof *io);

@@ -296,14 +296,23 @@ typedef struct {
     int64_t k_n, n_blocks;
 } entry_table;
 
+/* The held entry block of chunk `c` of `shard` open as `e`, or NULL where its index is
+   not held through that open (entry_held reads it; read_rows asks for a call's blocks
+   ahead with it). */
+static inline const uint8_t *entry_block(const entry_table *et, const int64_t *e,
+                                         int64_t shard, int64_t c) {
+    const int64_t *of = et->of + EOF_COLS * shard;
+    if (of[EOF_SLOT] < 0 || of[EOF_GEN] != e[TAB_GEN]) return NULL;
+    return et->blk + ((size_t)of[EOF_SLOT] * (size_t)et->n_blocks + (size_t)(c / EBLOCK)) *
+                         EBLOCK_BYTES;
+}
+
 /* Offset and size of chunk `c` of `shard` open as `e`, from its held index: 1 when held. */
 static int entry_held(const entry_table *et, const int64_t *e, int64_t shard, int64_t c,
                       uint64_t *off, uint64_t *nb) {
     if (!et || !et->blk) return 0;
-    const int64_t *of = et->of + EOF_COLS * shard;
-    if (of[EOF_SLOT] < 0 || of[EOF_GEN] != e[TAB_GEN]) return 0;
-    const uint8_t *b = et->blk + ((size_t)of[EOF_SLOT] * (size_t)et->n_blocks +
-                                  (size_t)(c / EBLOCK)) * EBLOCK_BYTES;
+    const uint8_t *b = entry_block(et, e, shard, c);
+    if (!b) return 0;
     uint64_t at;
     memcpy(&at, b, 8);
     if (at == UINT64_MAX) return 0;
