@@ -51,7 +51,7 @@ def test_unique_first_takes_negative_keys_the_numpy_way():
 def _cache(rng: np.random.Generator, n_rows: int = 64) -> RowCache:
     cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * n_rows)
     held = rng.random(cache.n) < 0.6
-    cache.row[held] = np.flatnonzero(held) + cache.n * rng.integers(0, 3, held.sum())
+    cache.tag[held] = 1 + np.flatnonzero(held) + cache.n * rng.integers(0, 3, held.sum())
     cache.step[held] = rng.integers(0, 4, held.sum())
     return cache
 
@@ -61,12 +61,12 @@ def test_place_rows_matches_the_numpy_placement(monkeypatch, seed):
     rng = np.random.default_rng(seed)
     a = _cache(rng)
     b = RowCache(4, (4 + SLOT_KEY_BYTES) * 64)
-    b.row[:], b.step[:] = a.row, a.step
+    b.tag[:], b.step[:] = a.tag, a.step
     k = int(rng.integers(1, 40))
     # distinct (row, step) pairs, many sharing a slot, many cached already
     pairs = {(int(r), int(s)) for r, s in zip(rng.integers(0, 3 * a.n, 3 * k),
                                              rng.integers(0, 4, 3 * k))}
-    pairs |= {(int(a.row[i]), int(a.step[i])) for i in np.flatnonzero(a.row >= 0)[:k]}
+    pairs |= {(int(a.tag[i]) - 1, int(a.step[i])) for i in np.flatnonzero(a.tag > 0)[:k]}
     pairs = sorted(pairs)
     rng.shuffle(pairs)
     rows = np.array([p[0] for p in pairs], np.int64)
@@ -78,7 +78,7 @@ def test_place_rows_matches_the_numpy_placement(monkeypatch, seed):
         m.setattr(read_cache, "native", None)
         slow = b.place(rows, steps, servable, cacheable)
     assert (fast is None) == (slow is None)
-    np.testing.assert_array_equal(a.row, b.row)  # slots emptied alike (or left alone)
+    np.testing.assert_array_equal(a.tag, b.tag)  # slots emptied alike (or left alone)
     if slow is not None:
         for name, x, y in zip(("pos", "hit", "own"), fast, slow):
             np.testing.assert_array_equal(x, y, name)
@@ -91,28 +91,52 @@ def test_a_row_cache_stays_within_its_budget_keys_included(row_bytes):
     frames) they take half of it, for an Atari frame 0.2%."""
     budget = 64 << 20
     cache = RowCache(row_bytes, budget)
-    taken = cache.data.nbytes + cache.row.nbytes + cache.step.nbytes
+    taken = cache.data.nbytes + cache.tag.nbytes + cache.step.nbytes
     assert 0.95 * budget < taken <= budget  # (scratch rows keep no key)
 
 
 def test_a_row_cache_takes_no_more_slots_than_the_store_has_rows():
-    """A 256 MiB cache of 16-byte frames for a 1,000-row store: 1,000 direct-mapped slots
-    (their keys are written at once), not 7.9M."""
+    """A 256 MiB cache of 16-byte frames for a 1,000-row store: 1,000 direct-mapped slots,
+    not 7.9M."""
     cache = RowCache(16, 256 << 20, rows=1000)
-    assert cache.n == 1000 and cache.row.nbytes == cache.step.nbytes == 8000
+    assert cache.n == 1000 and cache.tag.nbytes == cache.step.nbytes == 8000
     assert cache.scratch == (256 << 20) // 32 // 16  # (scratch rows: pages used lazily)
     rows = np.arange(1000, dtype=np.int64)
     pos, hit, own = cache.place(rows, np.zeros(1000, np.int64), np.ones(1000, bool))
     assert own.all() and not hit.any() and np.array_equal(pos, rows)  # a slot per row
 
 
+def _rss_anon_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon:")) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc (Linux)")
+def test_a_new_row_cache_writes_none_of_its_keys():
+    """A cache's keys start as zeroed pages (a slot's tag is its row + 1, 0: empty), taken
+    from the system as slots are first used: a 512 MiB cache of 16-byte frames has 268 MB
+    of keys, which keys of -1 written at open put in RSS at once (at 100M rows, 126 MB and
+    0.43 s of the open, for a cache such a store passes by)."""
+    before = _rss_anon_mb()
+    cache = RowCache(16, 512 << 20)
+    assert cache.tag.nbytes + cache.step.nbytes > 250e6
+    assert _rss_anon_mb() - before < 32
+    rows = np.arange(0, 64 * 4096, 4096, dtype=np.int64)  # a few slots used: their pages
+    pos, hit, own = cache.place(rows, np.zeros(len(rows), np.int64), np.ones(len(rows), bool))
+    assert own.all() and not hit.any()
+    cache.keep(rows, np.zeros(len(rows), np.int64))
+    pos, hit, own = cache.place(rows, np.zeros(len(rows), np.int64), np.ones(len(rows), bool))
+    assert hit.all() and np.array_equal(pos, rows % cache.n)
+    assert _rss_anon_mb() - before < 32
+
+
 def test_place_rows_leaves_the_cache_alone_when_scratch_is_short():
     cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * 32)  # 30 slots, 2 of scratch
     assert (cache.n, cache.scratch) == (30, 2)
     rows = np.array([0, 30, 60, 90], np.int64)  # one slot for all four
-    before = cache.row.copy()
+    before = cache.tag.copy()
     assert cache.place(rows, np.zeros(4, np.int64), np.ones(4, bool)) is None
-    np.testing.assert_array_equal(cache.row, before)
+    np.testing.assert_array_equal(cache.tag, before)
 
 
 def _table(rng: np.random.Generator) -> tuple[ShardTable, np.ndarray, np.ndarray, np.ndarray]:

@@ -55,7 +55,7 @@ def test_a_cache_with_a_slot_per_row_stays_engaged_while_it_fills():
     rng = np.random.default_rng(1)
     rows = 4096
     cache = RowCache(row_bytes=4, budget=(4 + SLOT_KEY_BYTES) * 2 * rows, rows=rows)
-    while (cache.row < 0).any():
+    while (cache.tag == 0).any():
         assert cache.engaged()
         _read(cache, rng.integers(0, rows, 64))
     assert cache.hit_rate == 1.0 and cache.engaged()

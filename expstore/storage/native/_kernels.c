@@ -879,7 +879,7 @@ static PyMethodDef methods[] = {
      "dst_starts, slot_bytes) -> (done, size)\n\nShards' scalar values coded into their "
      "slots in one call (see scalar_codes.h)."},
     {"place_rows", place_rows, METH_VARARGS,
-     "place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own) "
+     "place_rows(rows, steps, servable, cacheable, tag, step, n, scratch, pos, hit, own) "
      "-> bool\n\nRowCache.place in one loop; False where scratch is too small."},
     {NULL, NULL, 0, NULL},
 };

@@ -13,9 +13,9 @@
  *       steps[i] < trusted[s], slot[s] >= 0 for s = shards[i]), out[i] = row slots[i] of
  *       values[slot[s]] (``shard_rows`` rows per value slot), and True; else False and
  *       nothing written.
- *   place_rows(rows, steps, servable, cacheable, row, step, n, scratch, pos, hit, own)
- *       -> bool: ``RowCache.place`` (see there); False where more rows need scratch than
- *       ``scratch`` (nothing changed).
+ *   place_rows(rows, steps, servable, cacheable, tag, step, n, scratch, pos, hit, own)
+ *       -> bool: ``RowCache.place`` (see there; ``tag``: each slot's row + 1, 0: empty);
+ *       False where more rows need scratch than ``scratch`` (nothing changed).
  *   rows_held(state, shards, slots, steps, out)
  *       ``FdTable.ready``: out[i] = whether the shard version the ReadState's tab holds
  *       open for shards[i] holds steps[i] at slots[i] and is trusted for it.
@@ -151,7 +151,7 @@ static PyObject *place_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOnnOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &n_slots, &scratch, &o[6], &o[7], &o[8]))
         return NULL;
-    static const char *names[] = {"rows", "steps", "servable", "cacheable", "row", "step",
+    static const char *names[] = {"rows", "steps", "servable", "cacheable", "tag", "step",
                                   "pos", "hit", "own"};
     static const int sizes[] = {8, 8, 1, 1, 8, 8, 8, 1, 1};
     held_buffer b[9];
@@ -167,12 +167,12 @@ static PyObject *place_rows(PyObject *self, PyObject *args) {
         if (i != 4 && i != 5 && b[i].view.len / sizes[i] != n) ok = 0;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "place_rows: expected rows/steps/servable/cacheable/"
-                                          "pos/hit/own of one entry per row, row/step per slot");
+                                          "pos/hit/own of one entry per row, tag/step per slot");
         goto done;
     }
     const int64_t *rows = b[0].view.buf, *steps = b[1].view.buf, *step = b[5].view.buf;
     const uint8_t *servable = b[2].view.buf, *cacheable = b[3].view.buf;
-    int64_t *row = b[4].view.buf, *pos = b[6].view.buf;
+    int64_t *tag = b[4].view.buf, *pos = b[6].view.buf; /* (a slot's row + 1; 0: empty) */
     uint8_t *hit = b[7].view.buf, *own = b[8].view.buf;
     for (Py_ssize_t i = 0; i < n; i++)
         if (rows[i] < 0) {
@@ -183,7 +183,7 @@ static PyObject *place_rows(PyObject *self, PyObject *args) {
     /* a hit keeps its slot; of the other rows wanting a slot, the first in order takes it */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t at = rows[i] % n_slots;
-        hit[i] = servable[i] && row[at] == rows[i] && step[at] == steps[i];
+        hit[i] = servable[i] && tag[at] == rows[i] + 1 && step[at] == steps[i];
         if (hit[i]) map_get_or_put(&m, at, i);
     }
     Py_ssize_t spill = 0;
@@ -202,7 +202,7 @@ static PyObject *place_rows(PyObject *self, PyObject *args) {
         pos[i] = hit[i] || own[i] ? at : n_slots + spill++;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (own[i]) row[rows[i] % n_slots] = -1; /* refilled by ``keep`` once decoded */
+        if (own[i]) tag[rows[i] % n_slots] = 0; /* refilled by ``keep`` once decoded */
     result = Py_True;
 done:
     PyMem_Free(m.keys);
