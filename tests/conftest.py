@@ -39,7 +39,8 @@ def general_reads(monkeypatch):
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """``python -m moto.server`` as a subprocess for the whole session: an object with
+    """moto's S3 server (``MotoServer``: conditional writes atomic, as S3's are) as a
+    subprocess for the whole session: an object with
     ``endpoint``, ``port``, ``storage_options`` and ``create_bucket(name)``."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")

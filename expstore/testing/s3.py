@@ -1,6 +1,7 @@
 """A local S3-protocol endpoint for tests, benchmarks and examples (needs ``moto[server]``).
 
-:class:`MotoServer` runs ``python -m moto.server`` as a subprocess on loopback.
+:class:`MotoServer` runs moto's server (``moto_atomic.py``: its conditional writes atomic, as
+S3's are) as a subprocess on loopback.
 :class:`TcpProxy` sits in front of it: it counts HTTP requests and can *cut* the endpoint
 (refuse new connections, drop open ones) and restore it, which is what a client sees when
 an S3 server restarts — while moto, behind it, keeps its in-memory objects.
@@ -35,7 +36,8 @@ def create_bucket(endpoint: str, bucket: str) -> None:
 
 
 class MotoServer(ServerProcess):
-    """``python -m moto.server`` on ``host:port`` (a free port by default)."""
+    """moto's S3 server (``python -m expstore.testing.moto_atomic``) on ``host:port`` (a
+    free port by default)."""
 
     name = "moto server"
     install_hint = " (is moto[server] installed?)"
@@ -45,7 +47,9 @@ class MotoServer(ServerProcess):
         return s3_options(self.endpoint)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+        # (moto's server, its conditional writes atomic as S3's are: moto_atomic.py)
+        return [sys.executable, "-m", "expstore.testing.moto_atomic", "-H", self.host,
+                "-p", str(self.port)]
 
     def probe_url(self) -> str:
         return f"{self.endpoint}/moto-api/"
