@@ -159,6 +159,8 @@ SHARD_CASES = [  # (dtype, bits, low: None for a learned book, values drawn from
     ("int64", 2, -3, [-3, -2, -1, 0]),
     ("int8", 4, 100, list(range(100, 116))),
     ("uint16", 8, 7, list(range(7, 263))),
+    ("uint64", 2, 5, [5, 6, 7, 8]),
+    ("int64", 1, -(1 << 62), [-(1 << 62), -(1 << 62) + 1]),
     ("int64", 8, None, [-(1 << 63), (1 << 63) - 1, 0, 5]),
     ("uint64", 8, None, [(1 << 64) - 1, 1 << 63, 0]),
     ("float32", 4, None, [-0.0, 0.0, np.inf, 1.5]),

@@ -535,8 +535,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
        where the runs' lookups below would each wait on their own (a loop here, not a
        function: GCC finds a function that only prefetches pure, and drops its call) */
     for (Py_ssize_t p = 0; etp && chunk_rows == 1 && p < n; p++) {
-        const uint8_t *b = entry_block(etp, tab + shards[ord[p].i] * TAB_COLS,
-                                       shards[ord[p].i], slots[ord[p].i]);
+        int64_t shard = shards[ord[p].i];
+        const uint8_t *b = entry_block(etp, tab + shard * TAB_COLS, shard, slots[ord[p].i]);
         if (b) __builtin_prefetch(b);
     }
     for (Py_ssize_t p = 0; status == STATUS_OK && p < n; p++) {

@@ -32,24 +32,6 @@ static inline uint64_t value_key(const uint8_t *p, size_t itemsize) {
     }
 }
 
-/* a fixed book's code of the value at `p` (-1: outside 0 .. n_codes - 1): value - low,
-   taken exactly (the difference of two int64s, or of a uint64 and one, fits a uint64) */
-static inline int64_t fixed_code(const uint8_t *p, char kind, size_t itemsize, int64_t low,
-                                 int64_t n_codes) {
-    uint64_t k = value_key(p, itemsize), d;
-    if (kind == 'b') return k != 0;
-    if (kind == 'i') {
-        int shift = 64 - 8 * (int)itemsize; /* sign-extend */
-        int64_t v = shift ? (int64_t)(k << shift) >> shift : (int64_t)k;
-        if (v < low) return -1;
-        d = (uint64_t)v - (uint64_t)low;
-    } else {
-        if (low >= 0 ? k < (uint64_t)low : k >= (uint64_t)n_codes) return -1;
-        d = k - (uint64_t)low;
-    }
-    return d < (uint64_t)n_codes ? (int64_t)d : -1;
-}
-
 /* learned books: an open-addressing map of (key -> code) over the book's entries */
 #define BOOK_MAP 1024 /* slots: at least twice the largest book (256 codes) */
 
@@ -67,7 +49,9 @@ static int book_find(const book_map *m, uint64_t key, size_t *at) {
 
 /* Codes of `m` values at `v` in a fixed book (value - low, each below n_codes) into
    `c`: 1, or 0 at a value outside the book. One loop per type, so each is a tight one
-   (a shard is coded once, but at 100M rows that is 400M values). */
+   (a shard is coded once, but at 100M rows that is 400M values). A value of a type an
+   int64 holds is compared with `low` as an int64, and then value - low, taken as a
+   uint64, is exact: no wrap-around can bring a value outside the book into it. */
 #define FIXED_LOOP(T)                                                                     \
     do {                                                                                  \
         uint64_t bad = 0;                                                                 \
@@ -75,7 +59,7 @@ static int book_find(const book_map *m, uint64_t key, size_t *at) {
             T x;                                                                          \
             memcpy(&x, v + i * (int64_t)sizeof(T), sizeof(T));                            \
             uint64_t d = (uint64_t)(int64_t)x - (uint64_t)low;                            \
-            bad |= d >= (uint64_t)n_codes;                                                \
+            bad |= ((int64_t)x < low) | (d >= (uint64_t)n_codes);                         \
             c[i] = (uint8_t)d;                                                            \
         }                                                                                 \
         return bad == 0;                                                                  \
@@ -87,30 +71,33 @@ static int fixed_codes(const uint8_t *v, int64_t m, char kind, size_t itemsize, 
         for (int64_t i = 0; i < m; i++) c[i] = v[i] != 0;
         return 1;
     }
-    /* (values that fit an int64 and a low within the book's reach of them: the
-       difference cannot wrap; else value by value) */
-    if (low > -(1LL << 40) && low < (1LL << 40)) {
-        if (kind == 'i') {
-            switch (itemsize) {
-            case 1: FIXED_LOOP(int8_t);
-            case 2: FIXED_LOOP(int16_t);
-            case 4: FIXED_LOOP(int32_t);
-            default: FIXED_LOOP(int64_t);
-            }
-        } else if (itemsize < 8) {
-            switch (itemsize) {
-            case 1: FIXED_LOOP(uint8_t);
-            case 2: FIXED_LOOP(uint16_t);
-            default: FIXED_LOOP(uint32_t);
-            }
+    if (kind == 'i') {
+        switch (itemsize) {
+        case 1: FIXED_LOOP(int8_t);
+        case 2: FIXED_LOOP(int16_t);
+        case 4: FIXED_LOOP(int32_t);
+        default: FIXED_LOOP(int64_t);
         }
     }
-    for (int64_t i = 0; i < m; i++) {
-        int64_t x = fixed_code(v + i * (int64_t)itemsize, kind, itemsize, low, n_codes);
-        if (x < 0) return 0;
-        c[i] = (uint8_t)x;
+    switch (itemsize) {
+    case 1: FIXED_LOOP(uint8_t);
+    case 2: FIXED_LOOP(uint16_t);
+    case 4: FIXED_LOOP(uint32_t);
+    default: break;
     }
-    return 1;
+    /* uint64, which may hold values past INT64_MAX: below a low >= 0 is outside; with a
+       low < 0, a value of n_codes or more is (value - low > value), and below it the
+       difference fits */
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < m; i++) {
+        uint64_t x;
+        memcpy(&x, v + 8 * i, 8);
+        uint64_t d = x - (uint64_t)low;
+        bad |= (low >= 0 ? x < (uint64_t)low : x >= (uint64_t)n_codes) |
+               (d >= (uint64_t)n_codes);
+        c[i] = (uint8_t)d;
+    }
+    return bad == 0;
 }
 #undef FIXED_LOOP
 

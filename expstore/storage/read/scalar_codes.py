@@ -187,12 +187,10 @@ class CodeBook:
             src.view(np.uint8), starts * itemsize, counts, self.dtype.kind, itemsize,
             self.bits, self.low, self.table.view(np.uint8), self.size, pool,
             slots * pool.shape[1], pool.shape[1])
-        if self.low is None:  # values the kernel added to the book
-            raw = self.table.view(self._key_dtype)
-            wrap = 1 << (8 * itemsize)
-            for c in range(self.size, size):
-                k = int(raw[c])
-                self._code[k - wrap if itemsize == 8 and k >= wrap // 2 else k] = c
+        if self.low is None:  # values the kernel added, keyed as encode keys them
+            added = self.table.view(self._key_dtype)[self.size:size].astype(np.int64)
+            for c, k in enumerate(added.tolist(), self.size):
+                self._code[k] = c
         self.size = size
         return done
 
