@@ -13,7 +13,8 @@ encoded template shard (as ``bench_rss.py`` builds its stores), each with its ow
 
 Each size is opened and sampled in a fresh process, after the store's files were read
 into the page cache: open time and peak RSS, then ``store.sample(32)`` and
-``store.sample(256)`` after a warm-up drawing every shard ~8 times (medians of repeats).
+``store.sample(256)`` after a warm-up drawing every shard, and every 16,384 rows, ~8 times
+(medians of repeats).
 x_smallest = the figure / the smallest store's. How warm that was is measured
 (``benchmarks/page_cache.py``): the store's pages resident before and after, and the disk
 bytes the sampling process read per batch. Writes section "Sampling at a billion
@@ -38,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import expstore as es  # noqa: E402
 from benchmarks.baselines import dir_bytes, warm_page_cache  # noqa: E402
-from benchmarks.bench_rss import one_chunk, template_scalars, write_template_shards  # noqa: E402
+from benchmarks.bench_rss import chunks_of, template_scalars, write_template_shards  # noqa: E402
 from benchmarks.page_cache import resident_fraction, resident_pct, warmth_note  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
@@ -49,10 +50,9 @@ def build(path: Path, rows: int, episode_len: int = 800) -> int:
                           action=es.Field((), np.int64, low=0, high=17))
     store = es.create(path, spec, capacity=rows, overwrite=True, fsync=False)
     L, S = store.layout, store.layout.shard_rows
-    R = L.chunk_rows("obs")
     obs = np.random.default_rng(1).integers(0, 256, (S, 2)).astype(np.uint8)
     chunks, pos, flags = template_scalars(store, episode_len)
-    chunks["obs"] = [one_chunk(L, "obs", obs[i: i + R]) for i in range(0, S, R)]
+    chunks["obs"] = chunks_of(L, "obs", obs)
     write_template_shards(store, chunks, pos, flags, episode_len, every=5000)
     store.close()
     return dir_bytes(path)[0]
@@ -73,7 +73,8 @@ r = {"open_s": time.perf_counter() - t0,
 repeats, seconds = int(sys.argv[3]), float(sys.argv[4])
 for bs in (32, 256):
     step = DiskMeter(lambda: store.sample(bs))
-    for _ in range(max(1, 8 * r["shards"] // bs)):
+    # (every shard ~8 times, and every 16,384 rows: stores of larger shards warm as long)
+    for _ in range(max(1, 8 * max(r["shards"], r["rows"] // 16384) // bs)):
         step()
     step.start()
     runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
@@ -139,7 +140,8 @@ def main() -> None:
         "header, and the writer's index snapshot): a frame store of 1B rows would need "
         "40-60 GB of disk. Each size in a fresh process, warm page cache: open_s / "
         "open_rss_mb = `es.open` time and the peak RSS after it (MiB); `store.sample(B)` "
-        "after a warm-up drawing every shard ~8 times, medians of repeats; rss_mb = peak RSS "
+        "after a warm-up drawing every shard and every 16,384 rows ~8 times, medians of "
+        "repeats; rss_mb = peak RSS "
         f"at the end. {warmth_note()} Load average (1 min) {load0:.2f} at the start, "
         f"{os.getloadavg()[0]:.2f} at the end.")
     print(body)

@@ -116,7 +116,7 @@ def build(path: Path, rows: int, episode_len: int = 800, subsample: int = 1,
 
 def template_scalars(store: es.Store, episode_len: int
                      ) -> tuple[dict[str, list[bytes]], np.ndarray, np.ndarray]:
-    """One shard's encoded chunk of each scalar and metadata field, as Atari's compress
+    """One shard's encoded chunks of each scalar and metadata field, as Atari's compress
     (random actions 0-5, rewards of +-1 at 3% of steps, episodes of ``episode_len``), and
     its episode steps and flags."""
     L, S = store.layout, store.layout.shard_rows
@@ -128,13 +128,19 @@ def template_scalars(store: es.Store, episode_len: int
     values = {"action": rng.integers(0, 6, S), "reward": rewards,
               "terminated": pos == episode_len - 2, "truncated": np.zeros(S, bool),
               "_episode_step": pos, "_flags": flags}
-    return {n: [one_chunk(L, n, v)] for n, v in values.items()}, pos, flags
+    return {n: chunks_of(L, n, v) for n, v in values.items()}, pos, flags
 
 
 def one_chunk(layout, name: str, values: np.ndarray) -> bytes:
     """``values`` encoded as one chunk of field ``name``."""
     f = layout.fields[name]
     return layout.codec(name).encode(np.ascontiguousarray(values.astype(f.dtype)))
+
+
+def chunks_of(layout, name: str, values: np.ndarray) -> list[bytes]:
+    """A shard's ``values`` of field ``name`` encoded as its inner chunks, in order."""
+    R = layout.chunk_rows(name)
+    return [one_chunk(layout, name, values[i: i + R]) for i in range(0, len(values), R)]
 
 
 def write_template_shards(store: es.Store, chunks: dict[str, list[bytes]], pos: np.ndarray,
@@ -149,7 +155,7 @@ def write_template_shards(store: es.Store, chunks: dict[str, list[bytes]], pos: 
         for name, field_chunks in chunks.items():
             store.backend.put(L.shard_key(name, shard), assemble(field_chunks, first, S))
         if step_ids:
-            steps = [one_chunk(L, "_step_id", np.arange(first, first + S))]
+            steps = chunks_of(L, "_step_id", np.arange(first, first + S))
             store.backend.put(L.shard_key("_step_id", shard), assemble(steps, first, S))
         if shard % every == 0:
             print(f"  shard {shard}/{n_shards} ({time.perf_counter() - t0:.0f} s)", flush=True)

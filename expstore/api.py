@@ -19,6 +19,7 @@ from .errors import SpecError, StoreCorruptError, StoreLockedError
 from .spec import Spec
 from .storage.backends import Backend, backend_for
 from .storage.format import (
+    SCALAR_CHUNK_ROWS,
     VECTOR_CHUNK_BYTES,
     LaneState,
     Layout,
@@ -44,7 +45,8 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
 
     ``capacity`` is rounded up to a whole number of shards per lane (``store.capacity`` says
     what was made); ``shard_rows`` defaults to ``auto_shard_rows`` (64..4096; up to 16,384
-    for stores of more than 4,096 such shards of small rows). ``fsync``: flushes survive
+    for stores of more than 4,096 such shards of small rows, and up to 16 MiB a shard
+    past ~268M rows of small rows, their scalars in 16,384-row chunks). ``fsync``: flushes survive
     power loss, not only process crashes (costs ~4 ms per object written).
     Fails if a store exists there unless ``overwrite=True`` (and, even then, while another
     process holds a lane's write lease). ``overwrite=True`` replaces only an expstore
@@ -75,7 +77,7 @@ def create(url: str | os.PathLike, spec: Spec, capacity: int, lanes: int = 1,
     asked = int(capacity)
     capacity = round_capacity(asked + int(lanes) * int(headroom_rows), int(lanes), shard_rows)
     layout = Layout(spec, capacity, int(lanes), shard_rows, bool(checksum), asked,
-                    new_store_id(), VECTOR_CHUNK_BYTES)
+                    new_store_id(), VECTOR_CHUNK_BYTES, SCALAR_CHUNK_ROWS)
     backend = backend_for(url, storage_options, fsync)
     try:
         meta = backend.get("zarr.json")

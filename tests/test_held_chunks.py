@@ -230,3 +230,35 @@ def test_held_arenas_sized_to_their_chunks_leave_the_rest_to_decoded_vectors(tmp
             values, ok = got[name]
             assert ok.all() and np.array_equal(values, expect), name
     store.close()
+
+
+def test_chunks_of_part_of_a_shard_are_held_each_on_its_own(tmp_path, monkeypatch) -> None:
+    """Scalars of shards larger than ``Layout.scalar_chunk_rows`` (stores of more than
+    ~270M rows) come in several chunks per shard: the arena keeps each chunk read with its
+    version, so rows of every chunk of a shard are served from RAM, where an arena keyed
+    by shard kept one chunk of each and read the others again at every switch."""
+    import expstore.api
+
+    monkeypatch.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 64)  # 4 chunks per 256-row shard
+    store, rows, steps = _store(tmp_path)
+    assert store.layout.chunk_rows("step") == 64 and store.layout.chunk_rows("_flags") == 64
+    reader = ShardReader(backend_for(store.url), store.layout, row_cache_bytes=0,
+                         values_budget=40_000, max_fds=1000)
+    general = _general(store)
+    fds = reader.tables["step"].fds
+    assert fds.held is not None and len(fds.held_tab) == 4 * store.capacity // 256
+    _same_as_general(reader, general, rows, steps)  # every chunk read once
+    n_chunks = len(np.unique(rows // 64))
+    assert (fds.held_tab[:, fds.H_POS] >= 0).sum() == n_chunks
+    assert fds.held_state[0] <= len(fds.held)  # it all fit: nothing overwritten
+    expect = np.zeros(len(rows), np.int64)
+    assert general.read("step", rows, steps, expect).all()
+    rng = np.random.default_rng(2)
+    requests, opened = reader.stats.requests, fds.opened
+    for _ in range(10):  # rows of every chunk, in any order
+        pick = rng.choice(len(rows), 48, replace=False)
+        got = reader.read_fields(["step"], rows[pick], steps[pick])["step"]
+        assert got[1].all() and np.array_equal(got[0], expect[pick])
+    assert (reader.stats.requests, fds.opened) == (requests, opened)  # no byte read
+    _same_as_general(reader, general, rows, steps)
+    store.close()

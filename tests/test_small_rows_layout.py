@@ -14,7 +14,13 @@ import zarr
 
 import expstore as es
 import expstore.api
-from expstore.storage.format import VECTOR_CHUNK_BYTES, auto_shard_rows, vector_chunk_rows
+from expstore.storage.format import (
+    SCALAR_CHUNK_ROWS,
+    VECTOR_CHUNK_BYTES,
+    auto_shard_rows,
+    vector_chunk_rows,
+)
+from expstore.storage.format.layout import scalar_chunk_rows
 
 N = 700  # transitions written (the ring holds 1024)
 
@@ -157,18 +163,115 @@ def test_large_stores_of_small_rows_get_larger_shards(tmp_path):
     again.close()
 
 
+@pytest.mark.parametrize("key", ["vector_chunk_bytes", "scalar_chunk_rows"])
 @pytest.mark.parametrize("bad", ["big", 0, -8192, 8192.5, True])
-def test_a_damaged_vector_chunk_bytes_is_named_and_nothing_is_lost(tmp_path, bad):
+def test_a_damaged_chunk_attribute_is_named_and_nothing_is_lost(tmp_path, key, bad):
     store = fill(tmp_path / "s.zarr")
     store.close()
     meta = tmp_path / "s.zarr" / "zarr.json"
     good = meta.read_text()
     doc = json.loads(good)
-    doc["attributes"]["expstore"]["vector_chunk_bytes"] = bad
+    doc["attributes"]["expstore"][key] = bad
     meta.write_text(json.dumps(doc))
-    with pytest.raises(es.StoreCorruptError, match="vector_chunk_bytes: expected an int"):
+    with pytest.raises(es.StoreCorruptError, match=f"{key}: expected an int"):
         es.open(tmp_path / "s.zarr")
     meta.write_text(good)  # the rows were never touched
     again = es.open(tmp_path / "s.zarr")
     assert len(again) == N + N // 50
     again.close()
+
+
+def test_the_largest_stores_of_small_rows_get_shards_of_up_to_16_mib():
+    """Past 16,384 shards of 16,384 rows per field (~268M rows), small rows get shards of
+    up to 16 MiB, 2,048 per field at the fewest: a 1B-row store of tiny rows 1,908
+    shards of 524,288 rows, not 61,036; Atari-sized rows keep 4096."""
+    assert auto_shard_rows(268_435_456, 1, 45) == 16384  # exactly 16,384 such shards
+    assert auto_shard_rows(300_000_000, 1, 45) == 262144  # 1,145 shards, 11.8 MB each
+    assert auto_shard_rows(1_000_000_000, 1, 29) == 524288  # 15.2 MB each
+    assert auto_shard_rows(1_000_000_000, 1, 45) == 262144  # (16 MiB holds 372k rows)
+    assert auto_shard_rows(1_000_000_000, 1, 7100) == 4096
+    assert auto_shard_rows(1_000_000_000, 1) == 4096  # row size not known (as before)
+
+
+def test_scalar_chunks_divide_shards_larger_than_their_rows():
+    assert scalar_chunk_rows(512, None) == 512  # stores made before: the shard
+    assert scalar_chunk_rows(16384, 16384) == 16384
+    assert scalar_chunk_rows(524288, 16384) == 16384
+    assert scalar_chunk_rows(20000, 16384) == 10000  # a divisor of an odd shard size
+    assert scalar_chunk_rows(32771, 16384) == 1  # (a prime: one row a chunk, still valid)
+
+
+def test_scalars_of_shards_past_16384_rows_come_in_chunks_plain_zarr_reads(tmp_path):
+    """A store of 32,768-row shards keeps its scalars (and the store's own metadata) in
+    16,384-row chunks: the store samples what it stored, and plain zarr reads it."""
+    small = es.Spec.create(obs=es.Field((2,), np.uint8), action=es.Field((), np.int64))
+    store = es.create(tmp_path / "s.zarr", small, capacity=65536, shard_rows=32768,
+                      fsync=False)
+    L = store.layout
+    assert L.scalar_chunk_rows == SCALAR_CHUNK_ROWS == 16384
+    assert [L.chunk_rows(n) for n in ("action", "reward", "_flags", "_step_id")] == [16384] * 4
+    n = 50_000
+    t = np.arange(n + 1)
+    obs = np.stack([t % 251, t % 241], 1).astype(np.uint8)
+    store.extend(obs=obs[:n], action=t[:n] * 3, reward=(t[:n] % 7).astype(np.float32),
+                 terminated=np.zeros(n, bool), truncated=np.zeros(n, bool))
+    store.flush()
+    batch = store.sample(512, rng=np.random.default_rng(0))
+    steps = batch["step_id"]
+    np.testing.assert_array_equal(batch["action"], steps * 3)
+    np.testing.assert_array_equal(batch["reward"], (steps % 7).astype(np.float32))
+    np.testing.assert_array_equal(batch["obs"], obs[steps])
+    store.close()
+    meta = json.loads((tmp_path / "s.zarr" / "action" / "zarr.json").read_text())
+    assert meta["codecs"][0]["configuration"]["chunk_shape"] == [16384]
+    z = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    np.testing.assert_array_equal(z["action"][:n], t[:n] * 3)
+    np.testing.assert_array_equal(z["_step_id"][:n], t[:n])
+
+
+def _tiny(path) -> None:
+    spec_ = es.Spec.create(obs=es.Field((2,), np.uint8),
+                           action=es.Field((), np.int64, low=0, high=17))
+    store = es.create(path, spec_, capacity=2048, shard_rows=512, fsync=False)
+    rng = np.random.default_rng(0)
+    for i in range(3000):  # the ring wraps; flushed mid-shard now and then
+        store.add(np.array([i % 256, i // 256], np.uint8), int(rng.integers(0, 18)),
+                  float(rng.integers(-1, 2)), np.array([(i + 1) % 256, (i + 1) // 256],
+                                                       np.uint8), i % 97 == 96, False)
+        if i % 333 == 0:
+            store.flush()
+    store.close()
+
+
+def test_scalars_in_chunks_of_part_of_a_shard_give_the_same_batches(tmp_path, monkeypatch):
+    """Scalars in 128-row chunks of 512-row shards, and a store made before
+    ``scalar_chunk_rows`` (one chunk per shard), batch for batch: decoded whole, nothing
+    held, part held as codes (shards of several chunks coded as they are filled) and
+    compressed chunks held, all held as codes."""
+    with monkeypatch.context() as m:
+        m.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 128)
+        _tiny(tmp_path / "new.zarr")
+    with monkeypatch.context() as m:
+        m.setattr(expstore.api, "SCALAR_CHUNK_ROWS", None)  # as older expstore wrote
+        _tiny(tmp_path / "old.zarr")
+    attrs = json.loads((tmp_path / "old.zarr" / "zarr.json").read_text())["attributes"]
+    assert "scalar_chunk_rows" not in attrs["expstore"]
+    for hot_bytes in (None, 0, 3000, 9000):
+        kw = {} if hot_bytes is None else {"hot_bytes": hot_bytes}
+        a, b = es.open(tmp_path / "new.zarr", **kw), es.open(tmp_path / "old.zarr", **kw)
+        assert (a.layout.chunk_rows("action"), b.layout.chunk_rows("action")) == (128, 512)
+        for seed in range(20):
+            x = a.sample(64, rng=np.random.default_rng(seed))
+            y = b.sample(64, rng=np.random.default_rng(seed))
+            assert x.keys() == y.keys()
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], err_msg=f"{hot_bytes} {k}")
+        tables = a.reader.tables
+        if hot_bytes == 3000:  # coded, part of the shards held: filled chunk by chunk
+            assert tables["action"].code is not None and not tables["action"].holds_whole
+            assert (tables["action"].slot >= 0).any()
+            assert tables["reward"].fds.held is not None  # compressed chunks held
+        if hot_bytes == 9000:
+            assert tables["reward"].code is not None and a.reader.held_whole["reward"]
+        a.close()
+        b.close()

@@ -25,6 +25,7 @@ from .index_snapshot import (
 )
 from .layout import (
     META_ROW_BYTES,
+    SCALAR_CHUNK_ROWS,
     VECTOR_CHUNK_BYTES,
     Layout,
     auto_shard_rows,
@@ -63,7 +64,8 @@ __all__ = [
     "BlockHead", "block_key", "block_of", "block_rows", "blocks_per_lane", "decode_block",
     "drop_blocks", "encode_block", "fits", "lane_prefix", "valid_steps",
     "DERIVED", "EMPTY", "HEADER_SIZE", "LaneState", "Layout", "Quarantine", "ROOT_KEY",
-    "META_ROW_BYTES", "STATE_VERSION", "ShardHead", "ShardImage", "VECTOR_CHUNK_BYTES",
+    "META_ROW_BYTES", "STATE_VERSION", "ShardHead", "ShardImage", "SCALAR_CHUNK_ROWS",
+    "VECTOR_CHUNK_BYTES",
     "auto_shard_rows", "stored_row_bytes",
     "check_arrays", "vector_chunk_rows",
     "decode_priorities", "decoder", "derive_step_ids", "describe_import", "encode_priorities",

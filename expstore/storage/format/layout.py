@@ -63,6 +63,11 @@ class Layout:
     #: (:func:`vector_chunk_rows`); ``None``: one chunk per shard, as stores made before
     #: this existed were written
     vector_chunk_bytes: int | None = field(default=None, compare=False)
+    #: most rows of an inner chunk of the fields otherwise stored one chunk per shard
+    #: (scalars: :func:`scalar_chunk_rows`), so that shards of more rows (stores of
+    #: more than ~270M rows) keep chunks a row's read and a flush can afford; ``None``: one
+    #: chunk per shard, as stores made before this existed were written
+    scalar_chunk_rows: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.lanes < 1:
@@ -106,7 +111,8 @@ class Layout:
     def chunk_rows(self, name: str) -> int:
         """Rows per inner chunk of field ``name``: ``Field.chunk_rows`` where set, else 1
         for image-sized fields, :func:`vector_chunk_rows` for vector fields of stores that
-        record a ``vector_chunk_bytes``, else the whole shard."""
+        record a ``vector_chunk_bytes``, else the whole shard (within
+        ``scalar_chunk_rows`` where the store records one: :func:`scalar_chunk_rows`)."""
         f = self.fields[name]
         if f.chunk_rows:
             return int(f.chunk_rows)
@@ -115,7 +121,7 @@ class Layout:
         if self.vector_chunk_bytes and name not in META_FIELDS and f.shape and int(
                 np.prod(f.shape, dtype=np.int64)) > 1:
             return vector_chunk_rows(f.row_nbytes, self.shard_rows, self.vector_chunk_bytes)
-        return self.shard_rows
+        return scalar_chunk_rows(self.shard_rows, self.scalar_chunk_rows)
 
     def chunks_per_shard(self, name: str) -> int:
         return self.shard_rows // self.chunk_rows(name)
@@ -144,6 +150,8 @@ class Layout:
             **({} if self.store_id is None else {"store_id": self.store_id}),
             **({} if self.vector_chunk_bytes is None
                else {"vector_chunk_bytes": self.vector_chunk_bytes}),
+            **({} if self.scalar_chunk_rows is None
+               else {"scalar_chunk_rows": self.scalar_chunk_rows}),
         }
 
     @classmethod
@@ -153,13 +161,16 @@ class Layout:
             raise StoreCorruptError(f"{where}: store format version {version!r} is not one "
                                     f"this expstore reads (<= {FORMAT_VERSION})")
         vector = attrs.get("vector_chunk_bytes")
-        if vector is not None and (isinstance(vector, bool) or not isinstance(vector, int)
-                                   or vector < 1):
-            raise StoreCorruptError(f"{where}: vector_chunk_bytes: expected an int >= 1 "
-                                    f"(bytes) or none, got {vector!r}")
+        scalar = attrs.get("scalar_chunk_rows")
+        for key, value, unit in (("vector_chunk_bytes", vector, "bytes"),
+                                 ("scalar_chunk_rows", scalar, "rows")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise StoreCorruptError(f"{where}: {key}: expected an int >= 1 ({unit}) or "
+                                        f"none, got {value!r}")
         return cls(Spec.from_json(attrs["spec"]), int(attrs["capacity"]), int(attrs["lanes"]),
                    int(attrs["shard_rows"]), bool(attrs.get("checksum", False)),
-                   attrs.get("requested_capacity"), attrs.get("store_id"), vector)
+                   attrs.get("requested_capacity"), attrs.get("store_id"), vector, scalar)
 
 
 #: inner chunk size new stores give vector fields (bytes, at most; a power of two of rows):
@@ -178,32 +189,69 @@ def vector_chunk_rows(row_bytes: int, shard_rows: int, chunk_bytes: int) -> int:
     return math.gcd(rows, shard_rows)
 
 
+#: most rows of a scalar field's inner chunk in new stores (``Layout.scalar_chunk_rows``):
+#: every shard :func:`auto_shard_rows` picks up to :data:`MAX_SHARD_ROWS` is one chunk, as
+#: before; larger shards are cut into chunks of this many rows (128 KiB of int64), so a row
+#: read past the hot set reads and checks one of them, and a flush of a partly filled
+#: shard encodes the last one again, not the whole shard so far
+SCALAR_CHUNK_ROWS = 16384
+
+
+def scalar_chunk_rows(shard_rows: int, most: int | None) -> int:
+    """Rows per inner chunk of a field stored one chunk per shard where chunks may hold at
+    most ``most`` rows (``None``: no limit): the whole shard where it fits, else the
+    largest divisor of ``shard_rows`` within ``most``."""
+    if not most or shard_rows <= most:
+        return shard_rows
+    k = -(-shard_rows // most)
+    while shard_rows % k:
+        k += 1
+    return shard_rows // k
+
+
 #: shards per field above which a store of small rows gets larger shards (a reader holds
 #: a descriptor per shard it reads; 100M rows in 4096-row shards are 24,415 per field)
 MAX_SHARDS = 4096
 #: the largest shard :func:`auto_shard_rows` picks, and the most bytes of one shard's rows
 #: (all fields) it lets a lane writer stage for it
 MAX_SHARD_ROWS, MAX_SHARD_BYTES = 16384, 8 << 20
+#: stores that :data:`MAX_SHARD_ROWS`-row shards would cut into more than this many shards
+#: per field (more than ~268M rows) get shards of up to :data:`HUGE_SHARD_BYTES` (all
+#: fields), as few as :data:`HUGE_SHARDS` per field: a 1B-row store of tiny rows (29 B a
+#: row) 1,908 shards of 524,288 rows, where 16,384-row shards were 61,036 per field and a
+#: batch of 32 opened ~73 shards (three fields read past the hot set, within the ~9,000
+#: descriptors a reader holds where the process may open 20,000)
+HUGE_AT, HUGE_SHARDS, HUGE_SHARD_BYTES = 16384, 2048, 16 << 20
 
 
 def auto_shard_rows(capacity: int, lanes: int = 1, row_bytes: int | None = None) -> int:
     """Default rows per shard: a power of two near 1/32 of a lane, within 64..4096; for
     stores of more than :data:`MAX_SHARDS` such shards per field whose rows (``row_bytes``,
     all fields) are small, up to 16,384, so that a reader holds every shard open (a
-    100M-row store of small frames: 6,104 shards per field, not 24,415).
+    100M-row store of small frames: 6,104 shards per field, not 24,415); for stores of
+    more than :data:`HUGE_AT` 16,384-row shards per field, up to
+    :data:`HUGE_SHARD_BYTES` a shard, :data:`HUGE_SHARDS` shards per field at the fewest
+    (their scalars then stored in chunks of :data:`SCALAR_CHUNK_ROWS` rows).
 
     4096-row shards keep per-object costs (open, index, fsync: ~4 ms each here) small per
     row; smaller stores get smaller shards so that a shard (the unit the writer invalidates
     ahead of itself, and the loader's guard band) stays ~3% of a lane. A larger shard costs
-    the writer RAM (a lane stages a shard's rows: at most ``MAX_SHARD_BYTES`` here).
+    the writer RAM (a lane stages a shard's rows: at most ``MAX_SHARD_BYTES`` here, or
+    ``HUGE_SHARD_BYTES``).
     """
     per_lane = max(1, capacity // max(1, lanes))
     near = 1 << max(0, (per_lane // 32).bit_length() - 1)
     rows = int(min(4096, max(64, near)))
+
+    def pow2_within(shards: int, nbytes: int) -> int:  # fewest rows for <= shards, <= nbytes
+        enough = 1 << (-(-capacity // shards) - 1).bit_length()
+        fits = 1 << max(0, (nbytes // max(1, row_bytes)).bit_length() - 1)
+        return min(enough, fits, near)
+
     if row_bytes and capacity > MAX_SHARDS * rows:
-        enough = 1 << (-(-capacity // MAX_SHARDS) - 1).bit_length()  # shards <= MAX_SHARDS
-        fits = 1 << max(0, (MAX_SHARD_BYTES // max(1, row_bytes)).bit_length() - 1)
-        rows = max(rows, min(MAX_SHARD_ROWS, enough, fits, near))
+        rows = max(rows, min(MAX_SHARD_ROWS, pow2_within(MAX_SHARDS, MAX_SHARD_BYTES)))
+        if capacity > HUGE_AT * MAX_SHARD_ROWS:
+            rows = max(rows, pow2_within(HUGE_SHARDS, HUGE_SHARD_BYTES))
     return rows
 
 

@@ -394,10 +394,10 @@ static int ReadState_init(ReadState *r, PyObject *args, PyObject *kw) {
         return -1;
     if (r->hold && (r->chunk_rows == 1 || r->arena.view.len <= 0 || r->held_state.view.len < 8 ||
                     r->held_tab.view.len / (8 * HELD_COLS) !=
-                        r->tab.view.len / (8 * TAB_COLS))) {
+                        r->tab.view.len / (8 * TAB_COLS) * r->n_chunks)) {
         PyErr_SetString(PyExc_ValueError, "ReadState: held chunks need chunks of more than "
                                           "one row, a non-empty arena and a held_tab row "
-                                          "per shard");
+                                          "per chunk");
         return -1;
     }
     return 0;
@@ -545,7 +545,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         int64_t *e = tab + shard * TAB_COLS;
         uint8_t *row_dst = o + dst[i] * row_bytes;
         size_t lo = (size_t)(slot % chunk_rows) * (size_t)row_bytes;
-        int64_t *a = hold ? htab + shard * HELD_COLS : NULL;
+        int64_t *a = hold ? htab + (shard * n_chunks + slot / chunk_rows) * HELD_COLS : NULL;
         int st;
         if (a && held_holds(a, hstate, arena_n, slot, step)) { /* compressed chunk in RAM */
             st = decode_range(arena + a[H_POS] % arena_n, (size_t)a[H_NB] - (checksum ? 4 : 0),

@@ -418,7 +418,8 @@ static int chunk_entry(const int64_t *e, int64_t shard, int64_t c, int64_t n_chu
 
 /* ---- held chunks -------------------------------------------------------------------- */
 
-/* Columns of `held_tab` (int64, n_shards x HELD_COLS): where the shard's chunk starts in
+/* Columns of `held_tab` (int64, a row per chunk: n_shards x n_chunks rows of HELD_COLS,
+   chunk c of shard s at row s * n_chunks + c): where the chunk starts in
    the arena (a position counted from the arena's first byte ever written, -1: none), its
    size (crc32c included), and the version it came from: first step, rows, trusted count.
    `held_state[0]`: bytes written so far. A chunk at position p is intact while

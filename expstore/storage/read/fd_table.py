@@ -57,7 +57,7 @@ class FdTable:
     ``Store.reader`` passes ``open(map_bytes=...)``, default :data:`MAP_BYTES`). At most
     ``max_fds`` descriptors are open; beyond that the kernel closes the oldest opened
     (and drops its mapping). ``held_bytes``: an arena of compressed
-    chunks (fields of one multi-row chunk per shard), see ``shard_reads.h``;
+    chunks (scalars: fields of multi-row chunks read past the hot set), see ``shard_reads.h``;
     ``entry_table_bytes`` (default :data:`ENTRY_TABLE_BYTES`): whole shards' indexes held
     for a frame field of more chunks than its entry cache holds. Local stores
     only. ``known``: the reader's committed counts per lane (changed in place by the
@@ -99,11 +99,13 @@ class FdTable:
         #: held by each kernel call and by :meth:`forget`: the kernel changes ``tab`` and
         #: closes descriptors without the GIL, so no other thread may touch them meanwhile
         self._lock = threading.Lock()
-        #: ``held_bytes`` > 0 (one multi-row chunk per shard): compressed chunks read are
-        #: kept in this arena, oldest overwritten first, and later rows of the same
-        #: version decoded from it without a read (pages taken as it fills)
+        #: ``held_bytes`` > 0 (multi-row chunks): compressed chunks read are kept in this
+        #: arena, oldest overwritten first, and later rows of the same version decoded
+        #: from it without a read (pages taken as it fills); ``held_tab`` has a row per
+        #: chunk (shard ``s``'s chunk ``c`` at ``s * n_chunks + c``)
         self.held = np.zeros(held_bytes, np.uint8) if held_bytes > 0 else None
-        self.held_tab = np.full((n_shards if held_bytes > 0 else 0, 5), -1, np.int64)
+        self.held_tab = np.full((n_shards * n_chunks if held_bytes > 0 else 0, 5), -1,
+                                np.int64)
         self.held_state = np.zeros(1, np.int64)  # bytes written to the arena so far
         held = ((self.held, self.held_tab, self.held_state) if self.held is not None
                 else (None, None, None))
@@ -170,7 +172,8 @@ class FdTable:
         learner thread reads)."""
         with self._lock:
             if len(self.held_tab):
-                self.held_tab[shard, self.H_POS] = -1
+                c = self.n_chunks
+                self.held_tab[shard * c: (shard + 1) * c, self.H_POS] = -1
             native.close_shard(self.state_of_reads, shard)  # (and its mapping)
 
     @property

@@ -4,8 +4,8 @@ how a reader's descriptors and value bytes are split over the fields it reads.
 Descriptors let the kernel read a shard again without opening it (~8 µs: open, header
 read, the close of the oldest); value bytes let it serve scalar rows from RAM. Frames
 (one row per chunk) need descriptors most: each missed frame is read from its shard.
-Scalars (one multi-row chunk per shard) are served from decoded values or held
-compressed chunks, and need a descriptor only while a shard's chunk is read.
+Scalars (multi-row chunks) are served from decoded values or held compressed chunks, and
+need a descriptor only while a chunk is read.
 """
 
 from __future__ import annotations
@@ -92,10 +92,10 @@ HELD_SAMPLE_SHARDS = 8
 
 
 def held_need(root: str, layout: Layout, name: str) -> int | None:
-    """Bytes of held chunks that would hold every shard of field ``name`` (one chunk per
-    shard) of the local store at ``root``: ``HELD_HEADROOM`` x the shards x the median
-    size of up to ``HELD_SAMPLE_SHARDS`` shard files, spread over the store. ``None``
-    where none is written yet (an arena of the full share, then)."""
+    """Bytes of held chunks that would hold every chunk of field ``name`` of the local
+    store at ``root``: ``HELD_HEADROOM`` x the shards x the median size of up to
+    ``HELD_SAMPLE_SHARDS`` shard files, spread over the store. ``None`` where none is
+    written yet (an arena of the full share, then)."""
     n_shards = layout.capacity // layout.shard_rows
     sizes = []
     for shard in sorted({int(s) for s in np.linspace(0, n_shards - 1, HELD_SAMPLE_SHARDS)}):
@@ -108,6 +108,16 @@ def held_need(root: str, layout: Layout, name: str) -> int | None:
     return int(HELD_HEADROOM * n_shards * float(np.median(sizes)))
 
 
+def holds_chunks(layout: Layout, name: str) -> bool:
+    """Whether the compressed chunks of field ``name`` may be held in RAM (``FdTable``'s
+    arena) where the hot set does not decode it: fields of one multi-row chunk per shard,
+    and scalars (one value a row) in chunks of many rows (shards of more than
+    ``Layout.scalar_chunk_rows``)."""
+    rows = layout.chunk_rows(name)
+    return rows > 1 and (rows == layout.shard_rows or int(
+        np.prod(layout.fields[name].shape, dtype=np.int64)) == 1)
+
+
 def kernel_shares(layout: Layout, fds: int, values_budget: int,
                   held_need_of: Callable[[str], int | None] | None = None,
                   few_values_of: Callable[[str], bool] | None = None
@@ -115,19 +125,30 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
     Bytes (:func:`split_value_bytes`) go to the fields batches read in multi-row chunks.
-    A field of one chunk per shard gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an
-    even split of ``fds`` gives fewer); the store's metadata fields get
-    :data:`FDS_METADATA` each; the other fields batches read (frames) share the rest.
+    A field of one chunk per shard, or one the hot set decodes whole, gets
+    :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer);
+    the store's metadata fields get :data:`FDS_METADATA` each; the other fields batches
+    read (frames, and the fields read past the hot set in chunks of a shard's part) share
+    the rest.
     """
     spec = layout.spec.fields
-    one_chunk = {n for n in spec if layout.chunk_rows(n) == layout.shard_rows > 1}
-    rest = [n for n in spec if n not in one_chunk] or list(spec)
-    light = [n for n in one_chunk if n not in rest]
+    n_shards = layout.capacity // layout.shard_rows
+    values, held, codes = split_value_bytes(layout, values_budget, held_need_of,
+                                            few_values_of)
+
+    def decoded_whole(n: str) -> bool:
+        bits = codes.get(n)
+        per_shard = (packed_bytes(layout.shard_rows, bits) if bits is not None
+                     else layout.shard_rows * spec[n].row_nbytes)
+        return decoded_slots(n_shards, per_shard, values.get(n, 0)) >= n_shards
+
+    light_ones = {n for n in spec if layout.chunk_rows(n) > 1 and (
+        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n))}
+    rest = [n for n in spec if n not in light_ones] or list(spec)
+    light = [n for n in light_ones if n not in rest]
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
     light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
     per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
-    values, held, codes = split_value_bytes(layout, values_budget, held_need_of,
-                                            few_values_of)
     return {n: KernelShare(FDS_METADATA if n not in spec else light_fds if n in light
                            else per_field, values.get(n, 0), held.get(n, 0), codes.get(n))
             for n in layout.fields}
@@ -151,10 +172,11 @@ def split_value_bytes(layout: Layout, budget: int,
     twice per transition, as obs and next_obs), so each byte serves the most reads (a
     100M-row frame store's two flags decoded whole where an even split by row bytes
     decoded none; a 100M-row store of 2-byte observations has all of them decoded).
-    A field of one chunk per shard first has an arena for held compressed chunks set
-    aside (its share of ``budget`` by row bytes, or less: ``held_need_of(name)``,
-    :func:`held_need`, every shard's chunk with headroom); it is decoded where that arena
-    and the bytes left make it :func:`worth_filling`, and keeps the arena otherwise.
+    A field :func:`holds_chunks` (of one chunk per shard, or a scalar) first has an arena
+    for held compressed chunks set aside (its share of ``budget`` by row bytes, or less:
+    ``held_need_of(name)``, :func:`held_need`, every chunk with headroom); it is decoded
+    where that arena and the bytes left make it :func:`worth_filling`, and keeps the arena
+    otherwise.
     Bytes no field took top up arenas short of their need.
     """
     n_shards = layout.capacity // layout.shard_rows
@@ -166,7 +188,7 @@ def split_value_bytes(layout: Layout, budget: int,
     total = max(1, sum(row.values()))
     held_share = {n: budget * b // total for n, b in row.items()}  # (by the bytes stored)
     bits = {n: code_bits(f.shape, f.dtype, f.low, f.high) for n, f in spec.items()
-            if n in row and layout.chunk_rows(n) == layout.shard_rows}
+            if n in row and holds_chunks(layout, n)}
     bits = {n: b for n, b in bits.items() if b is not None and b < 8 * row[n]
             and not (learned(spec[n].dtype, spec[n].low, spec[n].high)
                      and (few_values_of is None or not few_values_of(n)))}
@@ -176,7 +198,7 @@ def split_value_bytes(layout: Layout, budget: int,
     need = {}  # arenas: every shard's chunk (None: not known)
     held = {}  # set aside first, given back to a field decoded after all
     for n in row:
-        if layout.chunk_rows(n) == layout.shard_rows:
+        if holds_chunks(layout, n):
             need[n] = None if held_need_of is None else held_need_of(n)
             share = held_share[n]
             held[n] = share if need[n] is None else min(share, need[n])

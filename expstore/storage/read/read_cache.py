@@ -306,24 +306,30 @@ def _read_filling(table: ShardTable, ctx: KernelRead, shards: np.ndarray, slots:
 def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.ndarray,
                 claimed: np.ndarray, shards: np.ndarray, slots: np.ndarray, steps: np.ndarray,
                 dst: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, bool]:
-    """:func:`_read_filling` for a scalar held as codes (one chunk per shard): the kernel
-    decodes each claimed shard's chunk into a scratch row while it reads the batch's rows,
-    then each is coded into its slot (its rows the version trusts). Where the code book
-    cannot hold a shard's values, none of this call's shards is kept (the table's
-    :meth:`~ShardTable.spill`)."""
+    """:func:`_read_filling` for a scalar held as codes: each claimed shard's rows are
+    decoded into a scratch row (one chunk per shard: while the kernel reads the batch's
+    rows; several: by :func:`_decode_whole_shards` after), then coded into its slot (its
+    rows the version trusts). Where the code book cannot hold a shard's values, none of
+    this call's shards is kept (the table's :meth:`~ShardTable.spill`)."""
     held = claimed >= 0
     fds = table.fds
     raw = table.shard_rows * table.dtype.itemsize
     scratch = table.borrow_scratch(int(held.sum()) * raw).reshape(-1, raw)
     at = np.full(len(uniq), -1, np.int64)
     at[held] = np.arange(len(scratch), dtype=np.int64) * raw
-    got, kernel = fds.read(shards, slots, steps, dst, flat, ctx.stats,
-                           scratch.reshape(-1), at[inv])
-    failed = np.zeros(len(uniq), bool)
-    failed[inv[~got]] = True  # a row of the shard failed: its scratch may hold anything
-    keep = np.flatnonzero(held & ~failed)
-    e = fds.tab[uniq[keep]]
-    rows = fds.trusted_rows(e, table.shard_rows)
+    if table.chunk_rows < table.shard_rows:
+        got, kernel = fds.read(shards, slots, steps, dst, flat, ctx.stats)
+        keep, e, rows, kernel = _decode_whole_shards(table, ctx, uniq, inv, claimed, got,
+                                                     kernel, scratch.reshape(-1), at, raw,
+                                                     flat.shape[1])
+    else:
+        got, kernel = fds.read(shards, slots, steps, dst, flat, ctx.stats,
+                               scratch.reshape(-1), at[inv])
+        failed = np.zeros(len(uniq), bool)
+        failed[inv[~got]] = True  # a row of the shard failed: its scratch may hold anything
+        keep = np.flatnonzero(held & ~failed)
+        e = fds.tab[uniq[keep]]
+        rows = fds.trusted_rows(e, table.shard_rows)
     values = scratch.reshape(-1).view(table.dtype)
     coded = table.code.encode_shards(values, at[keep] // table.dtype.itemsize, rows,
                                      table.values, claimed[keep])
@@ -333,7 +339,7 @@ def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.nd
         table.spill()
         return got, kernel
     table.hold(uniq[keep], e[:, fds.FIRST], rows, e[:, fds.TRUSTED])
-    table.release(uniq[held & failed])
+    table.release(uniq[np.setdiff1d(np.flatnonzero(held), keep)])
     return got, kernel
 
 
@@ -341,13 +347,31 @@ def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.n
                  claimed: np.ndarray, per_slot: int, chunks: np.ndarray, shards: np.ndarray,
                  slots: np.ndarray, steps: np.ndarray, dst: np.ndarray, flat: np.ndarray
                  ) -> tuple[np.ndarray, bool]:
-    """:func:`_read_filling` for shards of several chunks. The rows are read alone first
-    (that call opens the versions they need); then every chunk of each claimed shard that
-    holds rows of the version now open (its trusted rows) is decoded into the shard's slot
-    by a second call, which opens nothing, so a slot never mixes two versions (a shard
-    grows chunk by chunk: a chunk read from an older version may lack rows). ``per_slot``
-    and ``chunks``: a slot's bytes and the slots as bytes, as the caller has them."""
+    """:func:`_read_filling` for shards of several chunks, decoded into their slots by
+    :func:`_decode_whole_shards` once the batch's rows are read. ``per_slot`` and
+    ``chunks``: a slot's bytes and the slots as bytes, as the caller has them."""
     got, kernel = table.fds.read(shards, slots, steps, dst, flat, ctx.stats)
+    done, e, rows, kernel = _decode_whole_shards(table, ctx, uniq, inv, claimed, got, kernel,
+                                                 chunks, claimed * per_slot, per_slot,
+                                                 flat.shape[1])
+    fds = table.fds
+    table.hold(uniq[done], e[:, fds.FIRST], rows, e[:, fds.TRUSTED])
+    table.release(uniq[np.setdiff1d(np.flatnonzero(claimed >= 0), done)])
+    return got, kernel
+
+
+def _decode_whole_shards(table: ShardTable, ctx: KernelRead, uniq: np.ndarray,
+                         inv: np.ndarray, claimed: np.ndarray, got: np.ndarray, kernel: bool,
+                         into: np.ndarray, at: np.ndarray, shard_bytes: int, row_bytes: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Shards of several chunks, after the batch's rows were read (``got``; that call
+    opened the versions they need): every chunk of each claimed shard ``uniq[k]`` that
+    holds rows of the version now open (its trusted rows) is decoded at byte ``at[k]`` of
+    ``into`` (``shard_bytes`` a shard, ``row_bytes`` a row) by a second call, which opens
+    nothing, so a shard's rows never mix two versions (a shard grows chunk by chunk: a
+    chunk read from an older version may lack rows). Returns ``(done, entries, rows,
+    kernel)``: the indexes into ``uniq`` whose chunks all decoded, their versions (rows of
+    ``FdTable.tab``) and trusted rows, and whether the kernel may be used again."""
     fds = table.fds
     fill = np.flatnonzero((claimed >= 0) & (fds.tab[uniq, fds.FD] >= 0))
     fill = fill[~np.isin(fill, inv[~got])]  # (a row of the shard failed: not this time)
@@ -355,24 +379,18 @@ def _fill_chunks(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.n
     R, S = table.chunk_rows, table.shard_rows
     rows = fds.trusted_rows(e, S)
     n_chunks = -(-rows // R)
-    if kernel and n_chunks.sum():
-        owner = np.repeat(np.arange(len(fill)), n_chunks)
-        c = np.arange(len(owner)) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
-        scratch = np.empty((len(owner), flat.shape[1]), np.uint8)
-        ok, kernel = fds.read(
-            uniq[fill][owner], c * R, e[owner, fds.FIRST] + c * R,
-            np.arange(len(owner), dtype=np.int64), scratch, ctx.stats, chunks,
-            claimed[fill][owner] * per_slot + c * (per_slot // S * R))
-        bad = np.zeros(len(fill), bool)
-        bad[owner[~ok]] = True
-        bad |= fds.tab[uniq[fill], fds.GEN] != e[:, fds.GEN]  # (reopened: not this time)
-        done = fill[~bad]
-        table.hold(uniq[done], e[~bad, fds.FIRST], rows[~bad], e[~bad, fds.TRUSTED])
-    else:
-        done = fill[:0]
-    rest = np.setdiff1d(np.flatnonzero(claimed >= 0), done)
-    table.release(uniq[rest])
-    return got, kernel
+    if not (kernel and n_chunks.sum()):
+        return fill[:0], e[:0], rows[:0], kernel
+    owner = np.repeat(np.arange(len(fill)), n_chunks)
+    c = np.arange(len(owner)) - np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+    scratch = np.empty((len(owner), row_bytes), np.uint8)
+    ok, kernel = fds.read(uniq[fill][owner], c * R, e[owner, fds.FIRST] + c * R,
+                          np.arange(len(owner), dtype=np.int64), scratch, ctx.stats, into,
+                          at[fill][owner] + c * (shard_bytes // S * R))
+    bad = np.zeros(len(fill), bool)
+    bad[owner[~ok]] = True
+    bad |= fds.tab[uniq[fill], fds.GEN] != e[:, fds.GEN]  # (reopened: not this time)
+    return fill[~bad], e[~bad], rows[~bad], kernel
 
 
 def serve_held(table: ShardTable, cache: RowCache, ctx: KernelRead, rows: np.ndarray,

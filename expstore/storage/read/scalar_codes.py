@@ -1,7 +1,7 @@
 """Scalars held as codes: a hot set past its budget keeps a flag in 1 bit a row, a discrete
 action in 4 or 8, a reward of few values in 8, instead of 1, 8 and 4 bytes.
 
-A scalar field (shape ``()``, one chunk per shard) that the hot set cannot hold decoded
+A scalar field (shape ``()``, multi-row chunks) that the hot set cannot hold decoded
 whole at its own width may still hold every shard as codes: each row's index into a
 :class:`CodeBook`, a table of ``2 ** bits`` of the field's values. A bool takes 1 bit a
 row and an int with declared bounds ``low``/``high`` the fewest of 1, 2, 4 or 8 bits that
@@ -98,11 +98,11 @@ def few_values(root: str, layout: Layout, name: str,
             if head.offsets[0] == EMPTY or head.n_rows <= 0:
                 continue
             off, size = int(head.offsets[0]), int(head.nbytes[0])
-            values = np.empty(layout.shard_rows, f.dtype)
+            values = np.empty(layout.chunk_rows(name), f.dtype)  # (its first chunk)
             decode(buf[off:off + size], values)
         except Exception:  # noqa: BLE001 - a guess only: a shard being rewritten, a codec
             continue  # error, a damaged chunk (the read path finds and reports those)
-        keys = values[:min(head.n_rows, layout.shard_rows)].view(f"u{f.dtype.itemsize}")
+        keys = values[:min(head.n_rows, len(values))].view(f"u{f.dtype.itemsize}")
         seen.update(np.unique(keys).tolist())
         probed += len(keys)
         if len(seen) > PROBE_MAX_VALUES:
