@@ -125,11 +125,11 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     """Split a reader's ``fds`` descriptors and ``values_budget`` bytes over the fields.
 
     Bytes (:func:`split_value_bytes`) go to the fields batches read in multi-row chunks.
-    A field of one chunk per shard, or one the hot set decodes whole, gets
-    :data:`FDS_ONE_CHUNK` descriptors (fewer where an even split of ``fds`` gives fewer);
-    the store's metadata fields get :data:`FDS_METADATA` each; the other fields batches
-    read (frames, and the fields read past the hot set in chunks of a shard's part) share
-    the rest.
+    A field of one chunk per shard, or one the hot set decodes whole or whose arena holds
+    every compressed chunk, gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an even
+    split of ``fds`` gives fewer); the store's metadata fields get :data:`FDS_METADATA`
+    each; the other fields batches read (frames, and fields read past the hot set in
+    chunks of part of a shard) share the rest.
     """
     spec = layout.spec.fields
     n_shards = layout.capacity // layout.shard_rows
@@ -142,8 +142,12 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
                      else layout.shard_rows * spec[n].row_nbytes)
         return decoded_slots(n_shards, per_shard, values.get(n, 0)) >= n_shards
 
+    def held_whole(n: str) -> bool:  # (its arena holds every chunk)
+        need = None if n not in held or held_need_of is None else held_need_of(n)
+        return need is not None and held[n] >= need
+
     light_ones = {n for n in spec if layout.chunk_rows(n) > 1 and (
-        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n))}
+        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n) or held_whole(n))}
     rest = [n for n in spec if n not in light_ones] or list(spec)
     light = [n for n in light_ones if n not in rest]
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
