@@ -262,3 +262,32 @@ def test_chunks_of_part_of_a_shard_are_held_each_on_its_own(tmp_path, monkeypatc
     assert (reader.stats.requests, fds.opened) == (requests, opened)  # no byte read
     _same_as_general(reader, general, rows, steps)
     store.close()
+
+
+def test_fields_held_whole_take_few_descriptors_and_leave_them_to_the_rest(
+        tmp_path, monkeypatch) -> None:
+    """Scalars in chunks of part of a shard (4 of 1,024 rows a 4,096-row shard): a field
+    the hot set decodes whole, or whose arena holds every chunk, needs a descriptor only
+    while it fills, and takes :data:`FDS_ONE_CHUNK`; the fields read past the hot set (the
+    observations held in part, the reward whose arena holds half its chunks) share the
+    rest."""
+    import expstore.api
+
+    monkeypatch.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 1024)
+    store = _tiny_rows_store(tmp_path)
+    L = store.layout
+    assert L.chunks_per_shard("action") == 4
+    root = backend_for(store.url).root
+    needs = {n: held_need(root, L, n) for n in ("action", "reward", "terminated", "truncated")}
+    flags = 2 * (L.capacity // 8)  # terminated and truncated as 1-bit codes
+    budget = flags + needs["action"] + needs["reward"] // 2 + L.capacity // 4  # obs: part
+    shares = kernel_shares(L, 1000, budget, needs.get)
+    meta = len(L.fields) - len(L.spec.fields)
+    assert shares["action"].held_bytes >= needs["action"]
+    assert 0 < shares["reward"].held_bytes < needs["reward"]
+    assert 0 < shares["obs"].values_bytes < L.capacity * 2
+    light = ["action", "terminated", "truncated"]
+    assert [shares[n].fds for n in light] == [FDS_ONE_CHUNK] * 3
+    rest = (1000 - FDS_METADATA * meta - FDS_ONE_CHUNK * 3) // 2
+    assert shares["obs"].fds == shares["reward"].fds == rest
+    store.close()

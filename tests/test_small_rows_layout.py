@@ -198,7 +198,8 @@ def test_scalar_chunks_divide_shards_larger_than_their_rows():
     assert scalar_chunk_rows(16384, 16384) == 16384
     assert scalar_chunk_rows(524288, 16384) == 16384
     assert scalar_chunk_rows(20000, 16384) == 10000  # a divisor of an odd shard size
-    assert scalar_chunk_rows(32771, 16384) == 1  # (a prime: one row a chunk, still valid)
+    assert scalar_chunk_rows(32771, 16384) == 32771  # a prime: one chunk, as before
+    assert scalar_chunk_rows(256, 64) == 64 and scalar_chunk_rows(258, 64) == 258
 
 
 def test_scalars_of_shards_past_16384_rows_come_in_chunks_plain_zarr_reads(tmp_path):
@@ -247,7 +248,10 @@ def test_scalars_in_chunks_of_part_of_a_shard_give_the_same_batches(tmp_path, mo
     """Scalars in 128-row chunks of 512-row shards, and a store made before
     ``scalar_chunk_rows`` (one chunk per shard), batch for batch: decoded whole, nothing
     held, part held as codes (shards of several chunks coded as they are filled) and
-    compressed chunks held, all held as codes."""
+    compressed chunks held, all held as codes; a fill coding one shard at a time."""
+    from expstore.storage.read import read_cache
+
+    monkeypatch.setattr(read_cache, "FILL_SCRATCH_BYTES", 1)  # one shard per fill
     with monkeypatch.context() as m:
         m.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 128)
         _tiny(tmp_path / "new.zarr")

@@ -200,13 +200,15 @@ SCALAR_CHUNK_ROWS = 16384
 def scalar_chunk_rows(shard_rows: int, most: int | None) -> int:
     """Rows per inner chunk of a field stored one chunk per shard where chunks may hold at
     most ``most`` rows (``None``: no limit): the whole shard where it fits, else the
-    largest divisor of ``shard_rows`` within ``most``."""
+    largest divisor of ``shard_rows`` within ``most`` (the whole shard again where that
+    is under 64 rows: a shard size of few divisors, given by hand)."""
     if not most or shard_rows <= most:
         return shard_rows
     k = -(-shard_rows // most)
     while shard_rows % k:
         k += 1
-    return shard_rows // k
+    rows = shard_rows // k
+    return rows if rows >= min(64, most) else shard_rows
 
 
 #: shards per field above which a store of small rows gets larger shards (a reader holds

@@ -142,12 +142,12 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
                      else layout.shard_rows * spec[n].row_nbytes)
         return decoded_slots(n_shards, per_shard, values.get(n, 0)) >= n_shards
 
-    def held_whole(n: str) -> bool:  # (its arena holds every chunk)
+    def arena_holds_all(n: str) -> bool:
         need = None if n not in held or held_need_of is None else held_need_of(n)
         return need is not None and held[n] >= need
 
     light_ones = {n for n in spec if layout.chunk_rows(n) > 1 and (
-        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n) or held_whole(n))}
+        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n) or arena_holds_all(n))}
     rest = [n for n in spec if n not in light_ones] or list(spec)
     light = [n for n in light_ones if n not in rest]
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))

@@ -49,6 +49,11 @@ JUDGE_EVERY = 8
 JUDGE_ROWS = 4096
 
 
+#: scratch bytes one fill of a scalar held as codes decodes its shards into before coding
+#: them (a batch of 256 rows of a 1B-row store's int64 action: up to 256 shards of 4 MiB)
+FILL_SCRATCH_BYTES = 64 << 20
+
+
 class RowCache:
     """Decoded rows of one field, direct-mapped by row, at most ``budget`` bytes: each
     slot takes its row's bytes and :data:`SLOT_KEY_BYTES` for the (row, step) it holds
@@ -309,11 +314,17 @@ def _fill_codes(table: ShardTable, ctx: KernelRead, uniq: np.ndarray, inv: np.nd
     """:func:`_read_filling` for a scalar held as codes: each claimed shard's rows are
     decoded into a scratch row (one chunk per shard: while the kernel reads the batch's
     rows; several: by :func:`_decode_whole_shards` after), then coded into its slot (its
-    rows the version trusts). Where the code book cannot hold a shard's values, none of
-    this call's shards is kept (the table's :meth:`~ShardTable.spill`)."""
-    held = claimed >= 0
+    rows the version trusts), as many shards as :data:`FILL_SCRATCH_BYTES` holds decoded
+    (the others' rows are read alone, and later batches fill them). Where the code book
+    cannot hold a shard's values, none of this call's shards is kept (the table's
+    :meth:`~ShardTable.spill`)."""
     fds = table.fds
     raw = table.shard_rows * table.dtype.itemsize
+    over = np.flatnonzero(claimed >= 0)[max(1, FILL_SCRATCH_BYTES // raw):]
+    if len(over):  # the rest are filled by later batches
+        table.release(uniq[over])
+        claimed[over] = -1
+    held = claimed >= 0
     scratch = table.borrow_scratch(int(held.sum()) * raw).reshape(-1, raw)
     at = np.full(len(uniq), -1, np.int64)
     at[held] = np.arange(len(scratch), dtype=np.int64) * raw
