@@ -255,6 +255,28 @@ def test_read_only_store_samples_while_another_process_laps_the_ring(tmp_path, h
     reader.close()
 
 
+@pytest.mark.parametrize("hot_bytes", [None, 2500])
+def test_scalars_in_chunks_of_part_of_a_shard_sample_while_another_process_laps(
+        tmp_path, monkeypatch, hot_bytes):
+    """Scalars in 16-row chunks of 64-row shards (``Layout.scalar_chunk_rows``, as
+    stores past ~268M rows keep them): filled chunk by chunk, into decoded slots or codes
+    (``hot_bytes=2500``: the flags as codes, the reward decoded or held compressed by
+    chunk), while a writer process laps the ring: every batch holds one transition per
+    sample."""
+    import expstore.api
+
+    monkeypatch.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 16)
+    path = tmp_path / "s.zarr"
+    writer = lapping_writer(path)
+    reader = es.open(path, **({} if hot_bytes is None else {"hot_bytes": hot_bytes}))
+    assert reader.layout.chunk_rows("reward") == reader.layout.chunk_rows("_flags") == 16
+    assert sample_while_lapping(reader, writer) > 10
+    if hot_bytes is not None:  # the flags as 1-bit codes, filled chunk by chunk
+        flags = reader.reader.tables["terminated"]
+        assert flags.code is not None and (flags.slot >= 0).any()
+    reader.close()
+
+
 def sample_while_lapping(reader, writer: subprocess.Popen) -> int:
     """Batches of 64 checked while ``writer`` (:func:`lapping_writer`) runs, then 20 more
     after it lapped the ring at least twice: the batches sampled while it ran."""
