@@ -65,7 +65,7 @@ class Layout:
     vector_chunk_bytes: int | None = field(default=None, compare=False)
     #: most rows of an inner chunk of the fields otherwise stored one chunk per shard
     #: (scalars: :func:`scalar_chunk_rows`), so that shards of more rows (stores of
-    #: more than ~270M rows) keep chunks a row's read and a flush can afford; ``None``: one
+    #: more than ~268M rows) keep chunks a row's read and a flush can afford; ``None``: one
     #: chunk per shard, as stores made before this existed were written
     scalar_chunk_rows: int | None = field(default=None, compare=False)
 

@@ -132,22 +132,10 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     chunks of part of a shard) share the rest.
     """
     spec = layout.spec.fields
-    n_shards = layout.capacity // layout.shard_rows
-    values, held, codes = split_value_bytes(layout, values_budget, held_need_of,
-                                            few_values_of)
-
-    def decoded_whole(n: str) -> bool:
-        bits = codes.get(n)
-        per_shard = (packed_bytes(layout.shard_rows, bits) if bits is not None
-                     else layout.shard_rows * spec[n].row_nbytes)
-        return decoded_slots(n_shards, per_shard, values.get(n, 0)) >= n_shards
-
-    def arena_holds_all(n: str) -> bool:
-        need = None if n not in held or held_need_of is None else held_need_of(n)
-        return need is not None and held[n] >= need
-
+    values, held, codes, all_in_ram = split_value_bytes(layout, values_budget, held_need_of,
+                                                        few_values_of)
     light_ones = {n for n in spec if layout.chunk_rows(n) > 1 and (
-        layout.chunk_rows(n) == layout.shard_rows or decoded_whole(n) or arena_holds_all(n))}
+        layout.chunk_rows(n) == layout.shard_rows or n in all_in_ram)}
     rest = [n for n in spec if n not in light_ones] or list(spec)
     light = [n for n in light_ones if n not in rest]
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
@@ -161,14 +149,15 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
 def split_value_bytes(layout: Layout, budget: int,
                       held_need_of: Callable[[str], int | None] | None = None,
                       few_values_of: Callable[[str], bool] | None = None
-                      ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+                      ) -> tuple[dict[str, int], dict[str, int], dict[str, int], set[str]]:
     """``budget`` bytes over the fields batches read in multi-row chunks: ``(decoded,
-    held, codes)``, bytes of decoded values (``ShardTable``) and of held compressed
-    chunks (``FdTable``) per field, and the bits a row of the decoded scalars held as
-    codes.
+    held, codes, all_in_ram)``, bytes of decoded values (``ShardTable``) and of held
+    compressed chunks (``FdTable``) per field, the bits a row of the decoded scalars held
+    as codes, and the fields held whole (every shard decoded, or every chunk of a known
+    size held).
 
     Where every such field's shards fit decoded, each gets what they take. Otherwise
-    scalars of one chunk per shard count at the width of their codes
+    scalars count at the width of their codes
     (:func:`~expstore.storage.read.scalar_codes.code_bits`: a flag 1 bit, a discrete
     action 4 or 8; a float or an unbounded int 8 where ``few_values_of(name)`` says its
     shards hold few values, :func:`~expstore.storage.read.scalar_codes.few_values`),
@@ -188,7 +177,7 @@ def split_value_bytes(layout: Layout, budget: int,
     row = {n: f.row_nbytes for n, f in spec.items() if layout.chunk_rows(n) > 1}
     whole = {n: n_shards * layout.shard_rows * b for n, b in row.items()}
     if sum(whole.values()) <= budget:
-        return whole, {}, {}
+        return whole, {}, {}, set(whole)
     total = max(1, sum(row.values()))
     held_share = {n: budget * b // total for n, b in row.items()}  # (by the bytes stored)
     bits = {n: code_bits(f.shape, f.dtype, f.low, f.high) for n, f in spec.items()
@@ -199,7 +188,7 @@ def split_value_bytes(layout: Layout, budget: int,
     for n, b in bits.items():
         row[n] = b / 8
         whole[n] = n_shards * packed_bytes(layout.shard_rows, b)
-    need = {}  # arenas: every shard's chunk (None: not known)
+    need = {}  # arenas: every chunk (None: not known)
     held = {}  # set aside first, given back to a field decoded after all
     for n in row:
         if holds_chunks(layout, n):
@@ -223,4 +212,6 @@ def split_value_bytes(layout: Layout, budget: int,
             more = left if need[n] is None else min(left, need[n] - held[n])
             held[n] += more
             left -= more
-    return decoded, held, {n: b for n, b in bits.items() if n in decoded}
+    all_in_ram = ({n for n, b in decoded.items() if b >= whole[n]}
+                  | {n for n, b in held.items() if need[n] is not None and b >= need[n]})
+    return decoded, held, {n: b for n, b in bits.items() if n in decoded}, all_in_ram
