@@ -117,6 +117,37 @@ def test_both_metadata_chunks_bad_opens_with_those_rows_lost(tmp_path):
     assert verify_store(url).ok
 
 
+@pytest.mark.parametrize("second", [None, "_episode_step"])
+def test_a_bad_chunk_of_a_shard_of_several_costs_that_chunk_only(tmp_path, monkeypatch, second):
+    """Scalars in 16-row chunks of 64-row shards (``Layout.scalar_chunk_rows``, as stores
+    past ~268M rows of small rows have them): a bad ``_flags`` chunk is rebuilt, and with
+    the ``_episode_step`` chunk beside it bad too, its 16 rows are lost, not the shard's 64
+    (read shard by shard, the other 48 rows were rebuilt or lost with it)."""
+    import expstore.api
+    monkeypatch.setattr(expstore.api, "SCALAR_CHUNK_ROWS", 16)
+    url = _store(tmp_path)
+    ep0, fl0, n = _meta(url)
+    with es.open(url) as s:
+        assert s.layout.chunks_per_shard("_flags") == 4
+    flip_chunk(url, "_flags", 4, chunk=1)  # rows 272..287
+    if second:
+        flip_chunk(url, second, 4, chunk=1)
+    with es.open(url) as s:
+        bad = np.flatnonzero(s.index.flags & FLAG_BAD)
+        lost = np.arange(272, 288) if second else np.arange(0)
+        np.testing.assert_array_equal(bad, lost)
+        assert len(s) == n - len(lost)
+        ok = np.ones(n, bool)  # as written, but for the lost rows and the rest of their
+        if second:  # episode (the index starts the rows after lost ones as a new episode)
+            ok[272:288 + int(np.argmax(ep0[288:] == 0))] = False
+        np.testing.assert_array_equal(s.index.episode_step[:n][ok], ep0[ok])
+        np.testing.assert_array_equal(s.index.flags[:n][ok], fl0[ok])
+    rep = repair_store(url)
+    assert rep.ok and rep.lost_rows == len(lost)
+    assert rep.newly_lost == ({0: [(272, 288)]} if second else {})
+    assert verify_store(url).ok
+
+
 def test_a_reader_refreshes_past_a_bad_flags_chunk(tmp_path):
     url = _store(tmp_path, steps=300)
     reader = es.open(url)

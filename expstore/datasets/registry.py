@@ -156,8 +156,8 @@ def get_format(name: str) -> Format:
 _STORE = {
     "capacity": "store capacity in rows (default: what the data needs; rounded up to "
                 "whole shards)",
-    "shard_rows": "rows per shard object (default: automatic, 64..4096, up to 16384 for large "
-                  "stores of small rows)",
+    "shard_rows": "rows per shard object (default: automatic, 64..4096; for large stores of "
+                  "small rows up to 16384, and up to 16 MiB a shard past ~268M rows)",
     "fsync": "fsync every object written (survives power loss; slower)",
     "reject_nonfinite": "refuse NaN/inf values (false: store them)",
     "block_rows": "rows read and written at a time (memory ~ one block)",

@@ -50,10 +50,12 @@ class MetaRead:
 
 def read_field(reader: Any, layout: Layout, name: str, rows: np.ndarray, steps: np.ndarray,
                out: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Read ``name`` at ``rows``; a shard that raises ``StoreCorruptError`` is skipped.
+    """Read ``name`` at ``rows``; a chunk that raises ``StoreCorruptError`` is skipped.
 
-    Returns ``(ok, bad, errors)``: ``ok`` rows delivered, ``bad`` rows of shards that
-    failed their checks, ``errors`` their messages. A reader's ``read_run`` (consecutive
+    Returns ``(ok, bad, errors)``: ``ok`` rows delivered, ``bad`` rows of chunks that
+    failed their checks, ``errors`` their messages. After a failure the rows are read again
+    chunk by chunk (``Layout.chunk_rows``: a shard's, or part of one where its scalars are
+    chunked), so one bad chunk costs its own rows. A reader's ``read_run`` (consecutive
     rows, read chunk by chunk) is used where it has one."""
     read = getattr(reader, "read_run", reader.read)
     try:
@@ -63,9 +65,9 @@ def read_field(reader: Any, layout: Layout, name: str, rows: np.ndarray, steps: 
     ok = np.zeros(len(rows), bool)
     bad = np.zeros(len(rows), bool)
     errors = []
-    shard = rows // layout.shard_rows
-    for s in np.unique(shard).tolist():
-        sel = np.flatnonzero(shard == s)
+    chunk = rows // layout.chunk_rows(name)  # chunks divide shards: never two shards' rows
+    for c in np.unique(chunk).tolist():
+        sel = np.flatnonzero(chunk == c)
         part = np.empty((len(sel), *out.shape[1:]), out.dtype)
         try:
             ok[sel] = read(name, rows[sel], steps[sel], part)
