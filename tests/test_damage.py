@@ -9,6 +9,7 @@ samples whose reads touch it, not its shard; counts agree after quarantine.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -118,7 +119,8 @@ def test_both_metadata_chunks_bad_opens_with_those_rows_lost(tmp_path):
 
 
 @pytest.mark.parametrize("second", [None, "_episode_step"])
-def test_a_bad_chunk_of_a_shard_of_several_costs_that_chunk_only(tmp_path, monkeypatch, second):
+def test_a_bad_chunk_of_a_shard_of_several_costs_that_chunk_only(tmp_path, monkeypatch, caplog,
+                                                                  second):
     """Scalars in 16-row chunks of 64-row shards (``Layout.scalar_chunk_rows``, as stores
     past ~268M rows of small rows have them): a bad ``_flags`` chunk is rebuilt, and with
     the ``_episode_step`` chunk beside it bad too, its 16 rows are lost, not the shard's 64
@@ -132,9 +134,12 @@ def test_a_bad_chunk_of_a_shard_of_several_costs_that_chunk_only(tmp_path, monke
     flip_chunk(url, "_flags", 4, chunk=1)  # rows 272..287
     if second:
         flip_chunk(url, second, 4, chunk=1)
-    with es.open(url) as s:
+    with caplog.at_level("WARNING", logger="expstore"), es.open(url) as s:
         bad = np.flatnonzero(s.index.flags & FLAG_BAD)
         lost = np.arange(272, 288) if second else np.arange(0)
+        counts = re.findall(r"(\d+) row\(s\) rebuilt from their neighbours, (\d+) lost",
+                            caplog.text)
+        assert counts and {c for pair in counts for c in pair} <= {"0", "16"}, caplog.text
         np.testing.assert_array_equal(bad, lost)
         assert len(s) == n - len(lost)
         ok = np.ones(n, bool)  # as written, but for the lost rows and the rest of their

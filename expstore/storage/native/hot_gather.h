@@ -38,24 +38,69 @@ static inline const uint8_t *staged_row(const held_buffer *sb, const int64_t *fi
     return (const uint8_t *)sb[lane].view.buf + (size_t)at * row_bytes;
 }
 
-/* Rows of one coded field (``bits`` a row in each slot of ``per_slot`` bytes) into
-   ``out``: each row's code looked up in ``table`` (``row_bytes`` a value). */
-static void gather_codes(const uint8_t *values, const uint8_t *table, int bits,
-                         Py_ssize_t shard_rows, const int64_t *rows, const int64_t *slot,
-                         const uint8_t *skip, Py_ssize_t n, uint8_t *out, size_t row_bytes) {
-    size_t per_slot = ((size_t)shard_rows * (size_t)bits + 7) / 8;
-    unsigned mask = (1u << bits) - 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (skip && skip[i]) continue;
-        int64_t s = rows[i] / shard_rows, at = rows[i] - s * shard_rows;
-        size_t bit = (size_t)at * (size_t)bits;
-        unsigned code = (values[(size_t)slot[s] * per_slot + (bit >> 3)] >> (bit & 7)) & mask;
-        const uint8_t *src = table + (size_t)code * row_bytes;
-        switch (row_bytes) { /* (fixed sizes: the compiler inlines the copy) */
-        case 1: out[i] = *src; break;
-        case 4: memcpy(out + 4 * i, src, 4); break;
-        case 8: memcpy(out + 8 * i, src, 8); break;
-        default: memcpy(out + i * row_bytes, src, row_bytes);
+/* Rows asked for at once: each block's addresses are computed and prefetched before any
+   of its values is read, so a batch over a hot set larger than the caches waits for
+   its misses together, not one after another. */
+#define GATHER_BLOCK 64
+
+/* The shard of row ``r``: a shift where ``shard_rows`` is a power of two (``shift``
+   >= 0; every store's default), else a division. */
+static inline int64_t shard_of(int64_t r, Py_ssize_t shard_rows, int shift) {
+    return shift >= 0 ? r >> shift : r / shard_rows;
+}
+
+/* ``log2(shard_rows)`` for a power of two, else -1. */
+static inline int shard_shift(Py_ssize_t shard_rows) {
+    return shard_rows > 0 && (shard_rows & (shard_rows - 1)) == 0
+               ? __builtin_ctzll((unsigned long long)shard_rows) : -1;
+}
+
+/* One value of ``row_bytes`` from ``src`` to ``dst`` (fixed sizes inlined). */
+static inline void copy_value(uint8_t *dst, const uint8_t *src, size_t row_bytes) {
+    switch (row_bytes) {
+    case 1: *dst = *src; break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    default: memcpy(dst, src, row_bytes);
+    }
+}
+
+/* Rows of one field into ``out``: each row's value slot (``per_slot`` bytes a shard's
+   slot), or, where ``bits`` > 0, each row's code in ``bits`` bits looked up in
+   ``table`` (``row_bytes`` a value). */
+static void gather_rows(const uint8_t *values, const uint8_t *table, int bits,
+                        Py_ssize_t shard_rows, int shift, const int64_t *rows,
+                        const int64_t *slot, const uint8_t *skip, Py_ssize_t n, uint8_t *out,
+                        size_t row_bytes) {
+    size_t per_slot = bits ? ((size_t)shard_rows * (size_t)bits + 7) / 8
+                           : (size_t)shard_rows * row_bytes;
+    unsigned mask = bits ? (1u << bits) - 1 : 0;
+    const uint8_t *src[GATHER_BLOCK];
+    unsigned char low[GATHER_BLOCK];
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += GATHER_BLOCK) {
+        Py_ssize_t m = n - i0 < GATHER_BLOCK ? n - i0 : GATHER_BLOCK;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            Py_ssize_t i = i0 + k;
+            if (skip && skip[i]) {
+                src[k] = NULL;
+                continue;
+            }
+            int64_t s = shard_of(rows[i], shard_rows, shift), at = rows[i] - s * shard_rows;
+            const uint8_t *base = values + (size_t)slot[s] * per_slot;
+            if (bits) {
+                size_t bit = (size_t)at * (size_t)bits;
+                src[k] = base + (bit >> 3);
+                low[k] = (unsigned char)(bit & 7);
+            } else {
+                src[k] = base + (size_t)at * row_bytes;
+            }
+            __builtin_prefetch(src[k]);
+        }
+        for (Py_ssize_t k = 0; k < m; k++) {
+            if (!src[k]) continue;
+            const uint8_t *from = bits ? table + (size_t)((*src[k] >> low[k]) & mask) * row_bytes
+                                       : src[k];
+            copy_value(out + (size_t)(i0 + k) * row_bytes, from, row_bytes);
         }
     }
 }
@@ -81,6 +126,7 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
     held_buffer *firsts = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *firsts);
     int *code_bits = PyMem_Calloc((size_t)(n_jobs + 1), sizeof *code_bits);
     Py_ssize_t lanes = 0;
+    int shift = shard_shift(shard_rows);
     PyObject *result = NULL;
     if (!lb || !jb || !job_loc || !staged || !firsts || !code_bits) {
         PyErr_NoMemory();
@@ -192,7 +238,7 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
                 }
                 continue;
             }
-            int64_t r = rows[i], s = r / shard_rows, at = r - s * shard_rows;
+            int64_t r = rows[i], s = shard_of(r, shard_rows, shift), at = r - s * shard_rows;
             if (r < 0 || s >= n_shards || first[s] < 0 || first[s] + at != steps[i] ||
                 at >= n_rows[s] || steps[i] >= trusted[s] || slot[s] < 0 || slot[s] >= pool) {
                 result = Py_False; /* (a row the hot set does not hold: the caller's path) */
@@ -229,30 +275,15 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
             const uint8_t *values = b[4].view.buf;
             uint8_t *out = b[5].view.buf;
             size_t row_bytes = (size_t)(b[5].view.len / n);
-            if (code_bits[j]) {
-                gather_codes(values, b[6].view.buf, code_bits[j], shard_rows, rows, slot,
-                             skip, n, out, row_bytes);
-                continue;
-            }
-            size_t per_slot = (size_t)shard_rows * row_bytes;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                if (skip && skip[i]) continue;
-                int64_t s = rows[i] / shard_rows, at = rows[i] - s * shard_rows;
-                const uint8_t *src = values + (size_t)slot[s] * per_slot + (size_t)at * row_bytes;
-                switch (row_bytes) { /* (fixed sizes: the compiler inlines the copy) */
-                case 1: out[i] = *src; break;
-                case 4: memcpy(out + 4 * i, src, 4); break;
-                case 8: memcpy(out + 8 * i, src, 8); break;
-                default: memcpy(out + i * row_bytes, src, row_bytes);
-                }
-            }
+            gather_rows(values, code_bits[j] ? b[6].view.buf : NULL, code_bits[j],
+                        shard_rows, shift, rows, slot, skip, n, out, row_bytes);
         }
         for (Py_ssize_t l = 0; l < n_locs; l++) { /* steps asked for are committed */
             const int64_t *rows = lb[3 * l].view.buf, *steps = lb[3 * l + 1].view.buf;
             const uint8_t *skip = lb[3 * l + 2].held ? lb[3 * l + 2].view.buf : NULL;
             for (Py_ssize_t i = 0, n = lb[3 * l].view.len / 8; i < n; i++) {
                 if (skip && skip[i]) continue;
-                int64_t lane = rows[i] / shard_rows / spl;
+                int64_t lane = shard_of(rows[i], shard_rows, shift) / spl;
                 if (lane < lanes && kn[lane] < steps[i] + 1) kn[lane] = steps[i] + 1;
             }
         }
