@@ -80,9 +80,11 @@ def hot_calls(monkeypatch):
     return served
 
 
+@pytest.mark.parametrize("shard_rows", [32, 24])  # (24: the kernel divides, no shift)
 def test_hot_batches_match_the_general_path_across_wraps_and_staged_rows(tmp_path,
-                                                                         hot_calls):
-    store = make_store(tmp_path / "s.zarr")
+                                                                         hot_calls,
+                                                                         shard_rows):
+    store = make_store(tmp_path / "s.zarr", shard_rows=shard_rows)
     sampler = es.UniformSampler(store, seed=0)
     write(store, 0, 100)
     store.flush()

@@ -21,6 +21,7 @@ import pytest
 from test_hot_set import same
 
 import expstore as es
+from expstore.loading.store_rows import StoreRows
 from expstore.storage.native import native
 from expstore.storage.read import hot_set
 from expstore.storage.read.scalar_codes import (
@@ -272,13 +273,22 @@ def test_scalars_past_the_budget_are_held_as_codes(tmp_path, general_reads, fram
     part.close()
 
 
-def test_batches_without_the_kernel_gather_the_same(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shard_rows", [64, 48])  # (48: the kernel divides, no shift)
+def test_batches_without_the_kernel_gather_the_same(tmp_path, monkeypatch, general_reads,
+                                                    shard_rows):
     path = tmp_path / "s.zarr"
-    store = make_store(path)
+    store = make_store(path, shard_rows=shard_rows)
     write(store, 0, 3000)
     store.close()
     whole, part = es.open(path), es.open(path, hot_bytes=BUDGET)
     compare(whole, part, n=30)  # (filled by the kernel)
+    served = []
+    real = StoreRows.gather_held
+    monkeypatch.setattr(StoreRows, "gather_held",
+                        lambda self, *a: served.append(real(self, *a)) or served[-1])
+    general_reads[0] = 0
+    compare(whole, part, n=30)  # (gathered by the kernel: one call a batch)
+    assert general_reads[0] == 0 and len(served) == 120 and all(served)
     monkeypatch.setattr(hot_set, "native", None)  # gathered by numpy
     compare(whole, part, n=30)
     whole.close()
