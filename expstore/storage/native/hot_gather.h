@@ -231,7 +231,7 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             if (skip && skip[i]) {
                 if (staged[j] && !staged_row(staged[j], firsts[j].view.buf, lanes,
-                                             rows[i] / shard_rows / spl, steps[i],
+                                             shard_of(rows[i], shard_rows, shift) / spl, steps[i],
                                              (size_t)row_bytes)) {
                     result = Py_False; /* (not staged here: the caller's path) */
                     goto done;
@@ -261,7 +261,8 @@ static PyObject *gather_held(PyObject *self, PyObject *args) {
                 if (skip[i])
                     memcpy(out + i * row_bytes,
                            staged_row(staged[j], firsts[j].view.buf, lanes,
-                                      rows[i] / shard_rows / spl, steps[i], row_bytes),
+                                      shard_of(rows[i], shard_rows, shift) / spl, steps[i],
+                                      row_bytes),
                            row_bytes);
         }
         Py_BEGIN_ALLOW_THREADS
