@@ -406,3 +406,64 @@ def test_closing_a_store_gives_its_descriptor_share_back(tmp_path) -> None:
     keep.close()
     assert reader_mod._fds_taken[0] == before
     store.close()
+
+
+TWO_STORES = r"""
+import resource, sys
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+import expstore as es
+from expstore.storage.read import kernel_budget
+resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))  # the hard limit too: no lifting
+small = es.open(sys.argv[1])
+small.sample(64)
+small_took = kernel_budget._fds_taken[0]
+big = es.open(sys.argv[2])
+rows = np.arange(big.capacity)
+steps = big.index.steps(rows)
+keep = (steps >= 0) & (steps < big.index.count[0])
+rows, steps = rows[keep], steps[keep]
+fds = big.reader.tables["obs"].fds
+out = np.zeros((len(rows), 32, 32), np.uint8)
+assert big.source.read("obs", rows, steps, out).all()
+first = fds.opened
+assert big.source.read("obs", rows, steps, out).all()
+print(small_took, len(small.layout.fields), fds.ring.size, first, fds.opened - first)
+"""
+
+
+def test_a_small_store_opened_first_leaves_a_large_one_its_descriptors(tmp_path) -> None:
+    """A reader takes no more of the process's descriptor budget than its store's shards
+    can use (``kernel_fd_need``): a small store opened first once took half of what the
+    process had left, and a 100M-row store opened after it in the same process reopened
+    13 frame shards per batch of 32 (30x its batch cost). Here, under 8,192 descriptors,
+    a 32-shard store opened and sampled first, then every row of a 1,024-shard store read
+    twice: the second pass opens no shard."""
+    import subprocess
+    import sys
+
+    if resource_hard_limit() < 8192:
+        pytest.skip("the hard descriptor limit is below the 8,192 this test sets")
+    small = make_store(tmp_path / "small.zarr", capacity=512, shard_rows=16)
+    write(small, 0, 0, 500)
+    small.close()
+    spec = es.Spec.create(obs=es.Field(FRAME, np.uint8, stack=4), action=es.Field((), np.int64),
+                          extras={"step": es.Field((), np.int64)})
+    big = es.create(tmp_path / "big.zarr", spec, capacity=16384, shard_rows=16, fsync=False)
+    write(big, 0, 0, 16000)  # (episode ends take a row each: the ring wraps)
+    big.close()
+    out = subprocess.run([sys.executable, "-c", TWO_STORES, str(tmp_path / "small.zarr"),
+                          str(tmp_path / "big.zarr"), os.path.dirname(__file__)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    small_took, fields, held, first, again = (int(x) for x in out.stdout.split())
+    assert small_took <= max(256, 32 * fields)  # its shards' worth, not half (1,536 here)
+    assert held == 1024  # every shard of the large store's frames held open
+    assert first >= 1024 and again == 0
+
+
+def resource_hard_limit() -> int:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 1 << 30 if hard == resource.RLIM_INFINITY else hard

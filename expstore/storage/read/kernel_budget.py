@@ -43,6 +43,15 @@ def kernel_fd_budget(max_open: int) -> int:
     return max(64, min(32768, (soft - _fds_taken[0] - max_open - 1024) // 2))
 
 
+def kernel_fd_need(layout: Layout) -> int:
+    """File descriptors a reader of ``layout`` can use at most: one per shard of each field
+    (a field's table never holds more), at least 256. A reader takes no more than this
+    of :func:`kernel_fd_budget`, so a small store opened first leaves a large one opened
+    after it what its shards need (it took half of what the process had left: a 100M-row
+    store opened beside a 1M-row one then reopened 13 frame shards per batch of 32)."""
+    return max(256, (layout.capacity // layout.shard_rows) * len(layout.fields))
+
+
 def take_fds(owner: object, n: int) -> weakref.finalize:
     """Count ``n`` descriptors as taken by ``owner``'s kernel until the returned finalizer
     is called (at close) or ``owner`` is collected."""
