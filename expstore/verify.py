@@ -125,7 +125,11 @@ def verify_store(url: str, storage_options: dict[str, Any] | None = None,
 
 def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyReport,
                  progress: Callable[[int], None] | None,
-                 quarantine: Quarantine | None = None) -> None:
+                 quarantine: Quarantine | None = None,
+                 known: np.ndarray | None = None) -> None:
+    """Check ``lane``'s committed rows into ``rep``. Rows ``quarantine`` holds are skipped
+    (not read where a whole chunk is); ``known``: a mask over the lane's committed steps
+    to skip instead."""
     S, Lc = layout.shard_rows, layout.lane_capacity
     lo = max(st.valid_from, st.count - Lc)
     if st.count <= lo:
@@ -133,7 +137,8 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
     n = st.count - lo
     meta = {name: np.zeros(n, layout.fields[name].dtype) for name in
             ("_step_id", "_episode_step", "_flags", "terminated", "truncated")}
-    known = (quarantine or Quarantine()).mask(lane, np.arange(lo, st.count))
+    if known is None:
+        known = (quarantine or Quarantine()).mask(lane, np.arange(lo, st.count))
     rep.quarantined += int(known.sum())
     good = ~known
     meta_bad = {name: np.zeros(n, bool) for name in DERIVED}
@@ -173,14 +178,22 @@ def _verify_lane(backend: Any, layout: Layout, lane: int, st: Any, rep: VerifyRe
 def _recheck_quarantined(backend: Any, layout: Layout, lane: int, st: Any,
                          rep: VerifyReport, quarantine: Quarantine) -> None:
     """Read ``lane``'s quarantined rows again, every check as for the others: those found
-    intact go to ``rep.intact_quarantined`` (the others stay known, not problems)."""
+    intact go to ``rep.intact_quarantined`` (the others stay known, not problems). Only
+    the shards holding them and the shard on each side are read (the checks of a row
+    against the one before reach across a shard's edge), where the whole lane was read a
+    second time; their reads count in ``rep.shards`` and ``rep.bytes``."""
     lo = max(st.valid_from, st.count - layout.lane_capacity)
     steps = np.arange(lo, max(lo, st.count))
     held = quarantine.mask(lane, steps)
     if not held.any():
         return
-    scratch = VerifyReport(rep.url)  # (the whole lane, nothing skipped)
-    _verify_lane(backend, layout, lane, st, scratch, None, Quarantine())
+    shard = steps // layout.shard_rows  # (by lane step: a lap's shards count apart)
+    near = np.unique(shard[held])
+    near = np.union1d(near, np.concatenate([near - 1, near + 1]))
+    scratch = VerifyReport(rep.url)
+    _verify_lane(backend, layout, lane, st, scratch, None, known=~np.isin(shard, near))
+    rep.shards += scratch.shards
+    rep.bytes += scratch.bytes
     found_bad = Quarantine({lane: scratch.lost.get(lane, [])}).mask(lane, steps)
     intact = held & ~found_bad
     if intact.any():

@@ -17,6 +17,7 @@ import pytest
 
 import expstore as es
 from expstore import cli, index_loader
+from expstore import verify as verify_mod
 from expstore.errors import StoreCorruptError
 from expstore.repair import repair_store
 from expstore.rows import FLAG_BAD
@@ -544,6 +545,37 @@ def test_repair_release_intact_keeps_rows_that_are_still_bad(written):
     again = repair_store(url, release_intact=True)
     assert again.released_rows == 0 and again.ok
     assert verify_store(url).quarantined == rep.lost_rows
+
+
+def test_recheck_reads_the_quarantined_rows_shards_not_the_lane_again(tmp_path, monkeypatch):
+    """``verify --recheck-quarantined`` reads the shards holding quarantined rows and the
+    shard on each side (a row is checked against the one before it, across a shard's
+    edge), not every shard of the lane a second time."""
+    url = str(tmp_path / "s.zarr")
+    spec = es.Spec.create(obs=es.Field((3,), np.float32), action=es.Field((), np.int64))
+    store = es.create(url, spec, capacity=4096, shard_rows=32)
+    obs = np.arange(601 * 3, dtype=np.float32).reshape(601, 3)
+    store.extend(obs=obs[:-1], action=np.zeros(600, np.int64), reward=np.ones(600, np.float32),
+                 terminated=np.zeros(600, bool), truncated=np.zeros(600, bool),
+                 next_obs=obs[1:])
+    n_fields = len(store.layout.fields)
+    store.close()
+    backend = backend_for(url)
+    q = Quarantine()
+    q.add(0, 320, 322)  # the first rows of shard 10 (its edge with shard 9)
+    q.add(0, 330, 331)
+    write_quarantine(backend, q)
+    reads = []  # (every shard file verify decodes goes through _check_shard)
+    check_shard = verify_mod._check_shard
+    monkeypatch.setattr(verify_mod, "_check_shard",
+                        lambda *a, **k: reads.append(a[3]) or check_shard(*a, **k))
+    plain = verify_store(url)
+    assert plain.ok and plain.quarantined == 3 and len(reads) == 19 * n_fields
+    reads.clear()
+    again = verify_store(url, recheck_quarantined=True)
+    assert again.intact_quarantined == {0: [(320, 322), (330, 331)]}
+    assert sorted(set(reads[19 * n_fields:])) == [9, 10, 11]  # the lane again: 0..18
+    assert len(reads) == (19 + 3) * n_fields and again.shards == len(reads)
 
 
 def test_quarantine_release_cuts_ranges():
