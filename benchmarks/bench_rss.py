@@ -65,6 +65,7 @@ from benchmarks.page_cache import (  # noqa: E402
     resident_fraction,
     resident_pages,
     resident_pct,
+    status_mb,
     warmth_note,
 )
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
@@ -80,6 +81,8 @@ from expstore.storage.format import (  # noqa: E402
 )
 from expstore.storage.format.shard import assemble  # noqa: E402  (internals: shard bytes by hand)
 
+#: the repository's root (the children import ``benchmarks``)
+REPO = Path(__file__).resolve().parent.parent
 #: --flat: seconds of batches at least before a store's timed loops (see flat_child)
 WARM_SECONDS = 5.0
 
@@ -221,10 +224,7 @@ if load != "snapshot":  # the scan a store without snapshot blocks gets
         def __init__(self, backend, layout, st, start):
             super().__init__(backend, layout, st, st.count)
     loader_mod.SnapshotRanges = NoSnapshot
-def status_mb(key):
-    with open("/proc/self/status") as f:
-        line = next(x for x in f if x.startswith(key + ":"))
-    return int(line.split()[1]) / 1024
+from benchmarks.page_cache import status_mb
 import gc; gc.collect()
 with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the RSS now
     f.write("5")
@@ -293,7 +293,7 @@ def measure_open(path: Path, load: str, cold: bool) -> dict:
     resident = evict(path) if cold else None
     block = 1 << 40 if load == "one pass" else 0
     out = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(path), str(block), load],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, cwd=REPO)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     r["cache"] = "cold" if cold else "warm"
     r["resident"] = resident
@@ -419,10 +419,7 @@ def flat_child(path: Path, repeats: int, seconds: float,
 def _rss_parts() -> dict:
     """This process's RSS now, split: anonymous memory (heap, arrays) and file pages
     mapped (shard files read through mappings: the page cache's own pages), MiB."""
-    with open("/proc/self/status") as f:
-        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)
-              if k in ("RssAnon", "RssFile")}
-    return {"anon_mb_end": kb.get("RssAnon", 0) / 1024, "file_mb_end": kb.get("RssFile", 0) / 1024}
+    return {"anon_mb_end": status_mb("RssAnon"), "file_mb_end": status_mb("RssFile")}
 
 
 def _read_counters(store: es.Store) -> dict:

@@ -39,6 +39,14 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _DAMON = Path("/sys/kernel/mm/damon/admin/kdamonds")
 
 
+def status_mb(key: str) -> float:
+    """One memory line of this process's ``/proc/self/status`` (``VmRSS``, ``VmHWM``,
+    ``RssAnon``, ``RssFile``...), MiB; 0 where the kernel gives none."""
+    with open("/proc/self/status") as f:
+        line = next((x for x in f if x.startswith(key + ":")), None)
+    return int(line.split()[1]) / 1024 if line else 0.0
+
+
 def resident_pages(path: str | Path) -> tuple[int, int]:
     """(pages of file ``path`` in the page cache, pages of ``path``)."""
     size = os.path.getsize(path)
