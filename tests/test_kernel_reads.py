@@ -434,9 +434,10 @@ print(small_took, len(small.layout.fields), fds.ring.size, first, fds.opened - f
 
 def test_a_small_store_opened_first_leaves_a_large_one_its_descriptors(tmp_path) -> None:
     """A reader takes no more of the process's descriptor budget than its store's shards
-    can use (``kernel_fd_need``): a small store opened first once took half of what the
-    process had left, and a 100M-row store opened after it in the same process reopened
-    13 frame shards per batch of 32 (30x its batch cost). Here, under 8,192 descriptors,
+    can use (``kernel_shares``: no field more than its shards): a small store opened first
+    once took half of what the process had left, and a 100M-row store opened after it in
+    the same process reopened 13 frame shards per batch of 32 (30x its batch cost), or,
+    with two small stores opened first, 46 per batch of 256. Here, under 8,192 descriptors,
     a 32-shard store opened and sampled first, then every row of a 1,024-shard store read
     twice: the second pass opens no shard."""
     import subprocess

@@ -43,15 +43,6 @@ def kernel_fd_budget(max_open: int) -> int:
     return max(64, min(32768, (soft - _fds_taken[0] - max_open - 1024) // 2))
 
 
-def kernel_fd_need(layout: Layout) -> int:
-    """File descriptors a reader of ``layout`` can use at most: one per shard of each field
-    (a field's table never holds more), at least 256. A reader takes no more than this
-    of :func:`kernel_fd_budget`, so a small store opened first leaves a large one opened
-    after it what its shards need (it took half of what the process had left: a 100M-row
-    store opened beside a 1M-row one then reopened 13 frame shards per batch of 32)."""
-    return max(256, (layout.capacity // layout.shard_rows) * len(layout.fields))
-
-
 def take_fds(owner: object, n: int) -> weakref.finalize:
     """Count ``n`` descriptors as taken by ``owner``'s kernel until the returned finalizer
     is called (at close) or ``owner`` is collected."""
@@ -138,7 +129,11 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     every compressed chunk, gets :data:`FDS_ONE_CHUNK` descriptors (fewer where an even
     split of ``fds`` gives fewer); the store's metadata fields get :data:`FDS_METADATA`
     each; the other fields batches read (frames, and fields read past the hot set in
-    chunks of part of a shard) share the rest.
+    chunks of part of a shard) share the rest. No field gets more than it has shards (its
+    table never holds more), so a reader takes the sum, not all of ``fds``: a small store
+    opened first leaves a large one opened after it what its shards need (it took half of
+    what the process had left, and a 100M-row store opened after a 1M-row one reopened 13
+    frame shards per batch of 32).
     """
     spec = layout.spec.fields
     values, held, codes, all_in_ram = split_value_bytes(layout, values_budget, held_need_of,
@@ -150,8 +145,10 @@ def kernel_shares(layout: Layout, fds: int, values_budget: int,
     left = fds - FDS_METADATA * (len(layout.fields) - len(spec))
     light_fds = max(2, min(FDS_ONE_CHUNK, left // max(1, len(spec))))
     per_field = max(2, (left - light_fds * len(light)) // max(1, len(rest)))
-    return {n: KernelShare(FDS_METADATA if n not in spec else light_fds if n in light
-                           else per_field, values.get(n, 0), held.get(n, 0), codes.get(n))
+    n_shards = max(1, layout.capacity // layout.shard_rows)
+    return {n: KernelShare(min(n_shards, FDS_METADATA if n not in spec else light_fds
+                               if n in light else per_field),
+                           values.get(n, 0), held.get(n, 0), codes.get(n))
             for n in layout.fields}
 
 

@@ -38,13 +38,7 @@ from ..native import apply_read_depth_env, native
 from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
-from .kernel_budget import (
-    held_need,
-    kernel_fd_budget,
-    kernel_fd_need,
-    kernel_shares,
-    take_fds,
-)
+from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held, serve_undecoded
 from .read_stats import ReadStats
 from .scalar_codes import book_for, few_values
@@ -71,8 +65,8 @@ class ShardReader(GeneralReads):
     fields stored that way fewest bytes per row read first: decoded (admitted as first
     read, never evicted: ``hot_set.py``), or for scalars short of half their shards, as
     compressed chunks. ``max_fds``: descriptors
-    the kernel holds open (default :func:`kernel_fd_budget`, at most
-    :func:`kernel_fd_need`), mostly for frames. Both
+    the kernel may hold open (default :func:`kernel_fd_budget`; it takes what the split
+    gives its fields, none more than its shards), mostly for frames. Both
     splits: :func:`~expstore.storage.read.kernel_budget.kernel_shares`. ``map_bytes``:
     shard files mapped at once per frame field (``shard_maps.h``; default 0, none: a scan
     such as an export, ``verify`` or ``repair`` would keep every page it read mapped;
@@ -114,16 +108,16 @@ class ShardReader(GeneralReads):
         self._fd_share: weakref.finalize | None = None
         if backend.is_local and backend.pins_versions:
             n_shards = layout.capacity // layout.shard_rows
-            fds = (min(kernel_fd_budget(max_open), kernel_fd_need(layout)) if max_fds is None
-                   else max_fds)
-            # given back when the reader is closed, or collected if never closed
-            self._fd_share = take_fds(self, fds)
+            fds = kernel_fd_budget(max_open) if max_fds is None else max_fds
             apply_read_depth_env()  # (the frame path's preads in flight: read_pool.h)
             local = isinstance(root, str)
             shares = kernel_shares(
                 layout, fds, values_budget,
                 (lambda n: held_need(root, layout, n)) if local else None,
                 (lambda n: few_values(root, layout, n, self.decoders[n])) if local else None)
+            # what the fields got (none more than its shards), given back when the reader
+            # is closed, or collected if never closed
+            self._fd_share = take_fds(self, sum(s.fds for s in shares.values()))
             for n, f in layout.fields.items():
                 share, fdt = shares[n], None
                 if self.kernel_ok[n] and isinstance(root, str):
