@@ -457,9 +457,9 @@ def test_loader_keeps_worker_processes_where_the_thread_does_not_fit(tmp_path):
 
 
 def _reader_with_table(rng):
-    """A stand-in reader (``tables``, ``layout``, ``known``, ``stats``) whose field ``v``
-    holds 4 of 6 shards of 8 rows decoded: shard ``s`` as steps ``8 s ..``, trusted below
-    ``8 s + 7``."""
+    """A stand-in reader (``tables``, ``layout``, ``known``, ``stats``; no joint codes)
+    whose field ``v`` holds 4 of 6 shards of 8 rows decoded: shard ``s`` as steps
+    ``8 s ..``, trusted below ``8 s + 7``."""
     from types import SimpleNamespace
 
     from expstore.storage.read.read_cache import ShardTable
@@ -472,7 +472,7 @@ def _reader_with_table(rng):
     layout = SimpleNamespace(shard_rows=8, shards_per_lane=6, lanes=1)
     stats = SimpleNamespace(chunk_cache_hits=0, rows=0)
     reader = SimpleNamespace(tables={"v": t}, layout=layout, known=np.zeros(1, np.int64),
-                             stats=stats)
+                             stats=stats, joint_for=lambda names: None)
     reader._bump = lambda shards, steps: np.maximum.at(reader.known, shards // 6, steps + 1)
     return reader, t
 

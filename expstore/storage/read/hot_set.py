@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..native import native
+from .joint_codes import JointCodes
 
 
 def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
@@ -57,8 +58,11 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     layout = reader.layout
     S = layout.shard_rows
     if native is not None:
-        if not native.gather_held(S, layout.shards_per_lane, reader.known, tuple(locs),
-                                  tuple(args), copy):
+        joint = reader.joint_for([name for _, name, _ in jobs]) if copy else None
+        if joint is not None and _gather_joint(reader, joint, locs, jobs, args):
+            pass
+        elif not native.gather_held(S, layout.shards_per_lane, reader.known, tuple(locs),
+                                    tuple(args), copy):
             return False
     elif not _gather_numpy(reader, locs, jobs, copy):
         return False
@@ -66,6 +70,25 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
         reader.stats.chunk_cache_hits += n
         reader.stats.rows += n
     return True
+
+
+def _gather_joint(reader: Any, joint: JointCodes, locs: list[tuple[np.ndarray, ...]],
+                  jobs: list[tuple[int, str, np.ndarray]], args: list[tuple]) -> bool:
+    """The kernel call with the jobs of the joint codes' fields read from them
+    (``joint_codes.py``); the batch's shards they do not hold yet are copied first where
+    the fields hold them. False, nothing written, where a row is still not held."""
+    layout = reader.layout
+    args = tuple(joint.job(a, name) if name in joint.tables else a
+                 for a, (_, name, _) in zip(args, jobs))
+    for attempt in (0, 1):
+        if native.gather_held(layout.shard_rows, layout.shards_per_lane, reader.known,
+                              tuple(locs), args, True):
+            joint.served += 1
+            return True
+        if attempt or joint.off:
+            return False
+        joint.build_for(locs)
+    return False
 
 
 def _gather_numpy(reader: Any, locs: list[tuple[np.ndarray, ...]],

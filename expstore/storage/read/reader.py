@@ -38,6 +38,7 @@ from ..native import apply_read_depth_env, native
 from .fd_table import FdTable
 from .general_read import GeneralReads, parse_head_retrying
 from .hot_set import gather_held
+from .joint_codes import JointCodes
 from .kernel_budget import held_need, kernel_fd_budget, kernel_shares, take_fds
 from .read_cache import KernelRead, RowCache, serve, serve_held, serve_undecoded
 from .read_stats import ReadStats
@@ -140,6 +141,10 @@ class ShardReader(GeneralReads):
         #: without the batch path
         self.held_whole: dict[str, bool | None] = {}
         self._judge_held_whole()
+        self.values_budget = values_budget
+        #: the coded scalars' joint codes (``joint_codes.py``); None: not judged yet (at the
+        #: first gather, once the tables know their codes), False: none
+        self.joint: JointCodes | None | bool = None
         me = weakref.ref(self)  # (not a cycle: a reader's memory goes with its last reference)
 
         def judge_held_whole() -> None:
@@ -158,6 +163,18 @@ class ShardReader(GeneralReads):
 
     def _judge_held_whole(self) -> None:
         self.held_whole.update({n: t.holds_whole for n, t in self.tables.items()})
+
+    def joint_for(self, names: list[str]) -> JointCodes | None:
+        """The joint codes a gather of ``names`` can be served from, if any."""
+        if self.joint is None:
+            self.joint = JointCodes.of(self, self.values_budget) or False
+        joint = self.joint
+        if joint is False or not joint.usable(self, names):
+            if joint is not False and joint.off:
+                joint.close()
+                self.joint = False  # (its memory goes)
+            return None
+        return joint
 
     def _row_caches(self, budget: int) -> dict[str, RowCache]:
         sizes = {n: f.row_nbytes for n, f in self.layout.fields.items()
@@ -203,6 +220,9 @@ class ShardReader(GeneralReads):
         for h, _ in self.heads.values():
             self.backend.close_object(h)
         self.heads.clear()
+        if self.joint:
+            self.joint.close()
+        self.joint = False
         for table in self.tables.values():
             table.clear()
         self.chunk_cache.clear()

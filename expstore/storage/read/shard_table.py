@@ -56,6 +56,9 @@ class ShardTable:
         #: called after :meth:`spill` (the reader judges again which fields it holds whole)
         self.on_spill: Callable[[], None] | None = None
         self.opened = 0  # versions bound so far (shard opens of this field)
+        #: called with the shards whose held version changed or went (``joint_codes.py``
+        #: keeps its copies of them in step)
+        self.on_change: Callable[[np.ndarray | int | slice], None] | None = None
         self._scratch: np.ndarray | None = None  # (borrow_scratch)
         self._size_slots()
 
@@ -112,6 +115,7 @@ class ShardTable:
             self.code = None
             self.slot[:] = -1
             self.first[:] = -1
+            self._changed(slice(None))
             self._size_slots()
         else:
             self.spilled = True
@@ -196,6 +200,7 @@ class ShardTable:
             self.slot[shards[got]] = free
             s[got] = free
         self.first[shards] = -1
+        self._changed(shards)
         return s
 
     def commit(self, shards: np.ndarray, fds: FdTable) -> None:
@@ -212,6 +217,7 @@ class ShardTable:
         self.n_rows[shards] = n_rows
         self.trusted[shards] = trusted
         self.fd[shards] = -1  # the descriptor is the kernel's
+        self._changed(shards)
 
     def release(self, shards: np.ndarray) -> None:
         """Free the slots claimed for ``shards`` (the kernel did not fill them)."""
@@ -220,6 +226,7 @@ class ShardTable:
         self.owner[s[held]] = -1
         self.slot[shards] = -1
         self.first[shards] = -1
+        self._changed(shards)
 
     def unbind(self, shard: int) -> None:
         s = int(self.slot[shard])
@@ -228,6 +235,11 @@ class ShardTable:
         self.slot[shard] = -1
         self.first[shard] = -1
         self.fd[shard] = -1
+        self._changed(shard)
+
+    def _changed(self, shards: np.ndarray | int | slice) -> None:
+        if self.on_change is not None:
+            self.on_change(shards)
 
     def clear(self) -> None:
         for shard in np.flatnonzero(self.slot >= 0).tolist():
