@@ -61,13 +61,15 @@ class JointCodes:
     def of(cls, reader: Any, budget: int) -> JointCodes | None:
         """The joint codes of ``reader``'s coded scalars, where it has two or more, each
         held whole, and ``budget`` bytes (its hot set's) hold a byte a row more beside
-        everything its tables hold; else ``None``."""
+        everything its tables hold (values, codes and held chunks); else ``None``."""
         tables = {n: t for n, t in reader.tables.items()
                   if t.code is not None and not t.per_row and t.shape == ()
                   and reader.held_whole.get(n) and len(t.values)}
         layout = reader.layout
         n_shards = layout.capacity // layout.shard_rows
-        held = sum(t.values.nbytes for t in reader.tables.values())
+        held = sum(t.values.nbytes + (t.fds.held.nbytes if t.fds is not None
+                                      and t.fds.held is not None else 0)
+                   for t in reader.tables.values())  # (decoded, coded, held chunks)
         if (len(tables) < 2 or sum(t.code.bits for t in tables.values()) > MAX_KEY_BITS
                 or held + n_shards * layout.shard_rows > budget):
             return None
