@@ -301,7 +301,10 @@ class Store:
 
     def _forget_shard(self, shard: int) -> None:
         if self._reader is not None and self._reader_pid == os.getpid():
-            self._reader.forget(shard)
+            # (the writing thread: a learner thread's sample, holding the lock, may be
+            # claiming, filling or gathering the very slots forgetting frees)
+            with self._read_lock:
+                self._reader.forget(shard)
 
     def refresh(self) -> None:
         """Re-read lane state files and index rows other processes committed since; on a

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -542,4 +543,58 @@ def test_uniform_draw_in_one_pass_gives_the_generic_rows(tmp_path, n_step, guard
             a, _ = fast.draw_rows(24, batches, view)
             b, _ = Sampler.draw_rows(slow, 24, batches, view)
             np.testing.assert_array_equal(a, b)
+    store.close()
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_a_learner_thread_samples_while_another_thread_adds_and_flushes(tmp_path, run):
+    """The writing thread forgets each shard it writes (``Store._forget_shard``), which
+    frees the shard's hot-set slot, one array at a time; a learner thread's sample in the
+    same moment could claim that slot for another shard and fill it while the first
+    shard's version still named it, and serve a row of zeros or of another shard, no
+    error (about half of the 30 s runs of ``scripts/learner_thread_probe.py``, 256-row
+    shards, flushes every 1,500 rows). Forgetting takes the store's read lock now. Here
+    the GIL changes hands every 10 us to bring those moments closer."""
+    from test_scalar_codes import action_of, transition_of
+    from test_scalar_codes import make_store as coded_store
+    from test_scalar_codes import write as coded_write
+
+    path = tmp_path / "s.zarr"
+    store = coded_store(path, capacity=16384, shard_rows=256)
+    coded_write(store, 0, 17000)
+    store.close()
+    store = es.open(path, "r+", fsync=False)
+    done, errors = [], []
+
+    def add() -> None:
+        try:
+            g = 17000
+            while g < 47000:
+                coded_write(store, g, 500)
+                g += 500
+                if g % 1500 == 0:
+                    store.flush()
+        except BaseException as e:  # raised below
+            errors.append(e)
+        done.append(True)
+
+    actor = threading.Thread(target=add)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    wrong, batches = 0, 0
+    try:
+        actor.start()
+        while not done:
+            b = store.sample(256)
+            g = transition_of(b["obs"].reshape(len(b["obs"]), -1))
+            right = (transition_of(b["next_obs"].reshape(len(g), -1)) == g + 1) & (
+                b["action"] == np.array([action_of(int(x)) for x in g]))
+            wrong += int((~right).sum())
+            batches += 1
+    finally:
+        sys.setswitchinterval(interval)
+        done.append(True)
+        actor.join()
+    assert not errors and batches > 20
+    assert wrong == 0
     store.close()
