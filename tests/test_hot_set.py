@@ -546,30 +546,27 @@ def test_uniform_draw_in_one_pass_gives_the_generic_rows(tmp_path, n_step, guard
     store.close()
 
 
-@pytest.mark.parametrize("run", range(2))
-def test_a_learner_thread_samples_while_another_thread_adds_and_flushes(tmp_path, run):
-    """The writing thread forgets each shard it writes (``Store._forget_shard``), which
-    frees the shard's hot-set slot, one array at a time; a learner thread's sample in the
-    same moment could claim that slot for another shard and fill it while the first
-    shard's version still named it, and serve a row of zeros or of another shard, no
-    error (about half of the 30 s runs of ``scripts/learner_thread_probe.py``, 256-row
-    shards, flushes every 1,500 rows). Forgetting takes the store's read lock now. Here
-    the GIL changes hands every 10 us to bring those moments closer."""
+def race_adds_and_flushes(path, end: int = 47000, switch: float | None = 1e-5,
+                          hot_bytes: int | None = None) -> tuple[int, int]:
+    """A learner thread (this one) sampling batches of 256 while another thread adds
+    transitions 17,000 .. ``end`` to a 16,384-row ring of 256-row shards at ``path`` and
+    flushes every 1,500 rows, the GIL handed over every ``switch`` s (``None``: the
+    interpreter's): ``(batches, wrong rows)``, every row checked against the transition
+    its obs names (``scripts/learner_thread_probe.py`` runs it for longer)."""
     from test_scalar_codes import action_of, transition_of
     from test_scalar_codes import make_store as coded_store
     from test_scalar_codes import write as coded_write
 
-    path = tmp_path / "s.zarr"
     store = coded_store(path, capacity=16384, shard_rows=256)
     coded_write(store, 0, 17000)
     store.close()
-    store = es.open(path, "r+", fsync=False)
+    store = es.open(path, "r+", fsync=False, hot_bytes=hot_bytes)
     done, errors = [], []
 
     def add() -> None:
         try:
             g = 17000
-            while g < 47000:
+            while g < end:
                 coded_write(store, g, 500)
                 g += 500
                 if g % 1500 == 0:
@@ -580,7 +577,8 @@ def test_a_learner_thread_samples_while_another_thread_adds_and_flushes(tmp_path
 
     actor = threading.Thread(target=add)
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
+    if switch is not None:
+        sys.setswitchinterval(switch)
     wrong, batches = 0, 0
     try:
         actor.start()
@@ -595,6 +593,22 @@ def test_a_learner_thread_samples_while_another_thread_adds_and_flushes(tmp_path
         sys.setswitchinterval(interval)
         done.append(True)
         actor.join()
-    assert not errors and batches > 20
-    assert wrong == 0
     store.close()
+    if errors:
+        raise errors[0]
+    return batches, wrong
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_a_learner_thread_samples_while_another_thread_adds_and_flushes(tmp_path, run):
+    """The writing thread forgets each shard it writes (``Store._forget_shard``), which
+    frees the shard's hot-set slot, one array at a time; a learner thread's sample in the
+    same moment could claim that slot for another shard and fill it while the first
+    shard's version still named it, and serve a row of zeros or of another shard, no
+    error (about half of the 30 s runs of ``scripts/learner_thread_probe.py``, 256-row
+    shards, flushes every 1,500 rows). Forgetting takes the store's read lock now. With
+    that taken out, half of these runs fail (at the interpreter's switch interval; at
+    10 us they failed less often)."""
+    batches, wrong = race_adds_and_flushes(tmp_path / "s.zarr", end=62000, switch=None)
+    assert batches > 20
+    assert wrong == 0
