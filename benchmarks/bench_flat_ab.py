@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -30,7 +28,7 @@ if __package__ in (None, ""):
 
 import expstore as es  # noqa: E402
 from benchmarks.baselines import timed_loop, warm_page_cache  # noqa: E402
-from benchmarks.bench_rss import WARM_SECONDS, build  # noqa: E402
+from benchmarks.bench_rss import build, warm_up  # noqa: E402
 from benchmarks.page_cache import DiskMeter, resident_fraction, resident_pct, warmth_note  # noqa: E402
 from benchmarks.report import command_line, markdown_table, save_json, write_section  # noqa: E402
 
@@ -43,15 +41,10 @@ def store_path(root: Path, rows: int) -> Path:
 
 
 def warm(store: es.Store) -> None:
-    """Batches as ``bench_rss.flat_child`` warms a store: every shard drawn ~8 times and at
-    least ``WARM_SECONDS`` of batches of each size."""
+    """Batches of each size as ``bench_rss.flat_child`` warms a store (``warm_up``)."""
     shards = len(store) // store.layout.shard_rows
     for bs in BATCH_SIZES:
-        t0 = time.perf_counter()
-        for k in itertools.count():
-            if k >= max(1, 8 * shards // bs) and time.perf_counter() - t0 >= WARM_SECONDS:
-                break
-            store.sample(bs)
+        warm_up(functools.partial(store.sample, bs), bs, shards)
 
 
 def alternate(stores: dict[int, es.Store], rounds: int, seconds: float) -> dict:

@@ -49,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -386,20 +387,12 @@ def flat_child(path: Path, repeats: int, seconds: float,
     r: dict = {"rows": rows, "shards": rows // store.layout.shard_rows,
                "shard_rows": store.layout.shard_rows, "frame": f"{side}x{side}",
                "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
-    # warm-up: every shard drawn ~8 times (caches and held chunks as a long run has them)
-    # and WARM_SECONDS of batches (a 1M-row store's frame cache takes seconds to fill:
-    # timed before it is full, the smallest store's figure swung 2x), then a timed loop
-    warm = {bs: max(1, 8 * r["shards"] // bs) for bs in (32, 256)}
     for tag in ("", "_nocache"):
         if tag:  # the read path alone
             store = es.open(path, cache_bytes=0, map_bytes=map_bytes)
         for bs in (32, 256):
             step = DiskMeter(functools.partial(store.sample, bs))
-            t0 = time.perf_counter()
-            for k in itertools.count():
-                if k >= warm[bs] and time.perf_counter() - t0 >= WARM_SECONDS:
-                    break
-                step()
+            warm_up(step, bs, r["shards"])
             timed_loop(step, bs, seconds)
             step.start()
             runs = [timed_loop(step, bs, seconds) for _ in range(repeats)]
@@ -414,6 +407,18 @@ def flat_child(path: Path, repeats: int, seconds: float,
     r["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r.update(_rss_parts())
     return r
+
+
+def warm_up(step: Callable[[], object], batch_size: int, shards: int) -> None:
+    """``step()`` (a batch of ``batch_size``) until every one of ``shards`` was drawn ~8
+    times (caches and held chunks as a long run has them) and ``WARM_SECONDS`` passed (a
+    1M-row store's frame cache takes seconds to fill: timed before it is full, the
+    smallest store's figure swung 2x)."""
+    t0 = time.perf_counter()
+    for k in itertools.count():
+        if k >= max(1, 8 * shards // batch_size) and time.perf_counter() - t0 >= WARM_SECONDS:
+            break
+        step()
 
 
 def _rss_parts() -> dict:
