@@ -59,10 +59,9 @@ def gather_held(reader: Any, locs: list[tuple[np.ndarray, ...]],
     S = layout.shard_rows
     if native is not None:
         joint = reader.joint_for([name for _, name, _ in jobs]) if copy else None
-        if joint is not None and _gather_joint(reader, joint, locs, jobs, args):
-            pass
-        elif not native.gather_held(S, layout.shards_per_lane, reader.known, tuple(locs),
-                                    tuple(args), copy):
+        served = joint is not None and _gather_joint(reader, joint, locs, jobs, args)
+        if not served and not native.gather_held(S, layout.shards_per_lane, reader.known,
+                                                 tuple(locs), tuple(args), copy):
             return False
     elif not _gather_numpy(reader, locs, jobs, copy):
         return False
@@ -85,9 +84,8 @@ def _gather_joint(reader: Any, joint: JointCodes, locs: list[tuple[np.ndarray, .
                               tuple(locs), args, True):
             joint.served += 1
             return True
-        if attempt or joint.off:
-            return False
-        joint.build_for(locs)
+        if attempt or joint.off or not joint.build_for(locs):
+            return False  # (nothing new copied: the same call would fail again)
     return False
 
 

@@ -91,11 +91,12 @@ class JointCodes:
         mine = [n for n in names if n in self.tables]
         return not self.off and len(mine) >= 2 and all(reader.held_whole.get(n) for n in mine)
 
-    def build(self, shards: np.ndarray) -> None:
+    def build(self, shards: np.ndarray) -> int:
         """Copy ``shards`` (distinct) from the fields' slots, each where every field holds
-        the same version of it."""
+        the same version of it: the shards copied."""
         tabs = list(self.tables.items())
         t0 = tabs[0][1]
+        copied = 0
         for s in shards.tolist():
             if self.first[s] >= 0 or t0.first[s] < 0:
                 continue
@@ -111,9 +112,11 @@ class JointCodes:
                 key |= unpack(packed, at, self.bits[n]).astype(np.int64) << self.offsets[n]
             if not self._learn(key):
                 self.close()
-                return
+                return copied
             self.values[s, :m] = self._lookup[key]
             self.first[s], self.n_rows[s], self.trusted[s] = version
+            copied += 1
+        return copied
 
     def _learn(self, key: np.ndarray) -> bool:
         """Give tuples ``key`` not seen yet their codes and each field's book its values
@@ -136,9 +139,10 @@ class JointCodes:
         return (args[0], self.first, self.n_rows, self.trusted, self.slot, self.values,
                 args[6], (8, self.books[name]), *args[8:])
 
-    def build_for(self, locs: list[tuple[np.ndarray, ...]]) -> None:
-        """:meth:`build` the shards of ``locs``' rows (not skipped) not held yet."""
+    def build_for(self, locs: list[tuple[np.ndarray, ...]]) -> int:
+        """:meth:`build` the shards of ``locs``' rows (not skipped) not held yet: the
+        shards copied."""
         rows = np.concatenate([loc[0] if len(loc) == 2 else loc[0][~loc[2]] for loc in locs])
         shards = np.unique(rows[rows >= 0] // self.shard_rows)
         shards = shards[shards < len(self.first)]
-        self.build(shards[self.first[shards] < 0])
+        return self.build(shards[self.first[shards] < 0])
